@@ -1,0 +1,5 @@
+"""TFDS builders for rljax tasks; importing this package registers them."""
+
+from rljax.datasets.arithmetic import Arithmetic
+from rljax.datasets.arithmetic import ArithmeticConfig
+from rljax.datasets.arithmetic import make_config

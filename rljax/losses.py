@@ -1,0 +1,195 @@
+"""Losses and advantage estimators for RL post-training, as pure jittable functions.
+
+Shapes: P prompts x G responses per prompt for rewards; B sequences x L response tokens for
+per-token quantities (right-padded, mask 1 then 0); V vocabulary size.
+
+Per-token losses are aggregated through *weights* computed once on the full batch: summing
+`weights * loss` over any split of the batch into micro-batches gives the same number, so gradient
+accumulation never changes the objective.
+"""
+
+import jax
+import jax.numpy as jnp
+
+AGGREGATION_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm')
+KL_KINDS = ('k1', 'k2', 'k3')
+
+
+def _safe_div(num, den):
+  """num / den, with 0 where den == 0 (every numerator we pass is 0 there too)."""
+  return num / jnp.where(den == 0, 1.0, den)
+
+
+# ----------------------------------------------------------------------------------------------
+# Group-relative advantages (GRPO).
+# ----------------------------------------------------------------------------------------------
+
+
+def zero_variance_groups(rewards_PxG):
+  """Groups whose rewards are all equal: they carry no learning signal under GRPO."""
+  return jnp.all(rewards_PxG == rewards_PxG[:, :1], axis=1)
+
+
+def group_advantages(rewards_PxG, normalize_std=True, eps=1e-6):
+  """GRPO advantages: reward relative to its group, optionally in units of the group's std.
+
+  The std is unbiased (ddof=1), as in verl and TRL. normalize_std=False is Dr. GRPO, which drops
+  the std to avoid over-weighting near-unanimous groups. Zero-variance groups get exactly 0
+  (not a rounding residue of r - mean), so they contribute nothing.
+  """
+  rewards_PxG = jnp.asarray(rewards_PxG, jnp.float32)
+  g = rewards_PxG.shape[1]
+  mean_Px1 = jnp.mean(rewards_PxG, axis=1, keepdims=True)
+  centered_PxG = rewards_PxG - mean_Px1
+  advantages_PxG = centered_PxG
+  if normalize_std:
+    var_Px1 = jnp.sum(centered_PxG**2, axis=1, keepdims=True) / max(g - 1, 1)
+    advantages_PxG = centered_PxG / (jnp.sqrt(var_Px1) + eps)
+  return jnp.where(zero_variance_groups(rewards_PxG)[:, None], 0.0, advantages_PxG)
+
+
+# ----------------------------------------------------------------------------------------------
+# Aggregation of per-token losses.
+# ----------------------------------------------------------------------------------------------
+
+
+def token_weights(mask_BxL, mode):
+  """Weights such that sum(weights * per_token_loss) is the loss aggregated by `mode`.
+
+  Compute them on the FULL batch before splitting into micro-batches: the per-micro-batch sums
+  then add up to exactly the full-batch loss, whatever the split.
+    token-mean:              every valid token in the batch counts the same.
+    seq-mean-token-mean:     mean over tokens within a sequence, then over non-empty sequences.
+    seq-mean-token-sum-norm: token sum divided by the constant B * L (Dr. GRPO): no length bias.
+  """
+  mask_BxL = jnp.asarray(mask_BxL, jnp.float32)
+  b, l = mask_BxL.shape
+  if mode == 'token-mean':
+    return _safe_div(mask_BxL, jnp.sum(mask_BxL))
+  if mode == 'seq-mean-token-mean':
+    len_Bx1 = jnp.sum(mask_BxL, axis=1, keepdims=True)
+    num_seqs = jnp.sum(len_Bx1 > 0)
+    return _safe_div(mask_BxL, len_Bx1 * num_seqs)
+  if mode == 'seq-mean-token-sum-norm':
+    return mask_BxL / (b * l)
+  raise ValueError(f'Unknown aggregation mode {mode!r}; valid modes: {AGGREGATION_MODES}.')
+
+
+def aggregate(per_token_BxL, mask_BxL, mode):
+  """Aggregated scalar loss (or metric) of per-token values under `mode`."""
+  return jnp.sum(token_weights(mask_BxL, mode) * per_token_BxL)
+
+
+def masked_mean(x, mask):
+  """Mean of x over valid entries; 0 when there are none."""
+  mask = jnp.asarray(mask, jnp.float32)
+  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Policy objective and KL.
+# ----------------------------------------------------------------------------------------------
+
+
+def clipped_surrogate(logp_BxL, old_logp_BxL, advantages_BxL, clip_low, clip_high):
+  """PPO/GRPO clipped objective as a per-token loss, and where the clip is active.
+
+  The pessimistic min stops the update once the ratio has moved past the trust region in the
+  direction the advantage favours. Asymmetric bounds (clip_high > clip_low, DAPO "clip-higher")
+  leave more room to raise the probability of unlikely tokens. `clipped_BxL` is 1.0 where the
+  clipped branch is strictly smaller, i.e. where the token gets no gradient.
+  """
+  ratio_BxL = jnp.exp(logp_BxL - old_logp_BxL)
+  unclipped_BxL = ratio_BxL * advantages_BxL
+  clipped_obj_BxL = jnp.clip(ratio_BxL, 1.0 - clip_low, 1.0 + clip_high) * advantages_BxL
+  loss_BxL = -jnp.minimum(unclipped_BxL, clipped_obj_BxL)
+  clipped_BxL = (clipped_obj_BxL < unclipped_BxL).astype(jnp.float32)
+  return loss_BxL, clipped_BxL
+
+
+def kl_penalty(logp_BxL, ref_logp_BxL, kind):
+  """Per-token estimate of KL(pi || ref) from tokens sampled from pi (Schulman's k1, k2, k3).
+
+  k1 is unbiased but noisy and can be negative; k2 is low-variance but biased; k3 is unbiased,
+  low-variance and always >= 0 (computed with expm1 so that it stays accurate near 0).
+  """
+  log_ratio_BxL = logp_BxL - ref_logp_BxL
+  if kind == 'k1':
+    return log_ratio_BxL
+  if kind == 'k2':
+    return 0.5 * log_ratio_BxL**2
+  if kind == 'k3':
+    return jnp.expm1(-log_ratio_BxL) + log_ratio_BxL
+  raise ValueError(f'Unknown KL estimator {kind!r}; valid kinds: {KL_KINDS}.')
+
+
+def logprobs_from_logits(logits_BxLxV, tokens_BxL):
+  """Log-probability of each token; the softmax is in float32 whatever the logits' dtype."""
+  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(logp_BxLxV, tokens_BxL[..., None], axis=-1)[..., 0]
+
+
+def entropy_from_logits(logits_BxLxV):
+  """Entropy of each next-token distribution, in float32; -inf logits (banned tokens) are fine."""
+  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1)
+  p_BxLxV = jnp.exp(logp_BxLxV)
+  # 0 * log 0 = 0, without a NaN in the value or the gradient.
+  logp_BxLxV = jnp.where(p_BxLxV > 0, logp_BxLxV, 0.0)
+  return -jnp.sum(p_BxLxV * logp_BxLxV, axis=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# PPO with a critic: GAE, whitening, value loss.
+# ----------------------------------------------------------------------------------------------
+
+
+def gae(rewards_BxL, values_BxL, mask_BxL, gamma, lam):
+  """Generalised advantage estimation over response tokens, as a reverse scan over L.
+
+  The episode ends after the last valid token, so the value beyond it is 0 and nothing flows
+  back from padding. Returns (advantages, returns = advantages + values), both 0 where masked.
+  """
+  mask_BxL = jnp.asarray(mask_BxL, jnp.float32)
+  rewards_BxL = rewards_BxL.astype(jnp.float32)
+  values_BxL = values_BxL.astype(jnp.float32) * mask_BxL
+  next_mask_BxL = jnp.pad(mask_BxL[:, 1:], ((0, 0), (0, 1)))
+  next_values_BxL = jnp.pad(values_BxL[:, 1:], ((0, 0), (0, 1)))  # 0 past the end
+  delta_BxL = rewards_BxL + gamma * next_values_BxL - values_BxL
+
+  def step(next_adv_B, inputs):
+    delta_B, next_mask_B = inputs
+    adv_B = delta_B + gamma * lam * next_mask_B * next_adv_B
+    return adv_B, adv_B
+
+  _, advantages_LxB = jax.lax.scan(
+      step, jnp.zeros(delta_BxL.shape[0], jnp.float32), (delta_BxL.T, next_mask_BxL.T),
+      reverse=True)
+  advantages_BxL = advantages_LxB.T * mask_BxL
+  return advantages_BxL, advantages_BxL + values_BxL
+
+
+def whiten(x_BxL, mask_BxL, shift_mean=True, eps=1e-8):
+  """Scale x to unit variance over valid tokens (and zero mean, unless shift_mean=False).
+
+  Keeping the mean preserves the sign balance of advantages, as OpenRLHF/TRL do in some modes.
+  The variance is the population (biased) one over valid tokens.
+  """
+  mask_BxL = jnp.asarray(mask_BxL, jnp.float32)
+  mean = masked_mean(x_BxL, mask_BxL)
+  var = masked_mean((x_BxL - mean)**2, mask_BxL)
+  whitened_BxL = (x_BxL - mean) * jax.lax.rsqrt(var + eps)
+  if not shift_mean:
+    whitened_BxL = whitened_BxL + mean
+  return whitened_BxL * mask_BxL
+
+
+def value_loss(values_BxL, old_values_BxL, returns_BxL, clip):
+  """Per-token critic loss, optionally clipped around the old values as in PPO.
+
+  With clip, the pessimistic max keeps the value from moving more than `clip` per update.
+  """
+  loss_BxL = (values_BxL - returns_BxL)**2
+  if clip is not None:
+    clipped_values_BxL = old_values_BxL + jnp.clip(values_BxL - old_values_BxL, -clip, clip)
+    loss_BxL = jnp.maximum(loss_BxL, (clipped_values_BxL - returns_BxL)**2)
+  return 0.5 * loss_BxL

@@ -1,0 +1,196 @@
+"""Decoder-only MoE transformer, architecturally compatible with Qwen3 / Qwen3-MoE.
+
+Pre-norm blocks (RMSNorm), rotary positions, grouped-query attention with RMSNorm on q and k,
+SwiGLU feed-forward that is either dense or a routed mixture of experts (rljax.moe). Layers are
+stacked and scanned (compile time flat in depth). The same module serves training (full
+sequences) and sampling (an explicit KV cache passed in and out), so sampler and trainer compute
+the same function of the same parameter arrays.
+
+Sequences are LEFT-padded prompts followed by responses. `kv_valid_BxS` marks real tokens;
+positions count real tokens only, so a prompt's position ids do not depend on its padding.
+"""
+import dataclasses
+from typing import Any, NamedTuple, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rljax import layers
+from rljax import moe
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int = 16
+  d_model: int = 128
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 32
+  num_experts: int = 4          # 0: dense SwiGLU feed-forward
+  experts_per_token: int = 2
+  expert_hidden: int = 256
+  dense_hidden: int = 512
+  moe_impl: str = 'dense'       # 'ragged' | 'dense' (see rljax.moe)
+  tie_embeddings: bool = False
+  rope_theta: float = 10000.0
+  norm_eps: float = 1e-6
+  init_std: float = 0.02         # Qwen3's initializer_range
+  dtype: Any = 'float32'        # compute dtype
+  param_dtype: Any = 'float32'  # master weights
+  remat: str = 'none'           # 'none' | 'full' | 'dots' (save matmul outputs)
+
+  @classmethod
+  def from_config(cls, config):
+    """Builds from a ConfigDict (or dict), rejecting unknown fields."""
+    values = dict(config)
+    unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+      raise ValueError(f'unknown model config fields: {sorted(unknown)}')
+    return cls(**values)
+
+
+class KVCache(NamedTuple):
+  """Keys and values of every layer: [layers, batch, slots, kv_heads, head_dim]."""
+  k: jax.Array
+  v: jax.Array
+
+  @classmethod
+  def zeros(cls, cfg, batch, slots):
+    shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim)
+    return cls(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
+
+
+def positions_from_valid(valid_BxS):
+  """Position ids that count real tokens only (left padding does not shift them)."""
+  return jnp.maximum(jnp.cumsum(valid_BxS.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxTxD, positions_BxT, kv_valid_BxS, cache_k, cache_v, cache_index):
+    cfg = self.cfg
+    d_model = x_BxTxD.shape[-1]
+    heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    w_q = layers.param(self, 'w_q', (d_model, heads, head_dim), ('embed', 'heads', 'head_dim'), cfg)
+    w_k = layers.param(self, 'w_k', (d_model, kv_heads, head_dim), ('embed', 'kv_heads', 'head_dim'), cfg)
+    w_v = layers.param(self, 'w_v', (d_model, kv_heads, head_dim), ('embed', 'kv_heads', 'head_dim'), cfg)
+    w_o = layers.param(self, 'w_o', (heads, head_dim, d_model), ('heads', 'head_dim', 'embed'), cfg)
+    q_BxTxNxH = jnp.einsum('btd,dnh->btnh', x_BxTxD, w_q.astype(cfg.dtype))
+    k_BxTxKxH = jnp.einsum('btd,dkh->btkh', x_BxTxD, w_k.astype(cfg.dtype))
+    v_BxTxKxH = jnp.einsum('btd,dkh->btkh', x_BxTxD, w_v.astype(cfg.dtype))
+    q_BxTxNxH = layers.RMSNorm(cfg, 'head_dim', name='q_norm')(q_BxTxNxH)
+    k_BxTxKxH = layers.RMSNorm(cfg, 'head_dim', name='k_norm')(k_BxTxKxH)
+    q_BxTxNxH = layers.rope(q_BxTxNxH, positions_BxT, cfg.rope_theta)
+    k_BxTxKxH = layers.rope(k_BxTxKxH, positions_BxT, cfg.rope_theta)
+
+    if cache_k is None:  # full-sequence forward: keys are this sequence
+      keys_BxSxKxH, values_BxSxKxH = k_BxTxKxH, v_BxTxKxH
+    else:  # write this chunk's keys at [cache_index, cache_index + T) and attend over all slots
+      start = (0, cache_index, 0, 0)
+      keys_BxSxKxH = jax.lax.dynamic_update_slice(cache_k, k_BxTxKxH.astype(cache_k.dtype), start)
+      values_BxSxKxH = jax.lax.dynamic_update_slice(cache_v, v_BxTxKxH.astype(cache_v.dtype), start)
+    length, slots = x_BxTxD.shape[1], keys_BxSxKxH.shape[1]
+
+    query_slot_T = cache_index + jnp.arange(length)
+    causal_TxS = jnp.arange(slots)[None, :] <= query_slot_T[:, None]
+    mask_Bx1x1xTxS = (causal_TxS[None] & kv_valid_BxS[:, None, :])[:, None, None]
+    q_BxTxKxGxH = q_BxTxNxH.reshape(*q_BxTxNxH.shape[:2], kv_heads, heads // kv_heads, head_dim)
+    scores_BxKxGxTxS = jnp.einsum('btkgh,bskh->bkgts', q_BxTxKxGxH, keys_BxSxKxH,
+                                  preferred_element_type=jnp.float32) * head_dim ** -0.5
+    scores_BxKxGxTxS = jnp.where(mask_Bx1x1xTxS, scores_BxKxGxTxS, jnp.finfo(jnp.float32).min)
+    probs_BxKxGxTxS = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(cfg.dtype)
+    out_BxTxKxGxH = jnp.einsum('bkgts,bskh->btkgh', probs_BxKxGxTxS, values_BxSxKxH)
+    out_BxTxNxH = out_BxTxKxGxH.reshape(q_BxTxNxH.shape)
+    out_BxTxD = jnp.einsum('btnh,nhd->btd', out_BxTxNxH, w_o.astype(cfg.dtype))
+    if cache_k is None:
+      return out_BxTxD, None, None
+    return out_BxTxD, keys_BxSxKxH, values_BxSxKxH
+
+
+class Block(nn.Module):
+  """One pre-norm layer; scanned over depth, carrying the residual stream and the MoE aux loss."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, carry, layer_cache, positions_BxT, kv_valid_BxS, cache_index):
+    cfg = self.cfg
+    x_BxTxD, aux_loss = carry
+    cache_k, cache_v = layer_cache if layer_cache is not None else (None, None)
+    h_BxTxD = layers.RMSNorm(cfg, name='attn_norm')(x_BxTxD)
+    attn_BxTxD, cache_k, cache_v = Attention(cfg, name='attn')(
+        h_BxTxD, positions_BxT, kv_valid_BxS, cache_k, cache_v, cache_index)
+    x_BxTxD = x_BxTxD + attn_BxTxD
+    h_BxTxD = layers.RMSNorm(cfg, name='ffn_norm')(x_BxTxD)
+    if cfg.num_experts:
+      ffn_BxTxD, layer_aux = moe.MoE(cfg, name='moe')(h_BxTxD)
+      aux_loss = aux_loss + layer_aux / cfg.num_layers
+    else:
+      ffn_BxTxD = layers.SwiGLU(cfg, name='ffn')(h_BxTxD)
+    x_BxTxD = nn.with_logical_constraint(x_BxTxD + ffn_BxTxD, ('batch', 'length', 'embed'))
+    new_cache = None if layer_cache is None else (cache_k, cache_v)
+    return (x_BxTxD, aux_loss), new_cache
+
+
+REMAT_POLICIES = {
+    'full': None,
+    'dots': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class Transformer(nn.Module):
+  """Returns (logits or hidden states, updated KV cache or None, MoE load-balancing loss)."""
+  cfg: ModelConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.embed = nn.Embed(
+        cfg.vocab_size, cfg.d_model, param_dtype=cfg.param_dtype, dtype=cfg.dtype,
+        embedding_init=nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ('vocab', 'embed')))
+    block = Block
+    if cfg.remat != 'none':
+      block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
+    self.blocks = nn.scan(
+        block, variable_axes={'params': 0}, split_rngs={'params': True},
+        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+        metadata_params={nn.PARTITION_NAME: 'layers'})(cfg, name='blocks')
+    self.final_norm = layers.RMSNorm(cfg)
+    if not cfg.tie_embeddings:
+      self.lm_head = self.param(
+          'lm_head', nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
+                                                  ('embed', 'vocab')),
+          (cfg.d_model, cfg.vocab_size), cfg.param_dtype)
+
+  def hidden(self, tokens_BxT, kv_valid_BxS, cache: Optional[KVCache] = None, cache_index=0,
+             positions_BxT=None):
+    """Final-norm hidden states. Without a cache, S == T and positions come from `kv_valid_BxS`."""
+    if positions_BxT is None:
+      positions_BxT = positions_from_valid(kv_valid_BxS)
+    x_BxTxD = self.embed(tokens_BxT)
+    layer_caches = None if cache is None else (cache.k, cache.v)
+    (x_BxTxD, aux_loss), new_caches = self.blocks(
+        (x_BxTxD, jnp.zeros((), jnp.float32)), layer_caches, positions_BxT, kv_valid_BxS,
+        cache_index)
+    new_cache = None if cache is None else KVCache(*new_caches)
+    return self.final_norm(x_BxTxD), new_cache, aux_loss
+
+  def logits(self, h_BxTxD):
+    """Vocabulary logits in float32 (log-probs and sampling need the precision)."""
+    if self.cfg.tie_embeddings:
+      return self.embed.attend(h_BxTxD).astype(jnp.float32)
+    return jnp.dot(h_BxTxD, self.lm_head.astype(self.cfg.dtype),
+                   preferred_element_type=jnp.float32)
+
+  def __call__(self, tokens_BxT, kv_valid_BxS, cache=None, cache_index=0, positions_BxT=None):
+    h_BxTxD, new_cache, aux_loss = self.hidden(tokens_BxT, kv_valid_BxS, cache, cache_index,
+                                               positions_BxT)
+    return self.logits(h_BxTxD), new_cache, aux_loss
+
+
+def init_params(cfg: ModelConfig, rng):
+  """Parameters (boxed with their logical axis names; see rljax.sharding for placement)."""
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  return Transformer(cfg).init(rng, tokens, jnp.ones((1, 4), bool))['params']

@@ -1,0 +1,70 @@
+"""The policy-gradient objective shared by GRPO and PPO, on one micro-batch.
+
+The trainer recomputes the log-probs of the sampled responses with the same model, the same
+parameter arrays and the same left-padded layout the sampler used, so on-policy ratios start at 1
+(`logprob_mismatch` measures how close).
+"""
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rljax import losses
+
+
+class PolicyBatch(NamedTuple):
+  prompt_BxT: jax.Array        # left-padded prompts
+  prompt_valid_BxT: jax.Array
+  response_BxL: jax.Array      # sampled tokens, PAD after the stop token
+  mask_BxL: jax.Array          # float: 1 on trained response tokens
+  old_logp_BxL: jax.Array      # sampler log-probs (behaviour policy)
+  advantages_BxL: jax.Array
+  weights_BxL: jax.Array       # aggregation weights from the FULL batch (losses.token_weights)
+
+
+def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL, temperature):
+  """Log-probs and entropies of the response tokens under softmax(logits / temperature)."""
+  prompt_len, response_len = prompt_BxT.shape[1], response_BxL.shape[1]
+  tokens_BxS = jnp.concatenate([prompt_BxT, response_BxL], axis=1)
+  valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones_like(response_BxL, bool)], axis=1)
+  variables = {'params': params}
+  h_BxSxD, _, aux_loss = model.apply(variables, tokens_BxS, valid_BxS, method='hidden')
+  h_BxLxD = h_BxSxD[:, prompt_len - 1:prompt_len - 1 + response_len]  # positions predicting the response
+  logits_BxLxV = model.apply(variables, h_BxLxD, method='logits') / temperature
+  logp_BxL = losses.logprobs_from_logits(logits_BxLxV, response_BxL)
+  return logp_BxL, losses.entropy_from_logits(logits_BxLxV), aux_loss
+
+
+def make_policy_loss(model, cfg, temperature, num_micro):
+  """`loss_fn(params, batch, ref_params) -> (loss, metric sums)` for rljax.update.
+
+  cfg: clip_low, clip_high, kl_coef, kl_estimator, moe_aux_coef. With kl_coef == 0 no reference
+  model exists at all (ref_params is None).
+  """
+  def loss_fn(params, batch, ref_params=None):
+    logp_BxL, entropy_BxL, aux_loss = response_logprobs(
+        model, params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL, temperature)
+    pg_BxL, clipped_BxL = losses.clipped_surrogate(logp_BxL, batch.old_logp_BxL,
+                                                   batch.advantages_BxL, cfg.clip_low,
+                                                   cfg.clip_high)
+    weights_BxL, mask_BxL = batch.weights_BxL, batch.mask_BxL
+    pg_loss = jnp.sum(weights_BxL * pg_BxL)
+    loss = pg_loss + cfg.moe_aux_coef * aux_loss / num_micro
+    metrics = dict(
+        pg_loss=pg_loss,
+        moe_aux_loss=aux_loss / num_micro,
+        entropy=jnp.sum(weights_BxL * entropy_BxL),
+        clipfrac=jnp.sum(weights_BxL * clipped_BxL),
+        logprob_mismatch_sum=jnp.sum(mask_BxL * jnp.abs(logp_BxL - batch.old_logp_BxL)),
+        approx_kl=jnp.sum(weights_BxL * losses.kl_penalty(batch.old_logp_BxL, logp_BxL, 'k3')),
+        num_tokens=jnp.sum(mask_BxL))
+    if cfg.kl_coef:
+      ref_logp_BxL, _, _ = response_logprobs(
+          model, jax.lax.stop_gradient(ref_params), batch.prompt_BxT, batch.prompt_valid_BxT,
+          batch.response_BxL, temperature)
+      kl = jnp.sum(weights_BxL * losses.kl_penalty(logp_BxL, ref_logp_BxL, cfg.kl_estimator))
+      loss = loss + cfg.kl_coef * kl
+      metrics['kl'] = kl
+    return loss, metrics
+
+  return loss_fn

@@ -1,0 +1,109 @@
+"""Batched on-device generation: one prefill, then decode in ONE `lax.while_loop` over a KV cache.
+
+Prompts are left-padded to a common length T, so every row's next token goes to the same cache slot
+T + t; position ids count real tokens only. The loop stops once every row has emitted a stop token
+(or after `max_new_tokens`). Log-probs are those of the sampled tokens under the temperature-scaled
+FULL distribution, i.e. exactly what the trainer recomputes (top-k / top-p only choose the token).
+"""
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rljax import model as model_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  max_new_tokens: int
+  eos_id: int
+  pad_id: int = 0
+  temperature: float = 1.0
+  top_k: int = 0        # 0: no top-k filter
+  top_p: float = 1.0    # 1.0: no nucleus filter
+  greedy: bool = False
+
+
+class Rollout(NamedTuple):
+  tokens_BxL: jax.Array   # sampled response tokens, PAD after the stop token
+  logp_BxL: jax.Array     # sampler log-probs of those tokens (0 on padding)
+  mask_BxL: jax.Array     # True on response tokens, the stop token included
+  lengths_B: jax.Array
+
+
+def filter_logits(logits_BxV, top_k, top_p):
+  """Sets logits outside the top-k and outside the top-p nucleus to -inf (the best token stays)."""
+  if top_k:
+    kth_B1 = jax.lax.top_k(logits_BxV, top_k)[0][:, -1:]
+    logits_BxV = jnp.where(logits_BxV < kth_B1, -jnp.inf, logits_BxV)
+  if top_p < 1.0:
+    sorted_BxV = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
+    probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+    mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
+    keep_BxV = mass_before_BxV < top_p
+    threshold_B1 = jnp.min(jnp.where(keep_BxV, sorted_BxV, jnp.inf), axis=-1, keepdims=True)
+    logits_BxV = jnp.where(logits_BxV < threshold_B1, -jnp.inf, logits_BxV)
+  return logits_BxV
+
+
+def sample_token(logits_BxV, key, cfg: SamplingConfig):
+  """Returns (token_B, logp_B) with logp under softmax(logits / temperature)."""
+  scaled_BxV = logits_BxV.astype(jnp.float32) / cfg.temperature
+  logp_BxV = jax.nn.log_softmax(scaled_BxV, axis=-1)
+  if cfg.greedy:
+    token_B = jnp.argmax(scaled_BxV, axis=-1)
+  else:
+    token_B = jax.random.categorical(key, filter_logits(scaled_BxV, cfg.top_k, cfg.top_p), axis=-1)
+  token_B = token_B.astype(jnp.int32)
+  return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
+
+
+def generate(model, params, prompt_BxT, prompt_valid_BxT, rng, cfg: SamplingConfig) -> Rollout:
+  """Samples up to `cfg.max_new_tokens` tokens for every prompt. Jit with model and cfg static."""
+  batch, prompt_len = prompt_BxT.shape
+  max_len = cfg.max_new_tokens
+  variables = {'params': params}
+  cache = model_lib.KVCache.zeros(model.cfg, batch, prompt_len + max_len)
+  kv_valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones((batch, max_len), bool)], axis=1)
+  prompt_positions_BxT = model_lib.positions_from_valid(prompt_valid_BxT)
+  logits_BxTxV, cache, _ = model.apply(variables, prompt_BxT, kv_valid_BxS, cache, 0,
+                                       prompt_positions_BxT)
+  next_position_B = jnp.sum(prompt_valid_BxT, axis=-1).astype(jnp.int32)
+
+  def decode_one(token_B, t, cache):
+    logits_Bx1xV, cache, _ = model.apply(variables, token_B[:, None], kv_valid_BxS, cache,
+                                         prompt_len + t, (next_position_B + t)[:, None])
+    return logits_Bx1xV[:, 0], cache
+
+  def keep(token_B, t, cache):
+    del token_B, t
+    return jnp.zeros(logits_BxTxV.shape[::2], jnp.float32), cache
+
+  def body(state):
+    t, cache, logits_BxV, tokens_BxL, logp_BxL, mask_BxL, done_B, rng = state
+    rng, key = jax.random.split(rng)
+    token_B, logp_B = sample_token(logits_BxV, key, cfg)
+    token_B = jnp.where(done_B, cfg.pad_id, token_B)
+    tokens_BxL = tokens_BxL.at[:, t].set(token_B)
+    logp_BxL = logp_BxL.at[:, t].set(jnp.where(done_B, 0.0, logp_B))
+    mask_BxL = mask_BxL.at[:, t].set(~done_B)
+    done_B = done_B | (token_B == cfg.eos_id)
+    go_on = (t + 1 < max_len) & ~jnp.all(done_B)
+    logits_BxV, cache = jax.lax.cond(go_on, decode_one, keep, token_B, t, cache)
+    return t + 1, cache, logits_BxV, tokens_BxL, logp_BxL, mask_BxL, done_B, rng
+
+  def cond(state):
+    t, done_B = state[0], state[6]
+    return (t < max_len) & ~jnp.all(done_B)
+
+  state = (jnp.int32(0), cache, logits_BxTxV[:, -1], jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
+           jnp.zeros((batch, max_len), jnp.float32), jnp.zeros((batch, max_len), bool),
+           jnp.zeros((batch,), bool), rng)
+  _, _, _, tokens_BxL, logp_BxL, mask_BxL, _, _ = jax.lax.while_loop(cond, body, state)
+  return Rollout(tokens_BxL, logp_BxL, mask_BxL, jnp.sum(mask_BxL, axis=-1))
+
+
+def make_sampler(model, cfg: SamplingConfig):
+  """A jitted `(params, prompt_BxT, prompt_valid_BxT, rng) -> Rollout` (compiled once per shape)."""
+  return jax.jit(lambda params, prompt, valid, rng: generate(model, params, prompt, valid, rng, cfg))

@@ -1,0 +1,57 @@
+"""One optimizer update from a batch, with gradients accumulated over micro-batches.
+
+`loss_fn(params, micro_batch) -> (loss, metric_sums)` must be additive over micro-batches: rljax
+losses weight each token with weights computed on the FULL batch (rljax.losses.token_weights), so
+the summed loss and gradient do not depend on the split, while memory stays that of one micro-batch.
+
+The per-micro-batch gradients also give, for free, the two squared norms behind the gradient noise
+scale of McCandlish et al. (B_simple = tr(Sigma) / |G|^2): `grad_sq_small` at `b_small` = micro-batch
+size and `grad_sq_big` at `b_big` = batch size (rljax.analysis averages them over steps).
+"""
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def split_micro(batch, num_micro):
+  """[B, ...] leaves -> [num_micro, B / num_micro, ...]."""
+  def split(x):
+    if x.shape[0] % num_micro:
+      raise ValueError(f'batch of {x.shape[0]} is not divisible into {num_micro} micro-batches')
+    return x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:])
+  return jax.tree.map(split, batch)
+
+
+def accumulate_gradients(loss_fn, params, batch, num_micro):
+  """Sums loss, metric sums and gradients over micro-batches with a `lax.scan`."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def step(carry, micro):
+    grads, loss, metrics, micro_sq = carry
+    (micro_loss, micro_metrics), micro_grads = grad_fn(params, micro)
+    return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss,
+            jax.tree.map(jnp.add, metrics, micro_metrics),
+            micro_sq + jnp.square(optax.global_norm(micro_grads))), None
+
+  micro_batches = split_micro(batch, num_micro)
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  metric_shapes = jax.eval_shape(loss_fn, params, first)[1]
+  zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
+           jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
+           jnp.zeros((), jnp.float32))
+  (grads, loss, metrics, micro_sq), _ = jax.lax.scan(step, zeros, micro_batches)
+  return grads, loss, metrics, micro_sq
+
+
+def apply_update(loss_fn, optimizer, params, opt_state, batch, num_micro):
+  """Gradient step; returns (params, opt_state, metrics incl. loss, grad_norm, noise-scale terms)."""
+  grads, loss, metrics, micro_sq = accumulate_gradients(loss_fn, params, batch, num_micro)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  params = optax.apply_updates(params, updates)
+  grad_norm = optax.global_norm(grads)
+  batch_size = jax.tree.leaves(batch)[0].shape[0]
+  metrics = dict(metrics, loss=loss, grad_norm=grad_norm, skipped=1 - opt_state.last_finite.astype(jnp.int32))
+  if num_micro > 1:  # the micro-batch gradient g_i is 1/num_micro of its own mean-gradient estimate
+    metrics.update(grad_sq_small=micro_sq * num_micro, grad_sq_big=jnp.square(grad_norm),
+                   b_small=jnp.float32(batch_size // num_micro), b_big=jnp.float32(batch_size))
+  return params, opt_state, metrics

@@ -1,0 +1,360 @@
+"""Tests for rljax.losses against independent float64 numpy references written with explicit loops."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax import losses
+
+RTOL, ATOL = 2e-6, 1e-6
+MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm')
+
+
+def close(actual, expected, rtol=RTOL, atol=ATOL):
+  np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=atol)
+
+
+def lengths_and_mask(rng, b=8, l=7):
+  """Right-padded mask with varied lengths, always including an empty, a length-1 and a full row."""
+  lengths = rng.integers(0, l + 1, size=b)
+  lengths[:3] = [0, 1, l]
+  rng.shuffle(lengths)
+  mask = np.zeros((b, l), np.float32)
+  for i, n in enumerate(lengths):
+    mask[i, :n] = 1.0
+  return lengths, mask
+
+
+# ----------------------------------------------------------------------------------------------
+# Group advantages.
+# ----------------------------------------------------------------------------------------------
+
+
+def ref_group_advantages(rewards, normalize_std, eps):
+  out = np.zeros(rewards.shape)
+  for p, group in enumerate(rewards.astype(np.float64)):
+    g = len(group)
+    mean = sum(group) / g
+    if all(r == group[0] for r in group):
+      continue  # zero-variance group: exactly 0
+    std = math.sqrt(sum((r - mean)**2 for r in group) / (g - 1))
+    for j, r in enumerate(group):
+      out[p, j] = (r - mean) / (std + eps) if normalize_std else r - mean
+  return out
+
+
+@pytest.mark.parametrize('normalize_std', [True, False])
+def test_group_advantages(normalize_std):
+  rng = np.random.default_rng(0)
+  rewards = rng.integers(0, 2, size=(16, 5)).astype(np.float32)
+  rewards[:5] = rng.normal(size=(5, 5))
+  rewards[5:10] = np.array([0.1, 0.9, 1 / 3, 1.0, 0.0])[:, None]  # constant groups
+  got = losses.group_advantages(rewards, normalize_std=normalize_std, eps=1e-6)
+  close(got, ref_group_advantages(rewards, normalize_std, 1e-6))
+  # Exactly 0, although the float32 mean of five 0.9s is not exactly 0.9.
+  assert np.all(np.asarray(got)[5:10] == 0.0)
+
+
+def test_group_advantages_binary_values_and_size_one():
+  # 1 correct out of 4: mean 0.25, unbiased std sqrt(0.25) = 0.5.
+  got = losses.group_advantages(np.array([[1.0, 0.0, 0.0, 0.0]]), eps=0.0)
+  close(got, [[1.5, -0.5, -0.5, -0.5]])
+  single = losses.group_advantages(np.array([[3.0], [5.0]]))
+  assert np.all(np.asarray(single) == 0.0)
+
+
+def test_zero_variance_groups():
+  rewards = np.array([[1, 1, 1], [0, 1, 0], [0.3, 0.3, 0.3], [2, 2, 2.5]], np.float32)
+  expected = [all(r == row[0] for r in row) for row in rewards]
+  np.testing.assert_array_equal(losses.zero_variance_groups(rewards), expected)
+
+
+# ----------------------------------------------------------------------------------------------
+# Aggregation.
+# ----------------------------------------------------------------------------------------------
+
+
+def ref_aggregate(per_token, lengths, l, mode):
+  b = len(lengths)
+  if mode == 'token-mean':
+    total = sum(lengths)
+    s = sum(per_token[i, t] for i in range(b) for t in range(lengths[i]))
+    return s / total if total else 0.0
+  if mode == 'seq-mean-token-mean':
+    means = [sum(per_token[i, :n].astype(np.float64)) / n for i, n in enumerate(lengths) if n > 0]
+    return sum(means) / len(means) if means else 0.0
+  if mode == 'seq-mean-token-sum-norm':
+    return sum(per_token[i, t] for i in range(b) for t in range(lengths[i])) / (b * l)
+  raise AssertionError(mode)
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_aggregate(mode):
+  rng = np.random.default_rng(1)
+  lengths, mask = lengths_and_mask(rng)
+  per_token = rng.normal(size=mask.shape).astype(np.float32)
+  close(losses.aggregate(per_token, mask, mode), ref_aggregate(per_token, lengths, 7, mode))
+  # Weights are zero on padding and reproduce the aggregate of an all-ones loss.
+  w = np.asarray(losses.token_weights(mask, mode))
+  assert np.all(w[mask == 0] == 0)
+  close(w.sum(), ref_aggregate(np.ones_like(per_token), lengths, 7, mode))
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_all_zero_mask_gives_zeros(mode):
+  w = losses.token_weights(np.zeros((3, 5), np.float32), mode)
+  assert np.all(np.asarray(w) == 0.0)
+  assert float(losses.aggregate(np.ones((3, 5)), np.zeros((3, 5)), mode)) == 0.0
+
+
+@pytest.mark.parametrize('mode', MODES)
+@pytest.mark.parametrize('num_micro', [2, 4])
+def test_split_invariance(mode, num_micro):
+  rng = np.random.default_rng(2)
+  _, mask = lengths_and_mask(rng, b=8, l=9)
+  per_token = rng.normal(size=mask.shape).astype(np.float32)
+  full = float(losses.aggregate(per_token, mask, mode))
+  w = losses.token_weights(mask, mode)  # computed once, on the full batch
+  split = sum(float(jnp.sum(w_mb * l_mb)) for w_mb, l_mb in
+              zip(jnp.split(w, num_micro), np.split(per_token, num_micro)))
+  close(split, full)
+  # The naive alternative (token-mean per micro-batch, then average) depends on the split.
+  if mode == 'token-mean':
+    naive = np.mean([float(losses.aggregate(l_mb, m_mb, mode)) for l_mb, m_mb in
+                     zip(np.split(per_token, num_micro), np.split(mask, num_micro))])
+    assert abs(naive - full) > 1e-4
+
+
+def test_masked_mean():
+  rng = np.random.default_rng(3)
+  lengths, mask = lengths_and_mask(rng)
+  x = rng.normal(size=mask.shape).astype(np.float32)
+  vals = [x[i, t] for i, n in enumerate(lengths) for t in range(n)]
+  close(losses.masked_mean(x, mask), sum(vals) / len(vals))
+  assert float(losses.masked_mean(x, np.zeros_like(mask))) == 0.0
+
+
+def test_unknown_mode_and_kind_raise():
+  with pytest.raises(ValueError, match='token-mean'):
+    losses.token_weights(np.ones((2, 3)), 'sum')
+  with pytest.raises(ValueError):
+    losses.aggregate(np.ones((2, 3)), np.ones((2, 3)), 'mean')
+  with pytest.raises(ValueError, match='k3'):
+    losses.kl_penalty(np.zeros((2, 3)), np.zeros((2, 3)), 'k4')
+
+
+# ----------------------------------------------------------------------------------------------
+# Clipped surrogate.
+# ----------------------------------------------------------------------------------------------
+
+
+# (ratio, advantage, clip_low, clip_high, expected loss, expected clipped)
+SURROGATE_CASES = [
+    (1.10, 1.0, 0.2, 0.2, -1.10, 0.0),    # inside the trust region
+    (1.50, 1.0, 0.2, 0.2, -1.20, 1.0),    # A > 0, ratio above 1 + high: capped
+    (1.25, 1.0, 0.2, 0.28, -1.25, 0.0),   # clip-higher leaves room up to 1.28
+    (1.50, 1.0, 0.2, 0.28, -1.28, 1.0),
+    (0.50, 1.0, 0.2, 0.2, -0.50, 0.0),    # A > 0, ratio below 1 - low: unclipped is smaller
+    (0.50, -1.0, 0.2, 0.2, 0.80, 1.0),    # A < 0, ratio below 1 - low: capped
+    (0.75, -1.0, 0.3, 0.2, 0.75, 0.0),    # wider low bound: inside
+    (1.50, -2.0, 0.2, 0.2, 3.00, 0.0),    # A < 0, ratio above 1 + high: unclipped is smaller
+    (1.50, 0.0, 0.2, 0.2, 0.00, 0.0),     # no advantage, no loss
+]
+
+
+@pytest.mark.parametrize('ratio,adv,low,high,expected_loss,expected_clipped', SURROGATE_CASES)
+def test_clipped_surrogate_hand_cases(ratio, adv, low, high, expected_loss, expected_clipped):
+  old = np.array([[-1.3]], np.float32)
+  logp = old + np.float32(np.log(ratio))
+  loss, clipped = losses.clipped_surrogate(logp, old, np.array([[adv]], np.float32), low, high)
+  close(loss, [[expected_loss]], rtol=1e-5)
+  close(clipped, [[expected_clipped]], atol=0)
+
+
+def test_clipped_surrogate_random_and_gradient():
+  rng = np.random.default_rng(4)
+  shape, low, high = (6, 50), 0.2, 0.28
+  old = rng.normal(-2.0, 1.0, size=shape).astype(np.float32)
+  logp = (old + rng.uniform(-0.5, 0.5, size=shape)).astype(np.float32)
+  adv = rng.normal(size=shape).astype(np.float32)
+
+  ref_loss, ref_clipped, ref_grad = (np.zeros(shape) for _ in range(3))
+  for i in range(shape[0]):
+    for t in range(shape[1]):
+      r = math.exp(float(logp[i, t]) - float(old[i, t]))
+      a = float(adv[i, t])
+      unclipped, clipped = r * a, min(max(r, 1 - low), 1 + high) * a
+      ref_loss[i, t] = -min(unclipped, clipped)
+      ref_clipped[i, t] = float(clipped < unclipped)
+      ref_grad[i, t] = 0.0 if clipped < unclipped else -r * a  # d(-r a)/dlogp = -r a
+  assert 0.1 < ref_clipped.mean() < 0.9  # both regimes exercised
+
+  loss, clipped = jax.jit(losses.clipped_surrogate)(logp, old, adv, low, high)
+  close(loss, ref_loss, rtol=1e-5)
+  np.testing.assert_array_equal(clipped, ref_clipped)
+  grad = jax.grad(lambda lp: jnp.sum(losses.clipped_surrogate(lp, old, adv, low, high)[0]))(logp)
+  close(grad, ref_grad, rtol=1e-5)
+  assert np.all(np.asarray(grad)[ref_clipped == 1] == 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# KL estimators.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_kl_estimators_match_formulas():
+  rng = np.random.default_rng(5)
+  logp = rng.normal(-2, 1, size=(4, 9)).astype(np.float32)
+  ref = rng.normal(-2, 1, size=(4, 9)).astype(np.float32)
+  k1, k2, k3 = (np.zeros(logp.shape) for _ in range(3))
+  for i in range(logp.shape[0]):
+    for t in range(logp.shape[1]):
+      d = float(logp[i, t]) - float(ref[i, t])
+      k1[i, t], k2[i, t], k3[i, t] = d, 0.5 * d * d, math.exp(-d) + d - 1
+  close(losses.kl_penalty(logp, ref, 'k1'), k1)
+  close(losses.kl_penalty(logp, ref, 'k2'), k2)
+  close(losses.kl_penalty(logp, ref, 'k3'), k3, rtol=1e-5)
+
+
+def test_k3_nonnegative():
+  rng = np.random.default_rng(6)
+  d = np.concatenate([rng.normal(0, 5, 1000), rng.normal(0, 1e-4, 1000), [0.0, 1e-8, -1e-8]])
+  k3 = np.asarray(losses.kl_penalty(d.astype(np.float32), np.zeros_like(d, np.float32), 'k3'))
+  assert np.all(k3 >= 0.0)
+
+
+def test_kl_estimators_monte_carlo():
+  p = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
+  q = np.array([0.3, 0.3, 0.2, 0.1, 0.1])
+  true_kl = sum(pi * math.log(pi / qi) for pi, qi in zip(p, q))
+  x = np.random.default_rng(7).choice(len(p), size=200_000, p=p)
+  logp, ref = np.log(p)[x].astype(np.float32), np.log(q)[x].astype(np.float32)
+  for kind in ('k1', 'k3'):  # the unbiased ones
+    est = float(jnp.mean(losses.kl_penalty(logp, ref, kind)))
+    assert abs(est - true_kl) < 0.05 * true_kl, (kind, est, true_kl)
+
+
+# ----------------------------------------------------------------------------------------------
+# Log-probs and entropy.
+# ----------------------------------------------------------------------------------------------
+
+
+def ref_log_softmax(row):
+  row = row.astype(np.float64)
+  m = max(row)
+  log_z = m + math.log(sum(math.exp(v - m) for v in row))
+  return [v - log_z for v in row]
+
+
+def test_logprobs_and_entropy():
+  rng = np.random.default_rng(8)
+  b, l, v = 3, 4, 11
+  logits = (3 * rng.normal(size=(b, l, v))).astype(np.float32)
+  tokens = rng.integers(0, v, size=(b, l))
+  ref_logp, ref_ent = np.zeros((b, l)), np.zeros((b, l))
+  for i in range(b):
+    for t in range(l):
+      ls = ref_log_softmax(logits[i, t])
+      ref_logp[i, t] = ls[tokens[i, t]]
+      ref_ent[i, t] = -sum(math.exp(x) * x for x in ls)
+  logp = losses.logprobs_from_logits(logits, tokens)
+  ent = losses.entropy_from_logits(logits)
+  assert logp.dtype == jnp.float32 and ent.dtype == jnp.float32
+  close(logp, ref_logp, rtol=1e-5)
+  close(ent, ref_ent, rtol=1e-5)
+  # bfloat16 logits still give float32 results.
+  assert losses.logprobs_from_logits(jnp.asarray(logits, jnp.bfloat16), tokens).dtype == jnp.float32
+  assert losses.entropy_from_logits(jnp.asarray(logits, jnp.bfloat16)).dtype == jnp.float32
+
+
+def test_entropy_with_banned_tokens():
+  logits = np.array([[[0.0, 0.0, -np.inf, -np.inf]]], np.float32)
+  close(losses.entropy_from_logits(logits), [[math.log(2)]])
+  grad = jax.grad(lambda z: jnp.sum(losses.entropy_from_logits(z)))(logits)
+  assert np.all(np.isfinite(np.asarray(grad)))
+
+
+# ----------------------------------------------------------------------------------------------
+# GAE, whitening, value loss.
+# ----------------------------------------------------------------------------------------------
+
+
+def ref_gae(rewards, values, lengths, gamma, lam):
+  adv, ret = np.zeros(rewards.shape), np.zeros(rewards.shape)
+  for i, n in enumerate(lengths):
+    next_adv = 0.0
+    for t in reversed(range(n)):
+      next_value = float(values[i, t + 1]) if t + 1 < n else 0.0
+      delta = float(rewards[i, t]) + gamma * next_value - float(values[i, t])
+      next_adv = delta + gamma * lam * next_adv
+      adv[i, t] = next_adv
+      ret[i, t] = next_adv + float(values[i, t])
+  return adv, ret
+
+
+@pytest.mark.parametrize('gamma,lam', [(0.0, 0.0), (1.0, 1.0), (0.99, 0.95), (1.0, 0.9)])
+def test_gae(gamma, lam):
+  rng = np.random.default_rng(9)
+  lengths, mask = lengths_and_mask(rng, b=8, l=12)
+  rewards = rng.normal(size=mask.shape).astype(np.float32)  # garbage on padding must not leak
+  values = rng.normal(size=mask.shape).astype(np.float32)
+  adv, ret = jax.jit(losses.gae)(rewards, values, mask, gamma, lam)
+  ref_adv, ref_ret = ref_gae(rewards, values, lengths, gamma, lam)
+  close(adv, ref_adv, rtol=1e-5, atol=2e-6)
+  close(ret, ref_ret, rtol=1e-5, atol=2e-6)
+
+
+def test_gae_special_cases():
+  # gamma = lam = 0: one-step TD error r - V. gamma = lam = 1: reward-to-go minus V.
+  rewards = np.array([[0.0, 0.0, 1.0, 9.0]], np.float32)
+  values = np.array([[0.5, 0.25, 0.75, 9.0]], np.float32)
+  mask = np.array([[1, 1, 1, 0]], np.float32)
+  adv0, _ = losses.gae(rewards, values, mask, 0.0, 0.0)
+  close(adv0, [[-0.5, -0.25, 0.25, 0.0]])
+  adv1, ret1 = losses.gae(rewards, values, mask, 1.0, 1.0)
+  close(adv1, [[0.5, 0.75, 0.25, 0.0]])
+  close(ret1, [[1.0, 1.0, 1.0, 0.0]])
+
+
+@pytest.mark.parametrize('shift_mean', [True, False])
+def test_whiten(shift_mean):
+  rng = np.random.default_rng(10)
+  lengths, mask = lengths_and_mask(rng, b=8, l=10)
+  x = rng.normal(3.0, 2.0, size=mask.shape).astype(np.float32)
+  vals = [float(x[i, t]) for i, n in enumerate(lengths) for t in range(n)]
+  mean = sum(vals) / len(vals)
+  std = math.sqrt(sum((v - mean)**2 for v in vals) / len(vals) + 1e-8)
+  ref = np.zeros(x.shape)
+  for i, n in enumerate(lengths):
+    for t in range(n):
+      ref[i, t] = (x[i, t] - mean) / std + (0.0 if shift_mean else mean)
+  got = losses.whiten(x, mask, shift_mean=shift_mean)
+  close(got, ref, rtol=1e-5, atol=2e-6)
+  valid = np.asarray(got)[mask == 1]
+  close(valid.mean(), 0.0 if shift_mean else mean, atol=1e-5)
+  close(valid.std(), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize('clip', [None, 0.2])
+def test_value_loss(clip):
+  rng = np.random.default_rng(11)
+  values, old, returns = (rng.normal(size=(5, 8)).astype(np.float32) for _ in range(3))
+  ref = np.zeros(values.shape)
+  for i in range(values.shape[0]):
+    for t in range(values.shape[1]):
+      v, o, r = float(values[i, t]), float(old[i, t]), float(returns[i, t])
+      ref[i, t] = 0.5 * (v - r)**2
+      if clip is not None:
+        vc = o + min(max(v - o, -clip), clip)
+        ref[i, t] = max(ref[i, t], 0.5 * (vc - r)**2)
+  close(losses.value_loss(values, old, returns, clip), ref, rtol=1e-5)
+
+
+def test_value_loss_clip_hand_case():
+  # v moved from 0 to 1 towards R = 2; clipped value 0.2 is farther from R, so the max picks it.
+  args = (np.array([[1.0]]), np.array([[0.0]]), np.array([[2.0]]))
+  close(losses.value_loss(*args, None), [[0.5]])
+  close(losses.value_loss(*args, 0.2), [[0.5 * 1.8**2]])
