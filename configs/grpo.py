@@ -12,11 +12,11 @@ from configs import common
 
 
 def model_preset(runlocal):
-  """A ~0.7M-param MoE for CPU demos and tests, or a ~1B-class MoE (Qwen3-MoE shaped) otherwise."""
+  """A ~0.5M-param MoE for CPU demos and tests, or a ~1B-class MoE (Qwen3-MoE shaped) otherwise."""
   if runlocal:
     return dict(vocab_size=16, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
-                num_experts=4, experts_per_token=2, expert_hidden=256, dense_hidden=512,
-                moe_impl='dense', tie_embeddings=False, rope_theta=10000.0, norm_eps=1e-6, init_std=0.02,
+                num_experts=4, experts_per_token=2, expert_hidden=128, dense_hidden=512,
+                moe_impl='ragged', tie_embeddings=False, rope_theta=10000.0, norm_eps=1e-6, init_std=0.02,
                 dtype='float32', param_dtype='float32', remat='none')
   return dict(vocab_size=16, d_model=1024, num_layers=16, num_heads=16, num_kv_heads=4, head_dim=128,
               num_experts=32, experts_per_token=4, expert_hidden=768, dense_hidden=3072,

@@ -27,7 +27,7 @@ TEMPLATE = """\
 {directives}
 set -eo pipefail
 {setup}
-first_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+first_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
 export RLJAX_COORDINATOR_ADDRESS="$first_node:$((61440 + SLURM_JOB_ID % 4096))"
 export RLJAX_NUM_PROCESSES="$SLURM_NNODES"
 srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\

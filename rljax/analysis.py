@@ -162,6 +162,12 @@ def _eval_xy(run, x_key):
   return ev[x_key][ok], ev['eval_accuracy'][ok]
 
 
+def _eval_curve(run, x_key, window):
+  """An eval curve, smoothed."""
+  x, y = _eval_xy(run, x_key)
+  return x, smooth(y, window)
+
+
 def _wallclock_at(run, samples):
   """Training seconds (cumulative step_time_s) when the run had consumed `samples` responses."""
   train = run['train']
@@ -186,11 +192,6 @@ def wallclock_to_target(run, target, window=1):
   """
   samples = samples_to_target(run, target, window)
   return float(_wallclock_at(run, samples)) if np.isfinite(samples) else np.nan
-
-
-def _eval_curve(run, x_key, window):
-  x, y = _eval_xy(run, x_key)
-  return x, smooth(y, window)
 
 
 def _mean_over_seeds(values):
@@ -297,6 +298,7 @@ def aligned_range(arms_summary, tolerance=0.1):
   inside = batches[lo:hi + 1]
   per_arm = [{
       'name': a.get('name'),
+      'base': bool(a.get('base')),
       'batch': a['batch'],
       'rN': a['rN'],
       'rN_ci': list(a['rN_ci']),
@@ -309,7 +311,7 @@ def aligned_range(arms_summary, tolerance=0.1):
       'batches': inside,
       'tolerance': tolerance,
       'within_noise': all(a['ci_includes_1'] for a in per_arm
-                          if a['batch'] in inside and a['batch'] != base_batch),
+                          if a['batch'] in inside and not a['base']),
       'arms': per_arm,
   }
 
@@ -745,8 +747,12 @@ def _arm_sentence(a):
 
 def _summary(report):
   """A plain-language paragraph: which differences exceed the noise and which do not."""
-  lines = []
   base = next(a for a in report['arms'] if a['base'])
+  if not np.isfinite(base['samples_to_target']):
+    return (f"Target J = {report['target']:g} is not reached by every seed of the base "
+            f"`{base['name']}` ({base['seeds_reached']}/{base['n_seeds']}): rN is undefined and "
+            'nothing can be compared or recommended. Lower the target or train longer.')
+  lines = []
   lines.append(f"Target J = {report['target']:g}. Base `{base['name']}` (batch "
                f"{base['batch']}) reaches it after {_count(base['samples_to_target'])} samples "
                f"({base['seeds_reached']}/{base['n_seeds']} seeds); resampling its own seeds "
@@ -828,12 +834,12 @@ def _markdown(report):
 
 def _jsonable(x):
   """Plain JSON: numpy scalars to Python, non-finite floats to null (statuses carry meaning)."""
+  if isinstance(x, (np.ndarray, np.generic)):
+    x = x.tolist()
   if isinstance(x, dict):
     return {k: _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple, np.ndarray)):
+  if isinstance(x, (list, tuple)):
     return [_jsonable(v) for v in x]
-  if isinstance(x, np.generic):
-    x = x.item()
   if isinstance(x, float) and not np.isfinite(x):
     return None
   return x
@@ -849,8 +855,6 @@ def _mean_curve(curves):
   end = min(x[-1] for x, _ in curves)
   grid = curves[0][0][curves[0][0] <= end]
   return grid, np.mean([np.interp(grid, x, y) for x, y in curves], axis=0)
-
-
 
 
 def _plot_xy(run, x_key):
