@@ -1,0 +1,157 @@
+"""rljax.moe against plain numpy: the router (top-k renormalised softmax, load-balancing loss) and
+the MoE layer for both expert implementations vs a naive per-token loop over selected experts."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax import model as model_lib
+from rljax import moe
+
+
+# ------------------------------------------------------------------ numpy references (float64)
+
+
+def np_softmax(x):
+  x = np.asarray(x, np.float64)
+  e = np.exp(x - x.max(axis=-1, keepdims=True))
+  return e / e.sum(axis=-1, keepdims=True)
+
+
+def np_route(logits_TxE, k):
+  """Top-k experts per token (largest prob first), renormalised weights, E * sum_e f_e p_e."""
+  probs = np_softmax(logits_TxE)
+  num_tokens, num_experts = probs.shape
+  experts = np.zeros((num_tokens, k), np.int64)
+  weights = np.zeros((num_tokens, k))
+  counts = np.zeros(num_experts)
+  for t in range(num_tokens):
+    order = sorted(range(num_experts), key=lambda e: -probs[t, e])[:k]
+    experts[t] = order
+    weights[t] = [probs[t, e] for e in order]
+    weights[t] /= weights[t].sum()
+    for e in order:
+      counts[e] += 1
+  f = counts / (num_tokens * k)
+  p = probs.mean(axis=0)
+  return weights, experts, num_experts * float(np.sum(f * p))
+
+
+def np_silu(x):
+  return x / (1.0 + np.exp(-x))
+
+
+def np_moe(x_TxD, router, w_gate, w_up, w_down, k):
+  """Naive loop: every token, each of its k experts, SwiGLU down(silu(x@gate) * (x@up))."""
+  x = np.asarray(x_TxD, np.float64)
+  weights, experts, _ = np_route(x @ np.asarray(router, np.float64), k)
+  out = np.zeros_like(x)
+  for t in range(x.shape[0]):
+    for j in range(k):
+      e = experts[t, j]
+      hidden = np_silu(x[t] @ w_gate[e]) * (x[t] @ w_up[e])
+      out[t] += weights[t, j] * (hidden @ w_down[e])
+  return out, experts
+
+
+# ------------------------------------------------------------------ route
+
+
+@pytest.mark.parametrize('k', [1, 2, 3])
+def test_route_matches_numpy(k):
+  rng = np.random.default_rng(k)
+  logits = rng.normal(size=(23, 5)).astype(np.float32) * 2.0
+  weights, experts, aux = moe.route(jnp.asarray(logits), k)
+  ref_w, ref_e, ref_aux = np_route(logits, k)
+  np.testing.assert_array_equal(np.asarray(experts), ref_e)
+  np.testing.assert_allclose(np.asarray(weights), ref_w, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
+
+
+@pytest.mark.parametrize('k', [1, 2])
+def test_route_balanced_loss_is_one(k):
+  # Every token sees a cyclic shift of the same logit vector: each expert is chosen equally often
+  # and has the same mean probability, i.e. perfect balance.
+  base = np.array([3.0, 1.5, 0.0, -1.0], np.float32)
+  logits = np.stack([np.roll(base, s) for s in range(4)] * 3)
+  _, experts, aux = moe.route(jnp.asarray(logits), k)
+  counts = np.bincount(np.asarray(experts).reshape(-1), minlength=4)
+  assert np.all(counts == counts[0])
+  np.testing.assert_allclose(float(aux), 1.0, rtol=1e-6)
+
+
+def test_route_imbalanced_loss_above_one():
+  # Expert 0 wins every token: f = (1, 0, 0, 0), p_0 > 1/4, so the loss is E * p_0 > 1.
+  logits = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+  logits[:, 0] += 10.0
+  _, _, aux = moe.route(jnp.asarray(logits), 1)
+  _, _, ref_aux = np_route(logits, 1)
+  assert ref_aux > 3.9
+  np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ MoE layer
+
+D, F, E = 32, 24, 4
+
+
+def moe_cfg(impl, k):
+  return model_lib.ModelConfig(d_model=D, num_experts=E, experts_per_token=k, expert_hidden=F,
+                               moe_impl=impl)
+
+
+def random_moe_params(rng, skew):
+  params = dict(router=rng.normal(size=(D, E)) * 0.5,
+                w_gate=rng.normal(size=(E, D, F)) / np.sqrt(D),
+                w_up=rng.normal(size=(E, D, F)) / np.sqrt(D),
+                w_down=rng.normal(size=(E, F, D)) / np.sqrt(F))
+  if skew:  # inputs are positive, so expert 2's router logit is by far the largest for almost every token
+    params['router'][:, 2] += 0.4
+  return {name: value.astype(np.float32) for name, value in params.items()}
+
+
+@pytest.mark.parametrize('impl', ['ragged', 'dense'])
+@pytest.mark.parametrize('k', [1, 2])
+@pytest.mark.parametrize('skew', [False, True])
+def test_moe_layer_matches_naive_loop(impl, k, skew):
+  rng = np.random.default_rng(100 * k + skew)
+  x = rng.normal(size=(3, 11, D)).astype(np.float32)
+  if skew:
+    x = np.abs(x)
+  layer = moe.MoE(moe_cfg(impl, k))
+  init = nn.unbox(layer.init(jax.random.PRNGKey(0), jnp.asarray(x))['params'])
+  params = random_moe_params(rng, skew)
+  assert set(init) == set(params)
+  for name in params:
+    assert init[name].shape == params[name].shape, name
+  out, aux = layer.apply({'params': jax.tree.map(jnp.asarray, params)}, jnp.asarray(x))
+  x_TxD = x.reshape(-1, D)
+  ref, experts = np_moe(x_TxD, params['router'], params['w_gate'], params['w_up'],
+                        params['w_down'], k)
+  if skew:  # check that the setup really is skewed: one expert serves (nearly) every token
+    counts = np.bincount(experts.reshape(-1), minlength=E)
+    assert counts.max() >= 0.9 * x_TxD.shape[0], counts
+  assert out.shape == x.shape
+  assert np.abs(ref).max() > 0.1  # not a trivially small output
+  np.testing.assert_array_less(np.abs(np.asarray(out).reshape(-1, D) - ref).max(), 1e-5)
+  _, _, ref_aux = np_route(x_TxD.astype(np.float64) @ params['router'], k)
+  np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
+
+
+def test_ragged_dense_equal_with_empty_experts():
+  """All tokens to one expert (k=1): the other experts' groups are empty; nothing is dropped."""
+  rng = np.random.default_rng(7)
+  x = np.abs(rng.normal(size=(2, 9, D))).astype(np.float32)
+  params = random_moe_params(rng, skew=False)
+  params['router'][:, 1] += 5.0
+  variables = {'params': jax.tree.map(jnp.asarray, params)}
+  outs = {impl: np.asarray(moe.MoE(moe_cfg(impl, 1)).apply(variables, jnp.asarray(x))[0])
+          for impl in ('ragged', 'dense')}
+  ref, experts = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
+                        params['w_down'], 1)
+  assert np.all(experts == 1)
+  for impl, out in outs.items():
+    assert np.abs(out.reshape(-1, D) - ref).max() <= 1e-5, impl
