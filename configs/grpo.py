@@ -30,6 +30,8 @@ def get_config(arg=None):
   config.algo = 'grpo'
   config.seed = arg.seed
   config.model = model_preset(arg.runlocal)
+  # Device mesh (rljax/sharding.py): -1 takes the remaining devices.
+  config.mesh = dict(data=-1, fsdp=1, expert=1, tensor=1)
 
   # The task: zero-padded 3-digit addition by default (`037+048=` -> `85`), built locally with TFDS.
   config.data = dict(dir='', digits=3, ops='+', zero_pad=True, num_train=100_000, num_test=1000,

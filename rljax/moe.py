@@ -15,19 +15,26 @@ from rljax import layers
 
 
 def route(router_logits_TxE, k):
-  """Top-k experts per token with renormalised softmax weights, and the load-balancing loss.
+  """Top-k experts per token with renormalised softmax weights, and the load statistics.
 
-  The loss is Switch/Qwen3-MoE's E * sum_e f_e * p_e (f_e: share of assignments to expert e,
-  p_e: mean router probability); it equals 1 when the load is perfectly balanced.
+  Returns (weights_TxK, experts_TxK, load_stats); `load_stats` are sums over tokens, so shards
+  of a batch can add theirs before `load_balance_loss` (the loss is the same on any mesh).
   """
   num_experts = router_logits_TxE.shape[-1]
   probs_TxE = jax.nn.softmax(router_logits_TxE.astype(jnp.float32), axis=-1)
   weights_TxK, experts_TxK = jax.lax.top_k(probs_TxE, k)
   weights_TxK = weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True)
-  assigned_TxE = jnp.sum(jax.nn.one_hot(experts_TxK, num_experts), axis=1)
-  load_E = jnp.mean(assigned_TxE, axis=0) / k
-  aux_loss = num_experts * jnp.sum(load_E * jnp.mean(probs_TxE, axis=0))
-  return weights_TxK, experts_TxK, aux_loss
+  assigned_E = jnp.sum(jax.nn.one_hot(experts_TxK, num_experts), axis=(0, 1))
+  load_stats = (assigned_E, jnp.sum(probs_TxE, axis=0), jnp.float32(probs_TxE.shape[0]))
+  return weights_TxK, experts_TxK, load_stats
+
+
+def load_balance_loss(load_stats, k):
+  """Switch / Qwen3-MoE auxiliary loss E * sum_e f_e * p_e (f_e: share of assignments to expert
+  e, p_e: mean router probability); 1 when the load is perfectly balanced."""
+  assigned_E, probs_sum_E, num_tokens = load_stats
+  num_experts = assigned_E.shape[0]
+  return num_experts * jnp.sum((assigned_E / (num_tokens * k)) * (probs_sum_E / num_tokens))
 
 
 def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
@@ -74,9 +81,58 @@ class MoE(nn.Module):
     w_up = layers.param(self, 'w_up', shape, ('expert', 'embed', 'mlp'), cfg)
     w_down = layers.param(self, 'w_down', (cfg.num_experts, cfg.expert_hidden, d_model),
                           ('expert', 'mlp', 'embed'), cfg)
-    router_logits_TxE = jnp.dot(x_TxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
-    weights_TxK, experts_TxK, aux_loss = route(router_logits_TxE, cfg.experts_per_token)
-    x_TxD = x_TxD.astype(cfg.dtype)
-    y_TxD = EXPERT_IMPLS[cfg.moe_impl](x_TxD, weights_TxK, experts_TxK, w_gate.astype(cfg.dtype),
-                                       w_up.astype(cfg.dtype), w_down.astype(cfg.dtype))
+    weights = (router_DxE, w_gate, w_up, w_down)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.shape.get('expert', 1) * mesh.shape.get('tensor', 1) == 1:
+      y_TxD, load_stats = moe_local(cfg, x_TxD, *weights)
+    else:
+      y_TxD, load_stats = moe_expert_parallel(cfg, mesh, x_TxD, *weights)
+    aux_loss = load_balance_loss(load_stats, cfg.experts_per_token)
     return y_TxD.reshape(batch, length, d_model), aux_loss
+
+
+def moe_local(cfg, x_TxD, router_DxE, w_gate, w_up, w_down):
+  """All experts on this device (or left to the compiler): route, then run the experts."""
+  router_logits_TxE = jnp.dot(x_TxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
+  weights_TxK, experts_TxK, load_stats = route(router_logits_TxE, cfg.experts_per_token)
+  y_TxD = EXPERT_IMPLS[cfg.moe_impl](x_TxD.astype(cfg.dtype), weights_TxK, experts_TxK,
+                                     w_gate.astype(cfg.dtype), w_up.astype(cfg.dtype),
+                                     w_down.astype(cfg.dtype))
+  return y_TxD, load_stats
+
+
+def moe_expert_parallel(cfg, mesh, x_TxD, router_DxE, w_gate, w_up, w_down):
+  """Experts split over the 'expert' mesh axis (and their width over 'tensor'), still dropless.
+
+  Inside `jax.shard_map` each device all-gathers the tokens of its expert group, routes them,
+  runs only its own experts on the tokens sent to them (others get weight 0), and a
+  reduce-scatter returns to each device the summed outputs of its own tokens (the all-gather
+  token dispatcher of Megatron-Core: exact, no capacity factor, no dropped tokens).
+  """
+  batch_axes = tuple(a for a in ('data', 'fsdp', 'expert') if a in mesh.shape)
+  spec = jax.sharding.PartitionSpec
+
+  def local(x_TxD, router_DxE, w_gate, w_up, w_down):
+    x_NxD = jax.lax.all_gather(x_TxD, 'expert', tiled=True)
+    router_logits_NxE = jnp.dot(x_NxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
+    weights_NxK, experts_NxK, load_stats = route(router_logits_NxE, cfg.experts_per_token)
+    num_local = w_gate.shape[0]
+    local_NxK = experts_NxK - jax.lax.axis_index('expert') * num_local
+    is_local_NxK = (local_NxK >= 0) & (local_NxK < num_local)
+    local_NxK = jnp.where(is_local_NxK, local_NxK, num_local)   # off-device: a group of none
+    weights_NxK = jnp.where(is_local_NxK, weights_NxK, 0.0)
+    y_NxD = EXPERT_IMPLS[cfg.moe_impl](x_NxD.astype(cfg.dtype), weights_NxK, local_NxK,
+                                       w_gate.astype(cfg.dtype), w_up.astype(cfg.dtype),
+                                       w_down.astype(cfg.dtype))
+    y_NxD = jax.lax.psum(y_NxD, 'tensor')
+    y_TxD = jax.lax.psum_scatter(y_NxD, 'expert', scatter_dimension=0, tiled=True)
+    other_batch_axes = tuple(a for a in batch_axes if a != 'expert')
+    load_stats = jax.lax.psum(load_stats, other_batch_axes) if other_batch_axes else load_stats
+    return y_TxD, load_stats
+
+  return jax.shard_map(
+      local, mesh=mesh,
+      in_specs=(spec(batch_axes, None), spec(), spec('expert', None, 'tensor'),
+                spec('expert', None, 'tensor'), spec('expert', 'tensor', None)),
+      out_specs=(spec(batch_axes, None), spec()), check_vma=False)(
+          x_TxD, router_DxE, w_gate, w_up, w_down)

@@ -9,7 +9,6 @@ import os
 import time
 
 from absl import logging
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,6 +24,7 @@ from rljax import optim
 from rljax import policy_loss
 from rljax import rewards
 from rljax import sampler as sampler_lib
+from rljax import sharding
 from rljax import tokenizer as tokenizer_lib
 from rljax import update
 from rljax import warmstart
@@ -50,7 +50,9 @@ def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
       prompt_BxT=prompt_BxT, prompt_valid_BxT=valid_BxT, response_BxL=rollout.tokens_BxL,
       mask_BxL=mask_BxL, old_logp_BxL=rollout.logp_BxL,
       advantages_BxL=advantages_B[:, None] * mask_BxL, weights_BxL=jnp.zeros_like(mask_BxL))
-  stats = dict(zero_variance_frac=jnp.mean(zero_var_P), retained=jnp.sum(keep_B))
+  stats = dict(zero_variance_frac=jnp.mean(zero_var_P), retained=jnp.sum(keep_B),
+               reward_mean=jnp.mean(rewards_B), reward_std=jnp.std(rewards_B),
+               response_len_mean=jnp.mean(rollout.lengths_B), tokens=jnp.sum(rollout.lengths_B))
   return batch, stats
 
 
@@ -68,6 +70,7 @@ def policy_update(loss_fn, optimizer, loss_agg, num_micro, params, opt_state, ba
 def train(config, workdir):
   """Trains one configuration in `workdir`; resumes from its latest checkpoint. Returns last eval."""
   config_checks.check(config)
+  mesh = sharding.make_mesh(config.mesh)
   os.makedirs(workdir, exist_ok=True)
   is_logger = jax.process_index() == 0
 
@@ -87,32 +90,35 @@ def train(config, workdir):
   model = model_lib.Transformer(model_cfg)
   eval_prompts, eval_answers = data.eval_set(test_source, config.train.eval_size)
   evaluate = evaluation.make_evaluator(model, tokenizer, eval_prompts, eval_answers, reward_fn,
-                                       prompt_len, max_new_tokens)
+                                       prompt_len, max_new_tokens, mesh)
   rng = jax.random.PRNGKey(config.seed)
   init_rng, rollout_rng = jax.random.split(rng)
-  params = nn.unbox(model_lib.init_params(model_cfg, init_rng))
+  params, _ = sharding.init_params(functools.partial(model_lib.init_params, model_cfg), init_rng,
+                                   mesh)
   if config.warmstart.enabled:
     params, _ = warmstart.warm_start(config, model, params, tokenizer, train_source, evaluate,
                                      config.warmstart.dir or workdir, prompt_len,
-                                     prompt_len + max_new_tokens)
+                                     prompt_len + max_new_tokens, mesh)
   ref_params = params if config.grpo.kl_coef else None
 
   # ------------------------------------------------------------------ optimizer and jitted steps
   P, G = config.rollout.P, config.rollout.G
   batch_size = P * G
   optimizer, schedule = optim.make_optimizer(config.optimizer, batch_size)
-  opt_state = optimizer.init(params)
-  sample = sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+  opt_state = sharding.on_mesh(jax.jit(optimizer.init), mesh)(params)  # sharded like params
+  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
-      top_p=config.rollout.top_p))
-  make_batch = jax.jit(functools.partial(group_batch, G=G, grpo_cfg=config.grpo))
+      top_p=config.rollout.top_p)), mesh)
+  make_batch = sharding.on_mesh(jax.jit(functools.partial(group_batch, G=G, grpo_cfg=config.grpo)),
+                                mesh)
   num_minibatches = config.train.num_minibatches
   minibatch_size = batch_size // num_minibatches
   num_micro = minibatch_size // (config.train.micro_batch or minibatch_size)
   loss_fn = policy_loss.make_policy_loss(model, config.grpo, config.rollout.temperature, num_micro)
-  update_step = jax.jit(functools.partial(policy_update, loss_fn, optimizer, config.grpo.loss_agg,
-                                          num_micro), donate_argnums=(0, 1))
+  update_step = sharding.on_mesh(jax.jit(functools.partial(
+      policy_update, loss_fn, optimizer, config.grpo.loss_agg, num_micro), donate_argnums=(0, 1)),
+                                 mesh)
 
   # ------------------------------------------------------------------ resume
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_logger)
@@ -149,14 +155,16 @@ def train(config, workdir):
     examples = next(iterator)
     prompts = [p for p in examples['prompt'] for _ in range(G)]   # group-major rows
     answers = [a for a in examples['answer'] for _ in range(G)]
-    prompt_BxT, valid_BxT = data.encode_prompts(prompts, tokenizer, prompt_len)
+    prompt_BxT, valid_BxT = sharding.put_batch(
+        data.encode_prompts(prompts, tokenizer, prompt_len), mesh)
     rollout = sample(params, prompt_BxT, valid_BxT, jax.random.fold_in(rollout_rng, step))
-    response_tokens = np.asarray(rollout.tokens_BxL)   # the verifier needs text: one host copy
+    response_tokens = evaluation.to_host(rollout.tokens_BxL, mesh)  # the verifier needs text
     rollout_time = time.perf_counter() - step_start
 
     reward_start = time.perf_counter()
     rewards_B, reward_failures = rewards.score_batch(
         reward_fn, evaluation.decode_responses(tokenizer, response_tokens), answers)
+    rewards_B = sharding.put_batch(rewards_B, mesh)
     batch, batch_stats = make_batch(rollout, rewards_B, prompt_BxT, valid_BxT)
     reward_time = time.perf_counter() - reward_start
 
@@ -178,16 +186,17 @@ def train(config, workdir):
 
     retained = int(batch_stats['retained'])
     samples += retained
-    tokens += int(np.asarray(rollout.lengths_B).sum())
+    tokens += int(batch_stats['tokens'])
     first = step_metrics[0]   # computed before any update of this step: the on-policy numbers
-    row = dict(step=step, samples=samples, tokens=tokens, reward_mean=float(rewards_B.mean()),
-               reward_std=float(rewards_B.std()), lr=float(schedule((step - 1) * len(step_metrics))),
+    row = dict(step=step, samples=samples, tokens=tokens,
+               reward_mean=float(batch_stats['reward_mean']),
+               reward_std=float(batch_stats['reward_std']), lr=float(schedule((step - 1) * len(step_metrics))),
                grad_norm=float(np.mean([m['grad_norm'] for m in step_metrics])),
                step_time_s=step_time, rollout_time_s=rollout_time, reward_time_s=reward_time,
                update_time_s=update_time, wallclock_s=wallclock, samples_per_s=batch_size / step_time,
                logprob_mismatch=first['logprob_mismatch'], entropy=first['entropy'],
                clipfrac=first['clipfrac'], pg_loss=first['pg_loss'], approx_kl=first['approx_kl'],
-               moe_aux_loss=first['moe_aux_loss'], response_len_mean=float(np.mean(rollout.lengths_B)),
+               moe_aux_loss=first['moe_aux_loss'], response_len_mean=float(batch_stats['response_len_mean']),
                zero_variance_frac=float(batch_stats['zero_variance_frac']), retained=retained,
                reward_failures=reward_failures, skipped_updates=int(sum(m['skipped'] for m in step_metrics)),
                data_skipped=iterator.skipped)

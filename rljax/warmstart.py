@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 from rljax import data
 from rljax import losses
 from rljax import optim
+from rljax import sharding
 from rljax import update
 
 
@@ -27,6 +28,10 @@ class SupervisedBatch(NamedTuple):
   tokens_BxS: jax.Array
   valid_BxS: jax.Array
   weights_BxS: jax.Array   # weight of the NEXT-token loss at each position (last column 0)
+
+  def normalized(self):
+    """Loss-mask weights -> token-mean weights over the GLOBAL batch (inside jit)."""
+    return self._replace(weights_BxS=losses.token_weights(self.weights_BxS, 'token-mean'))
 
 
 def fingerprint(config):
@@ -43,8 +48,7 @@ def supervised_batch(prompts, answers, tokenizer, prompt_len, seq_len):
   pad = ((0, 0), (left, seq_len - left - tokens_BxS.shape[1]))
   tokens_BxS = np.pad(tokens_BxS, pad, constant_values=tokenizer.pad_id)
   valid_BxS, loss_mask_BxS = np.pad(valid_BxS, pad), np.pad(loss_mask_BxS, pad)
-  weights_BxS = np.asarray(losses.token_weights(loss_mask_BxS, 'token-mean'))
-  return SupervisedBatch(tokens_BxS, valid_BxS, weights_BxS)
+  return SupervisedBatch(tokens_BxS, valid_BxS, loss_mask_BxS.astype(np.float32))
 
 
 def make_supervised_loss(model, moe_aux_coef):
@@ -57,7 +61,7 @@ def make_supervised_loss(model, moe_aux_coef):
 
 
 def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_dir, prompt_len,
-               seq_len):
+               seq_len, mesh):
   """Returns (params, info): restored from the cache, or trained now and cached."""
   ws = config.warmstart
   path = os.path.abspath(os.path.join(cache_dir, f'warmstart-{fingerprint(config)}'))
@@ -73,14 +77,20 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
       lr=ws.lr, base_batch=ws.batch, lr_rule='constant', warmup_steps=0, max_grad_norm=1.0,
       b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=5)), ws.batch)
   loss_fn = make_supervised_loss(model, config.grpo.moe_aux_coef if 'grpo' in config else 0.0)
-  step_fn = jax.jit(lambda p, s, b: update.apply_update(loss_fn, optimizer, p, s, b, 1),
-                    donate_argnums=(0, 1))
-  params, opt_state = init_params, optimizer.init(init_params)
-  iterator = data.PromptIterator(source, ws.batch, seed=config.seed + 7919)
+  step_fn = sharding.on_mesh(jax.jit(
+      lambda p, s, b: update.apply_update(loss_fn, optimizer, p, s, b.normalized(), 1),
+      donate_argnums=(0, 1)),
+                             mesh)
+  params = init_params
+  opt_state = sharding.on_mesh(jax.jit(optimizer.init), mesh)(params)
+  iterator = data.PromptIterator(source, ws.batch, seed=config.seed + 7919,
+                                 process_index=jax.process_index(),
+                                 process_count=jax.process_count())
   start, accuracy, step = time.time(), 0.0, 0
   for step in range(1, ws.max_steps + 1):
     examples = next(iterator)
-    batch = supervised_batch(examples['prompt'], examples['answer'], tokenizer, prompt_len, seq_len)
+    batch = sharding.put_batch(supervised_batch(examples['prompt'], examples['answer'], tokenizer,
+                                                prompt_len, seq_len), mesh)
     params, opt_state, metrics = step_fn(params, opt_state, batch)
     if step >= ws.min_steps and step % ws.eval_every == 0:
       accuracy, _ = evaluate(params)

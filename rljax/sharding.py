@@ -1,0 +1,123 @@
+"""One device mesh for sampling and training, and where every array lives on it.
+
+Mesh axes (config.mesh; one size may be -1 to take the remaining devices):
+  data    pure data parallelism: batch split, parameters replicated;
+  fsdp    batch split AND parameters split along their 'embed' dimension (gathered per layer);
+  expert  batch split for attention, experts split for the MoE (rljax.moe, under shard_map);
+  tensor  attention heads, FFN width and vocabulary split (Megatron style).
+Parameters carry logical axis names (rljax.model); LOGICAL_RULES maps each name to mesh axes.
+A dimension that a rule's mesh axes do not divide stays replicated (said at start-up), so any
+model runs on any mesh, only less sharded.
+"""
+import math
+
+import flax.linen as nn
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+import numpy as np
+
+MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
+BATCH_AXES = ('data', 'fsdp', 'expert')
+
+LOGICAL_RULES = {
+    'batch': BATCH_AXES,
+    'embed': ('fsdp',),
+    'vocab': ('tensor',),
+    'heads': ('tensor',),
+    'kv_heads': ('tensor',),
+    'mlp': ('tensor',),
+    'expert': ('expert',),
+}  # names not listed ('layers', 'head_dim', 'norm', 'length') are replicated
+
+
+def mesh_shape(mesh_cfg, num_devices):
+  """Axis sizes from config; -1 takes what is left. Raises ValueError on a mismatch."""
+  sizes = {axis: int(mesh_cfg.get(axis, 1)) for axis in MESH_AXES}
+  unknown = set(mesh_cfg.keys()) - set(MESH_AXES)
+  if unknown:
+    raise ValueError(f'unknown mesh axes {sorted(unknown)}; the axes are {MESH_AXES}')
+  free = [axis for axis, size in sizes.items() if size == -1]
+  if len(free) > 1 or any(size == 0 or size < -1 for size in sizes.values()):
+    raise ValueError(f'mesh sizes must be positive with at most one -1, got {sizes}')
+  fixed = math.prod(size for size in sizes.values() if size != -1)
+  if free:
+    if num_devices % fixed:
+      raise ValueError(f'mesh {sizes}: {num_devices} devices are not divisible by {fixed}')
+    sizes[free[0]] = num_devices // fixed
+  if math.prod(sizes.values()) != num_devices:
+    raise ValueError(f'mesh {sizes} needs {math.prod(sizes.values())} devices, '
+                     f'but {num_devices} are available')
+  return sizes
+
+
+def make_mesh(mesh_cfg, devices=None):
+  devices = jax.devices() if devices is None else devices
+  sizes = mesh_shape(mesh_cfg, len(devices))
+  return jax.make_mesh(tuple(sizes.values()), MESH_AXES,
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def data_parallel_size(mesh):
+  return math.prod(mesh.shape[axis] for axis in BATCH_AXES)
+
+
+def spec_for(shape, names, mesh):
+  """PartitionSpec of an array with logical dimension `names` on `mesh` (see module doc)."""
+  used, spec = set(), []
+  for size, name in zip(shape, names):
+    axes = tuple(a for a in LOGICAL_RULES.get(name, ()) if a not in used and mesh.shape[a] > 1)
+    if axes and size % math.prod(mesh.shape[a] for a in axes) == 0:
+      used.update(axes)
+      spec.append(axes[0] if len(axes) == 1 else axes)
+    else:
+      spec.append(None)
+  return PartitionSpec(*spec)
+
+
+def param_shardings(boxed_params, mesh):
+  """NamedShardings for a pytree of nn.Partitioned (abstract or concrete) parameters."""
+  def sharding(leaf):
+    if isinstance(leaf, nn.Partitioned):
+      return NamedSharding(mesh, spec_for(leaf.value.shape, leaf.names, mesh))
+    return NamedSharding(mesh, PartitionSpec())
+  return jax.tree.map(sharding, boxed_params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
+def init_params(init_fn, rng, mesh):
+  """Runs `init_fn(rng) -> boxed params` so each parameter is created already on its shards
+  (no host ever materialises the full model). Returns (params, shardings)."""
+  shardings = param_shardings(jax.eval_shape(init_fn, rng), mesh)
+  params = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=shardings)(rng)
+  return params, shardings
+
+
+def batch_sharding(mesh, ndim):
+  """Leading (batch) dimension split over the data-parallel axes."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def put_batch(tree, mesh):
+  """Host arrays holding THIS process's rows -> global arrays split over the batch axes."""
+  return jax.tree.map(
+      lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(x)), x), tree)
+
+
+def on_mesh(fn, mesh):
+  """`fn` called (and so traced) with `mesh` as the context mesh (rljax.moe reads it)."""
+  def call(*args, **kwargs):
+    with jax.set_mesh(mesh):
+      return fn(*args, **kwargs)
+  return call
+
+
+def replicated(mesh):
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def bytes_per_device(tree):
+  """Bytes of the largest shard of each array, summed: what one device holds of `tree`."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shard_shape = leaf.sharding.shard_shape(leaf.shape) if hasattr(leaf, 'sharding') else leaf.shape
+    total += math.prod(shard_shape) * np.dtype(leaf.dtype).itemsize
+  return total
