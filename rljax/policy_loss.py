@@ -22,20 +22,40 @@ class PolicyBatch(NamedTuple):
   weights_BxL: jax.Array       # aggregation weights from the FULL batch (losses.token_weights)
 
 
-def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL, temperature):
-  """Log-probs and entropies of the response tokens under softmax(logits / temperature)."""
+def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL, temperature,
+                      logits_chunk=0):
+  """Log-probs and entropies of the response tokens under softmax(logits / temperature).
+
+  With `logits_chunk` = C > 0 the vocabulary projection runs over C response positions at a time
+  under `jax.checkpoint`, so the full [B, L, V] logits never exist at once, in the forward or the
+  backward pass (with a real vocabulary they are the largest tensor of an RL step).
+  """
   prompt_len, response_len = prompt_BxT.shape[1], response_BxL.shape[1]
   tokens_BxS = jnp.concatenate([prompt_BxT, response_BxL], axis=1)
   valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones_like(response_BxL, bool)], axis=1)
   variables = {'params': params}
   h_BxSxD, _, aux_loss = model.apply(variables, tokens_BxS, valid_BxS, method='hidden')
   h_BxLxD = h_BxSxD[:, prompt_len - 1:prompt_len - 1 + response_len]  # positions predicting the response
-  logits_BxLxV = model.apply(variables, h_BxLxD, method='logits') / temperature
-  logp_BxL = losses.logprobs_from_logits(logits_BxLxV, response_BxL)
-  return logp_BxL, losses.entropy_from_logits(logits_BxLxV), aux_loss
+
+  def logp_and_entropy(h_BxCxD, tokens_BxC):
+    logits_BxCxV = model.apply(variables, h_BxCxD, method='logits') / temperature
+    return (losses.logprobs_from_logits(logits_BxCxV, tokens_BxC),
+            losses.entropy_from_logits(logits_BxCxV))
+
+  if not logits_chunk or logits_chunk >= response_len:
+    logp_BxL, entropy_BxL = logp_and_entropy(h_BxLxD, response_BxL)
+    return logp_BxL, entropy_BxL, aux_loss
+  if response_len % logits_chunk:
+    raise ValueError(f'logits_chunk {logits_chunk} must divide the response length {response_len}')
+  batch, num_chunks = h_BxLxD.shape[0], response_len // logits_chunk
+  chunks = lambda x: jnp.moveaxis(x.reshape(batch, num_chunks, logits_chunk, *x.shape[2:]), 1, 0)
+  logp_NxBxC, entropy_NxBxC = jax.lax.map(lambda a: jax.checkpoint(logp_and_entropy)(*a),
+                                          (chunks(h_BxLxD), chunks(response_BxL)))
+  unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch, response_len)
+  return unchunk(logp_NxBxC), unchunk(entropy_NxBxC), aux_loss
 
 
-def make_policy_loss(model, cfg, temperature, num_micro):
+def make_policy_loss(model, cfg, temperature, num_micro, logits_chunk=0):
   """`loss_fn(params, batch, ref_params) -> (loss, metric sums)` for rljax.update.
 
   cfg: clip_low, clip_high, kl_coef, kl_estimator, moe_aux_coef. With kl_coef == 0 no reference
@@ -43,7 +63,8 @@ def make_policy_loss(model, cfg, temperature, num_micro):
   """
   def loss_fn(params, batch, ref_params=None):
     logp_BxL, entropy_BxL, aux_loss = response_logprobs(
-        model, params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL, temperature)
+        model, params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL, temperature,
+        logits_chunk)
     pg_BxL, clipped_BxL = losses.clipped_surrogate(logp_BxL, batch.old_logp_BxL,
                                                    batch.advantages_BxL, cfg.clip_low,
                                                    cfg.clip_high)
@@ -61,7 +82,7 @@ def make_policy_loss(model, cfg, temperature, num_micro):
     if cfg.kl_coef:
       ref_logp_BxL, _, _ = response_logprobs(
           model, jax.lax.stop_gradient(ref_params), batch.prompt_BxT, batch.prompt_valid_BxT,
-          batch.response_BxL, temperature)
+          batch.response_BxL, temperature, logits_chunk)
       kl = jnp.sum(weights_BxL * losses.kl_penalty(logp_BxL, ref_logp_BxL, cfg.kl_estimator))
       loss = loss + cfg.kl_coef * kl
       metrics['kl'] = kl

@@ -115,7 +115,8 @@ def train(config, workdir):
   num_minibatches = config.train.num_minibatches
   minibatch_size = batch_size // num_minibatches
   num_micro = minibatch_size // (config.train.micro_batch or minibatch_size)
-  loss_fn = policy_loss.make_policy_loss(model, config.grpo, config.rollout.temperature, num_micro)
+  loss_fn = policy_loss.make_policy_loss(model, config.grpo, config.rollout.temperature, num_micro,
+                                         config.train.logits_chunk)
   update_step = sharding.on_mesh(jax.jit(functools.partial(
       policy_update, loss_fn, optimizer, config.grpo.loss_agg, num_micro), donate_argnums=(0, 1)),
                                  mesh)

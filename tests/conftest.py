@@ -1,0 +1,17 @@
+"""Test session setup: 8 fake CPU devices in this process, so sharding tests use real meshes.
+
+The flag is set only while JAX starts its backend, then removed again, so subprocesses started
+by tests (training runs, multi-process runs) get the environment they ask for.
+"""
+import os
+
+_FLAG = '--xla_force_host_platform_device_count=8'
+_saved = os.environ.get('XLA_FLAGS')
+os.environ['XLA_FLAGS'] = f'{_saved or ""} {_FLAG}'.strip()
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+jax.devices()  # starts the CPU backend with 8 devices
+if _saved is None:
+  del os.environ['XLA_FLAGS']
+else:
+  os.environ['XLA_FLAGS'] = _saved

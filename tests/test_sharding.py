@@ -1,0 +1,161 @@
+"""Real meshes on 8 fake CPU devices (tests/conftest.py): the sharded forward, sampler and train
+step equal the single-device ones (f32; only the reduction order differs, tolerance 2e-5
+relative), and every parameter lives where the logical-axis rules say."""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec
+
+from rljax import model as model_lib
+from rljax import policy_loss
+from rljax import sampler as sampler_lib
+from rljax import sharding
+from rljax import train
+
+MESHES = [dict(data=8), dict(fsdp=4, tensor=2), dict(data=2, expert=4),
+          dict(data=2, fsdp=2, expert=2)]
+CFG = model_lib.ModelConfig(d_model=64, num_heads=4, num_kv_heads=2, head_dim=16, num_experts=4,
+                            experts_per_token=2, expert_hidden=64, moe_impl='ragged')
+LOSS_CFG = ml_collections.ConfigDict(dict(clip_low=0.2, clip_high=0.28, kl_coef=0.0,
+                                          kl_estimator='k3', moe_aux_coef=1e-2))
+B, T, L = 16, 6, 5
+
+
+def mesh_of(sizes):
+  return sharding.make_mesh(ml_collections.ConfigDict(sizes))
+
+
+def inputs():
+  rng = np.random.default_rng(0)
+  prompt_BxT = rng.integers(2, 16, (B, T)).astype(np.int32)
+  valid_BxT = np.ones((B, T), bool)
+  valid_BxT[: B // 2, :2] = False   # mixed prompt lengths: left padding
+  prompt_BxT[~valid_BxT] = 0
+  return prompt_BxT, valid_BxT
+
+
+def policy_batch(rollout, prompt_BxT, valid_BxT):
+  mask_BxL = np.asarray(rollout.mask_BxL, np.float32)
+  advantages_BxL = np.random.default_rng(1).normal(size=(B, 1)).astype(np.float32) * mask_BxL
+  return policy_loss.PolicyBatch(prompt_BxT, valid_BxT, np.asarray(rollout.tokens_BxL), mask_BxL,
+                                 np.asarray(rollout.logp_BxL), advantages_BxL,
+                                 np.zeros_like(mask_BxL))
+
+
+def run_everything(mesh):
+  """Forward logits, greedy tokens, sampled tokens and one train step on `mesh`."""
+  model = model_lib.Transformer(CFG)
+  params, _ = sharding.init_params(functools.partial(model_lib.init_params, CFG),
+                                   jax.random.PRNGKey(0), mesh)
+  prompt_BxT, valid_BxT = inputs()
+  placed = sharding.put_batch((prompt_BxT, valid_BxT), mesh)
+  forward = sharding.on_mesh(jax.jit(lambda p, t, v: model.apply({'params': p}, t, v)[0]), mesh)
+  greedy = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+      max_new_tokens=L, eos_id=1, greedy=True)), mesh)
+  greedy_rollout = greedy(params, *placed, jax.random.PRNGKey(0))
+  optimizer = optax.apply_if_finite(optax.adam(1e-3), 3)
+  opt_state = sharding.on_mesh(jax.jit(optimizer.init), mesh)(params)
+  loss_fn = policy_loss.make_policy_loss(model, LOSS_CFG, 1.0, num_micro=2)
+  step = sharding.on_mesh(jax.jit(functools.partial(
+      train.policy_update, loss_fn, optimizer, 'token-mean', 2)), mesh)
+  batch = sharding.put_batch(policy_batch(jax.device_get(greedy_rollout), prompt_BxT, valid_BxT),
+                             mesh)
+  new_params, _, metrics = step(params, opt_state, batch, None)
+  return dict(params=params, logits=forward(params, *placed),
+              greedy=greedy_rollout.tokens_BxL, new_params=new_params, loss=metrics['loss'],
+              grad_norm=metrics['grad_norm'])
+
+
+@pytest.fixture(scope='module')
+def single_device():
+  return jax.device_get(run_everything(sharding.make_mesh(ml_collections.ConfigDict({}),
+                                                          jax.devices()[:1])))
+
+
+@pytest.mark.parametrize('sizes', MESHES, ids=lambda s: 'x'.join(f'{k}{v}' for k, v in s.items()))
+def test_sharded_equals_single_device(sizes, single_device):
+  got = run_everything(mesh_of(sizes))
+  want = single_device
+  np.testing.assert_allclose(got['logits'], want['logits'], rtol=2e-5, atol=2e-5)
+  np.testing.assert_array_equal(got['greedy'], want['greedy'])
+  np.testing.assert_allclose(got['loss'], want['loss'], rtol=2e-5, atol=1e-7)
+  np.testing.assert_allclose(got['grad_norm'], want['grad_norm'], rtol=2e-5)
+  # Adam divides by sqrt(v): a near-zero gradient entry turns rounding into up to lr of movement,
+  # so updated params are compared to 1% of lr (1e-3) absolute.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-5),
+               jax.device_get(got['new_params']), want['new_params'])
+  assert np.abs(np.asarray(want['new_params']['lm_head']) -
+                np.asarray(want['params']['lm_head'])).max() > 0   # the step did move the params
+
+
+def test_params_live_where_the_rules_say():
+  mesh = mesh_of(dict(data=2, fsdp=2, expert=2))
+  params, _ = sharding.init_params(functools.partial(model_lib.init_params, CFG),
+                                   jax.random.PRNGKey(0), mesh)
+  spec = lambda x: x.sharding.spec
+  assert spec(params['blocks']['attn']['w_q']) == PartitionSpec(None, 'fsdp', None, None)
+  assert spec(params['blocks']['moe']['w_gate']) == PartitionSpec(None, 'expert', 'fsdp', None)
+  assert spec(params['blocks']['moe']['w_down']) == PartitionSpec(None, 'expert', None, 'fsdp')
+  assert spec(params['embed']['embedding']) == PartitionSpec(None, 'fsdp')
+  # Nothing with an 'embed' dimension is fully replicated on an fsdp mesh: only norms are.
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    name = jax.tree_util.keystr(path)
+    if 'norm' not in name:
+      assert leaf.sharding.spec != PartitionSpec(*([None] * leaf.ndim)), name
+      assert sharding.bytes_per_device(leaf) < leaf.nbytes, name
+  tensor_mesh = mesh_of(dict(fsdp=4, tensor=2))
+  params, _ = sharding.init_params(functools.partial(model_lib.init_params, CFG),
+                                   jax.random.PRNGKey(0), tensor_mesh)
+  assert spec(params['blocks']['attn']['w_q']) == PartitionSpec(None, 'fsdp', 'tensor', None)
+  assert spec(params['lm_head']) == PartitionSpec('fsdp', 'tensor')
+
+
+def test_indivisible_dimensions_stay_replicated():
+  mesh = mesh_of(dict(tensor=8))
+  assert sharding.spec_for((64, 4, 16), ('embed', 'heads', 'head_dim'), mesh) == PartitionSpec(
+      None, None, None)   # 4 heads cannot be split 8 ways
+  assert sharding.spec_for((64, 16), ('embed', 'vocab'), mesh) == PartitionSpec(None, 'tensor')
+
+
+@pytest.mark.parametrize('sizes,message', [
+    (dict(data=3), 'needs 3 devices'),
+    (dict(data=-1, fsdp=-1), 'at most one -1'),
+    (dict(data=-1, fsdp=3), 'not divisible by 3'),
+    (dict(data=0), 'positive'),
+    (dict(pipeline=2), 'unknown mesh axes'),
+])
+def test_bad_meshes_are_rejected(sizes, message):
+  with pytest.raises(ValueError, match=message):
+    mesh_of(sizes)
+
+
+def test_minus_one_takes_the_rest():
+  assert sharding.mesh_shape(ml_collections.ConfigDict(dict(data=-1, expert=4)), 8) == dict(
+      data=2, fsdp=1, expert=4, tensor=1)
+
+
+def test_chunked_logprobs_equal_unchunked_values_and_gradients():
+  model = model_lib.Transformer(CFG)
+  params = nn.unbox(model_lib.init_params(CFG, jax.random.PRNGKey(0)))
+  prompt_BxT, valid_BxT = inputs()
+  response_BxL = np.random.default_rng(2).integers(0, 16, (B, 6)).astype(np.int32)
+
+  def total(p, chunk):
+    logp, entropy, _ = policy_loss.response_logprobs(model, p, prompt_BxT, valid_BxT, response_BxL,
+                                                     0.8, chunk)
+    return jnp.sum(logp * jnp.arange(6)) + jnp.sum(entropy), (logp, entropy)
+
+  (want, (logp, entropy)), grads = jax.value_and_grad(total, has_aux=True)(params, 0)
+  for chunk in (2, 3):
+    (got, (logp_c, entropy_c)), grads_c = jax.value_and_grad(total, has_aux=True)(params, chunk)
+    np.testing.assert_allclose(logp_c, logp, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(entropy_c, entropy, rtol=1e-6, atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads_c, grads)
+  with pytest.raises(ValueError, match='must divide'):
+    total(params, 4)
