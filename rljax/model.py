@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from rljax import layers
 from rljax import moe
+from rljax import sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,10 @@ class ModelConfig:
     if unknown:
       raise ValueError(f'unknown model config fields: {sorted(unknown)}')
     return cls(**values)
+
+
+# The residual stream: rows split like the batch, features whole on every device.
+ACTIVATION_AXES = ('batch', 'length', 'activation_embed')
 
 
 class KVCache(NamedTuple):
@@ -130,7 +135,7 @@ class Block(nn.Module):
       aux_loss = aux_loss + layer_aux / cfg.num_layers
     else:
       ffn_BxTxD = layers.SwiGLU(cfg, name='ffn')(h_BxTxD)
-    x_BxTxD = nn.with_logical_constraint(x_BxTxD + ffn_BxTxD, ('batch', 'length', 'embed'))
+    x_BxTxD = sharding.constrain(x_BxTxD + ffn_BxTxD, ACTIVATION_AXES)
     new_cache = None if layer_cache is None else (cache_k, cache_v)
     return (x_BxTxD, aux_loss), new_cache
 
@@ -169,7 +174,11 @@ class Transformer(nn.Module):
     """Final-norm hidden states. Without a cache, S == T and positions come from `kv_valid_BxS`."""
     if positions_BxT is None:
       positions_BxT = positions_from_valid(kv_valid_BxS)
-    x_BxTxD = self.embed(tokens_BxT)
+    # Look up in the whole table (as FSDP gathers any weight it uses): a gather from a table split
+    # over both dimensions is one XLA cannot partition well.
+    table_VxD = sharding.constrain(self.embed.embedding, ('replicated', 'replicated'))
+    x_BxTxD = jnp.take(table_VxD, tokens_BxT, axis=0).astype(self.cfg.dtype)
+    x_BxTxD = sharding.constrain(x_BxTxD, ACTIVATION_AXES)
     layer_caches = None if cache is None else (cache.k, cache.v)
     (x_BxTxD, aux_loss), new_caches = self.blocks(
         (x_BxTxD, jnp.zeros((), jnp.float32)), layer_caches, positions_BxT, kv_valid_BxS,

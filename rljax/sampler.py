@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax import model as model_lib
+from rljax import sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,12 +60,22 @@ def sample_token(logits_BxV, key, cfg: SamplingConfig):
   return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
 
 
+def shard_cache(cache):
+  """On a mesh: KV cache rows split like the batch, kv heads over 'tensor' (rljax.sharding)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return cache
+  spec = sharding.spec_for(cache.k.shape, ('layers', 'batch', 'length', 'kv_heads', 'head_dim'),
+                           mesh)
+  return jax.lax.with_sharding_constraint(cache, model_lib.KVCache(spec, spec))
+
+
 def generate(model, params, prompt_BxT, prompt_valid_BxT, rng, cfg: SamplingConfig) -> Rollout:
   """Samples up to `cfg.max_new_tokens` tokens for every prompt. Jit with model and cfg static."""
   batch, prompt_len = prompt_BxT.shape
   max_len = cfg.max_new_tokens
   variables = {'params': params}
-  cache = model_lib.KVCache.zeros(model.cfg, batch, prompt_len + max_len)
+  cache = shard_cache(model_lib.KVCache.zeros(model.cfg, batch, prompt_len + max_len))
   kv_valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones((batch, max_len), bool)], axis=1)
   prompt_positions_BxT = model_lib.positions_from_valid(prompt_valid_BxT)
   logits_BxTxV, cache, _ = model.apply(variables, prompt_BxT, kv_valid_BxS, cache, 0,

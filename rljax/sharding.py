@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 import numpy as np
+import optax
 
 MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
 BATCH_AXES = ('data', 'fsdp', 'expert')
@@ -74,6 +75,15 @@ def spec_for(shape, names, mesh):
   return PartitionSpec(*spec)
 
 
+def constrain(x, names):
+  """Pins an activation's layout when a mesh is set (else a no-op): without it the compiler may
+  carry a parameter's layout (e.g. embed over fsdp) into the activations."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  return jax.lax.with_sharding_constraint(x, spec_for(x.shape, names, mesh))
+
+
 def param_shardings(boxed_params, mesh):
   """NamedShardings for a pytree of nn.Partitioned (abstract or concrete) parameters."""
   def sharding(leaf):
@@ -89,6 +99,16 @@ def init_params(init_fn, rng, mesh):
   shardings = param_shardings(jax.eval_shape(init_fn, rng), mesh)
   params = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=shardings)(rng)
   return params, shardings
+
+
+def init_optimizer(optimizer, params, mesh):
+  """Optimizer state created on the shards of the parameters it mirrors (Adam's moments would
+  otherwise come out replicated: zeros carry no sharding of their own)."""
+  param_shardings = jax.tree.map(lambda p: p.sharding, params)
+  shardings = optax.tree_utils.tree_map_params(
+      optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, params), param_shardings,
+      transform_non_params=lambda _: replicated(mesh))
+  return on_mesh(jax.jit(optimizer.init, out_shardings=shardings), mesh)(params)
 
 
 def batch_sharding(mesh, ndim):

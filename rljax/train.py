@@ -105,7 +105,7 @@ def train(config, workdir):
   P, G = config.rollout.P, config.rollout.G
   batch_size = P * G
   optimizer, schedule = optim.make_optimizer(config.optimizer, batch_size)
-  opt_state = sharding.on_mesh(jax.jit(optimizer.init), mesh)(params)  # sharded like params
+  opt_state = sharding.init_optimizer(optimizer, params, mesh)  # sharded like params
   sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
@@ -120,6 +120,10 @@ def train(config, workdir):
   update_step = sharding.on_mesh(jax.jit(functools.partial(
       policy_update, loss_fn, optimizer, config.grpo.loss_agg, num_micro), donate_argnums=(0, 1)),
                                  mesh)
+
+  if is_logger:
+    print(memory_line(model_cfg, params, opt_state, batch_size, prompt_len + max_new_tokens, mesh),
+          flush=True)
 
   # ------------------------------------------------------------------ resume
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_logger)
@@ -219,3 +223,19 @@ def train(config, workdir):
   ckpt.close()
   return last_eval
 
+
+
+def memory_line(model_cfg, params, opt_state, rollout_batch, seq_len, mesh):
+  """Start-up summary of what one device holds: parameters, optimizer state, the rollout KV cache."""
+  kv_spec = sharding.spec_for((model_cfg.num_layers, rollout_batch, seq_len, model_cfg.num_kv_heads,
+                               model_cfg.head_dim), ('layers', 'batch', 'length', 'kv_heads',
+                                                     'head_dim'), mesh)
+  kv_shards = np.prod([np.prod([mesh.shape[a] for a in np.atleast_1d(axes)])
+                       for axes in kv_spec if axes is not None] or [1])
+  kv_bytes = (2 * model_cfg.num_layers * rollout_batch * seq_len * model_cfg.num_kv_heads *
+              model_cfg.head_dim * np.dtype(model_cfg.dtype).itemsize / kv_shards)
+  gib = lambda b: f'{b / 2**30:.3f} GiB'
+  num_params = sum(x.size for x in jax.tree.leaves(params))
+  return (f'mesh {dict(mesh.shape)} | {num_params / 1e6:.2f}M params | per device: params '
+          f'{gib(sharding.bytes_per_device(params))}, optimizer '
+          f'{gib(sharding.bytes_per_device(opt_state))}, rollout KV cache {gib(kv_bytes)}')

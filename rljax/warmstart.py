@@ -82,7 +82,7 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
       donate_argnums=(0, 1)),
                              mesh)
   params = init_params
-  opt_state = sharding.on_mesh(jax.jit(optimizer.init), mesh)(params)
+  opt_state = sharding.init_optimizer(optimizer, params, mesh)
   iterator = data.PromptIterator(source, ws.batch, seed=config.seed + 7919,
                                  process_index=jax.process_index(),
                                  process_count=jax.process_count())
