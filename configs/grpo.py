@@ -17,11 +17,11 @@ def model_preset(runlocal):
     return dict(vocab_size=16, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
                 num_experts=4, experts_per_token=2, expert_hidden=128, dense_hidden=512,
                 moe_impl='ragged', tie_embeddings=False, rope_theta=10000.0, norm_eps=1e-6, init_std=0.02,
-                dtype='float32', param_dtype='float32', remat='none')
+                dtype='float32', param_dtype='float32', remat='none', max_seq_len=64)
   return dict(vocab_size=16, d_model=1024, num_layers=16, num_heads=16, num_kv_heads=4, head_dim=128,
               num_experts=32, experts_per_token=4, expert_hidden=768, dense_hidden=3072,
               moe_impl='ragged', tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6, init_std=0.02,
-              dtype='bfloat16', param_dtype='float32', remat='full')
+              dtype='bfloat16', param_dtype='float32', remat='full', max_seq_len=4096)
 
 
 def get_config(arg=None):
@@ -52,7 +52,11 @@ def get_config(arg=None):
   config.train = dict(max_samples=100_000 if arg.runlocal else 2_000_000, max_steps=0,
                       micro_batch=64 if arg.runlocal else 256, num_minibatches=1, num_epochs=1,
                       logits_chunk=0 if arg.runlocal else 128, eval_every=25, eval_size=500,
-                      log_every=10, checkpoint_every=100, keep_checkpoints=2, target=0.0)
+                      log_every=10, checkpoint_every=100, keep_checkpoints=2, target=0.0,
+                      overwrite=False)   # overwrite: replace a different run in the workdir
+
+  # Fault injection for reliability tests: RL steps whose advantages are made NaN, e.g. '3' or '3-9'.
+  config.debug = dict(nan_steps='')
 
   # Supervised warm start to a partly competent policy (RL from random init earns no reward).
   config.warmstart = dict(enabled=True, dir='', lr=1e-3, batch=128, threshold=0.3, eval_every=25,

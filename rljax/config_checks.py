@@ -1,30 +1,82 @@
 """Validation of a whole config before anything is built or compiled: one clear message per
 problem (raised as ValueError; the main turns it into a non-zero exit)."""
+import math
+import os
+
+import jax
+
 from rljax import losses
 from rljax import optim
+from rljax import rewards
+
+MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
+BATCH_AXES = ('data', 'fsdp')  # the batch is split over these: their product is the data-parallel size
 
 
-def check(config):
+def _positive(name, value):
+  if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    raise ValueError(f'{name} must be a positive number, got {value!r}')
+
+
+def mesh_sizes(mesh, device_count):
+  """{axis: size} with the one -1 (if any) filled in; ValueError unless they multiply to the
+  number of devices."""
+  sizes = {axis: mesh[axis] for axis in MESH_AXES}
+  for axis, size in sizes.items():
+    if not isinstance(size, int) or (size < 1 and size != -1):
+      raise ValueError(f'mesh.{axis} must be a positive size or -1 (the rest), got {size!r}')
+  free = [axis for axis, size in sizes.items() if size == -1]
+  if len(free) > 1:
+    raise ValueError(f'only one mesh axis may be -1, got {", ".join(free)}')
+  fixed = math.prod(size for size in sizes.values() if size != -1)
+  if free and device_count % fixed == 0:
+    sizes[free[0]] = device_count // fixed
+  if math.prod(sizes.values()) != device_count:
+    raise ValueError(f'mesh sizes {dict(mesh)} do not multiply to the {device_count} devices')
+  return sizes
+
+
+def step_set(spec):
+  """'3,5-7' -> {3, 5, 6, 7}: the format of debug.nan_steps."""
+  steps = set()
+  for part in filter(None, (p.strip() for p in spec.split(','))):
+    first, dash, last = part.partition('-')
+    last = last if dash else first
+    if not (first.isdigit() and last.isdigit()) or int(first) > int(last):
+      raise ValueError(f"bad step range {part!r} in {spec!r}; expected e.g. '3' or '3-9'")
+    steps.update(range(int(first), int(last) + 1))
+  return steps
+
+
+def check(config, device_count=None, process_count=None):
   """Raises ValueError naming the first bad field of `config`."""
   rollout, train, opt = config.rollout, config.train, config.optimizer
+  if config.algo not in ('grpo', 'ppo'):
+    raise ValueError(f"algo must be 'grpo' or 'ppo', got {config.algo!r}")
+  if rollout.P < 1:
+    raise ValueError(f'rollout.P must be >= 1, got {rollout.P}')
+  batch = rollout.P * rollout.G
   if config.algo == 'grpo':
-    if rollout.P < 1:
-      raise ValueError(f'rollout.P must be >= 1, got {rollout.P}')
     if rollout.G < 2:
       raise ValueError(f'rollout.G must be >= 2 for GRPO (group z-scores need 2 responses), '
                        f'got {rollout.G}')
-    batch = rollout.P * rollout.G
     if config.grpo.loss_agg not in losses.AGGREGATION_MODES:
       raise ValueError(f'grpo.loss_agg {config.grpo.loss_agg!r} is not one of '
                        f'{losses.AGGREGATION_MODES}')
     if config.grpo.kl_estimator not in losses.KL_KINDS:
       raise ValueError(f'grpo.kl_estimator {config.grpo.kl_estimator!r} is not one of '
                        f'{losses.KL_KINDS}')
-  optim.scaled_lr(opt.lr, batch, opt.base_batch, opt.lr_rule)  # raises on bad lr / rule
-  if rollout.temperature <= 0:
-    raise ValueError(f'rollout.temperature must be > 0, got {rollout.temperature}')
+  _positive('optimizer.lr', opt.lr)
+  _positive('optimizer.base_batch', opt.base_batch)
+  optim.scaled_lr(opt.lr, batch, opt.base_batch, opt.lr_rule)  # raises on a bad rule
+  if opt.max_bad_steps < 1:
+    raise ValueError(f'optimizer.max_bad_steps must be >= 1, got {opt.max_bad_steps}')
+  _positive('rollout.temperature', rollout.temperature)
   if not 0 < rollout.top_p <= 1:
     raise ValueError(f'rollout.top_p must be in (0, 1], got {rollout.top_p}')
+  if rollout.top_k < 0 or rollout.max_new_tokens < 0:
+    raise ValueError(f'rollout.top_k and max_new_tokens must be >= 0 (0: off / from the task), got '
+                     f'{rollout.top_k} and {rollout.max_new_tokens}')
   if train.num_minibatches < 1 or batch % train.num_minibatches:
     raise ValueError(f'train.num_minibatches ({train.num_minibatches}) must divide the batch '
                      f'P*G = {batch}')
@@ -34,6 +86,13 @@ def check(config):
                      f'{minibatch} responses')
   if train.max_samples <= 0 and train.max_steps <= 0:
     raise ValueError('set train.max_samples or train.max_steps to a positive budget')
+  for key in ('num_epochs', 'eval_every', 'log_every', 'keep_checkpoints'):
+    if train[key] < 1:
+      raise ValueError(f'train.{key} must be >= 1, got {train[key]}')
+  if train.checkpoint_every < 0:
+    raise ValueError(f'train.checkpoint_every must be >= 0 (0: only at the end), got '
+                     f'{train.checkpoint_every}')
+  _check_data(config)
   if config.model.moe_impl not in ('ragged', 'dense'):
     raise ValueError(f"model.moe_impl must be 'ragged' or 'dense', got {config.model.moe_impl!r}")
   if config.model.num_experts and not 0 < config.model.experts_per_token <= config.model.num_experts:
@@ -42,3 +101,53 @@ def check(config):
   if config.model.num_heads % config.model.num_kv_heads:
     raise ValueError(f'model.num_heads ({config.model.num_heads}) must be a multiple of '
                      f'num_kv_heads ({config.model.num_kv_heads})')
+  if 'mesh' in config:
+    _check_mesh(config, batch, minibatch,
+                jax.device_count() if device_count is None else device_count,
+                jax.process_count() if process_count is None else process_count)
+  if 'debug' in config:
+    step_set(config.debug.nan_steps)
+
+
+def _check_data(config):
+  data, train = config.data, config.train
+  if data.on_bad_record not in ('skip', 'raise'):
+    raise ValueError(f"data.on_bad_record must be 'skip' or 'raise', got {data.on_bad_record!r}")
+  if data.num_train < config.rollout.P:
+    raise ValueError(f'data.num_train ({data.num_train}) is smaller than one batch of '
+                     f'P = {config.rollout.P} prompts')
+  if not 1 <= train.eval_size <= data.num_test:
+    raise ValueError(f'train.eval_size ({train.eval_size}) must be in [1, data.num_test = '
+                     f'{data.num_test}]')
+  if data.dir and os.path.exists(data.dir) and not os.path.isdir(data.dir):
+    raise ValueError(f'data.dir {data.dir} exists and is not a directory')
+  rewards.get_reward_fn(config.reward)  # raises on an unknown verifier
+
+
+def _check_mesh(config, batch, minibatch, device_count, process_count):
+  sizes = mesh_sizes(config.mesh, device_count)
+  data_parallel = math.prod(sizes[axis] for axis in BATCH_AXES)
+  units = [('the batch P*G', batch), ('the minibatch', minibatch)]
+  if config.train.micro_batch:
+    units.append(('train.micro_batch', config.train.micro_batch))
+  for name, size in units:
+    if size % data_parallel:
+      raise ValueError(f'{name} ({size}) is not divisible by the data-parallel size '
+                       f'{" * ".join(BATCH_AXES)} = {data_parallel} (mesh {sizes})')
+  if config.rollout.P % process_count:
+    raise ValueError(f'rollout.P ({config.rollout.P}) is not divisible by the {process_count} '
+                     'processes (each reads its own slice of the prompts)')
+  if config.model.num_experts and config.model.num_experts % sizes['expert']:
+    raise ValueError(f'model.num_experts ({config.model.num_experts}) is not divisible by '
+                     f'mesh.expert = {sizes["expert"]}')
+
+
+def check_lengths(prompt_len, max_new_tokens, model_cfg, vocab_size):
+  """Raises ValueError when the task does not fit the model: context length and vocabulary."""
+  if prompt_len + max_new_tokens > model_cfg.max_seq_len:
+    raise ValueError(f'prompt ({prompt_len}) + response ({max_new_tokens}) = '
+                     f'{prompt_len + max_new_tokens} tokens exceed the model context '
+                     f'model.max_seq_len = {model_cfg.max_seq_len}')
+  if model_cfg.vocab_size < vocab_size:
+    raise ValueError(f'model.vocab_size ({model_cfg.vocab_size}) is smaller than the tokenizer\'s '
+                     f'{vocab_size} ids')

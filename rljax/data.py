@@ -138,8 +138,8 @@ class PromptIterator:
     self._local_batch_size = batch_size // process_count
     self._tokenizer = tokenizer or ArithmeticTokenizer()
     self._on_bad_record = on_bad_record
-    self.skipped = 0  # Malformed records passed over so far.
     state = state or {'epoch': 0, 'index': 0}
+    self.skipped = int(state.get('skipped', 0))  # Malformed records passed over so far.
     self._epoch, self._index = int(state['epoch']), int(state['index'])
     self._positions = self._epoch_positions(self._epoch)
     if not 0 <= self._index <= len(self._positions):
@@ -152,7 +152,7 @@ class PromptIterator:
     'index' counts the records this process has read in the epoch, so a state
     only makes sense for the same source, batch size and process layout.
     """
-    return {'epoch': self._epoch, 'index': self._index}
+    return {'epoch': self._epoch, 'index': self._index, 'skipped': self.skipped}
 
   def _epoch_positions(self, epoch: int) -> np.ndarray:
     """This process's record indices for one epoch, in visiting order."""

@@ -1,7 +1,10 @@
 """rljax command line: `python -m rljax.main --config=configs/grpo.py:P=1024 --workdir=DIR`.
 
 Trains one configuration (config.mode == 'train', the default) or runs the align-then-accelerate
-protocol (config.mode == 'protocol'). Bad configs exit non-zero with one clear message.
+protocol (config.mode == 'protocol'). Exit codes (docs/reliability.md):
+  0   done                       2   bad input: one `rljax: error: ...` line, nothing compiled
+  3   K non-finite updates in a row (the last good checkpoint is kept)
+  75  stopped by SIGTERM / SIGINT after saving a checkpoint of the current step: re-run to resume
 
 Multi-host: one process per host. On a multi-worker Cloud TPU VM or under SLURM / Open MPI, JAX
 finds the coordinator itself; elsewhere pass --coordinator_address, --num_processes and
@@ -14,6 +17,9 @@ from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+
+EXIT_BAD_INPUT = 2
+EXIT_NON_FINITE = 3
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/grpo.py:runlocal',
                                           lock_config=True)
@@ -42,21 +48,90 @@ def initialize_distributed():
     jax.distributed.initialize()
 
 
+def fail(message, code):
+  print(f'rljax: error: {message}', file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def flag_error_message(error, argv):
+  """One line naming the bad flag or config field, from whatever absl / ml_collections raised."""
+  if isinstance(error, flags.UnrecognizedFlagError) and error.flagname.startswith('config.'):
+    return f'unknown config field {error.flagname[len("config."):]!r} (--{error.flagname})'
+  if isinstance(error, (AttributeError, KeyError)):  # a top-level --config.<name> that does not exist
+    name = str(error).strip('"\'')
+    used = [arg for arg in argv
+            if arg.startswith('--config.') and name in arg.partition('=')[0].split('.')[1:]]
+    return f'unknown config field {name!r}' + (f' ({used[0]})' if used else '')
+  if '\n' not in str(error):
+    return str(error)
+  root = error   # the config file's own exception, behind absl's wrapping and traceback text
+  while root.__cause__ or (root.__context__ and not root.__suppress_context__):
+    root = root.__cause__ or root.__context__
+  lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+  return lines[-1] if lines else str(error).splitlines()[0]
+
+
+def parse_flags(argv):
+  """absl flag parsing where every failure is one `rljax: error:` line and exit code 2."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as error:  # pylint: disable=broad-except
+    fail(flag_error_message(error, argv), EXIT_BAD_INPUT)
+
+
+def fail(message, code):
+  print(f'rljax: error: {message}', file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def flag_error_message(error, argv):
+  """One line naming the bad flag or config field, from whatever absl / ml_collections raised."""
+  if isinstance(error, flags.UnrecognizedFlagError) and error.flagname.startswith('config.'):
+    return f'unknown config field {error.flagname[len("config."):]!r} (--{error.flagname})'
+  if isinstance(error, (AttributeError, KeyError)):  # a top-level --config.<name> that does not exist
+    name = str(error).strip('"\'')
+    used = [arg for arg in argv
+            if arg.startswith('--config.') and name in arg.partition('=')[0].split('.')[1:]]
+    return f'unknown config field {name!r}' + (f' ({used[0]})' if used else '')
+  if '\n' not in str(error):
+    return str(error)
+  root = error   # the config file's own exception, behind absl's wrapping and traceback text
+  while root.__cause__ or (root.__context__ and not root.__suppress_context__):
+    root = root.__cause__ or root.__context__
+  lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+  return lines[-1] if lines else str(error).splitlines()[0]
+
+
+def parse_flags(argv):
+  """absl flag parsing where every failure is one `rljax: error:` line and exit code 2."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as error:  # pylint: disable=broad-except
+    fail(flag_error_message(error, argv), EXIT_BAD_INPUT)
+
+
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    fail(f'unexpected arguments: {argv[1:]}', EXIT_BAD_INPUT)
   if not flags.FLAGS['verbosity'].present:  # orbax and TFDS are chatty at INFO
     logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   initialize_distributed()
+  # Imported after flag parsing: jax reads XLA_FLAGS when first imported.
+  from rljax import preemption  # pylint: disable=g-import-not-at-top
   from rljax import train  # pylint: disable=g-import-not-at-top
   try:
-    train.train(config, _WORKDIR.value)
-  except ValueError as error:  # bad input: one clear message, non-zero exit
-    print(f'rljax: error: {error}', file=sys.stderr)
-    sys.exit(2)
+    with preemption.StopRequest() as stop:
+      train.train(config, _WORKDIR.value, stop)
+  except ValueError as error:  # bad input
+    fail(error, EXIT_BAD_INPUT)
+  except FloatingPointError as error:  # persistent NaN / inf
+    fail(error, EXIT_NON_FINITE)
+  except preemption.Preempted as stopped:
+    print(f'rljax: {stopped}', file=sys.stderr, flush=True)
+    sys.exit(preemption.EXIT_CODE)
 
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -18,10 +18,19 @@ def _plain(value):
 
 
 def read_jsonl(path):
+  """The rows of a JSON-lines file; a torn last line (its writer was killed mid-line) is dropped."""
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    lines = [line for line in f if line.strip()]
+  rows = []
+  for index, line in enumerate(lines):
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      if index < len(lines) - 1:
+        raise
+  return rows
 
 
 class MetricsWriter:
@@ -37,13 +46,17 @@ class MetricsWriter:
         f.write(json.dumps({k: _plain(v) for k, v in row.items()}) + '\n')
 
   def truncate_after(self, step):
-    """Drops rows with step > `step` (logged after the checkpoint we resume from)."""
+    """Drops rows with step > `step` (logged after the checkpoint we resume from; -1: all rows).
+
+    Rewrites into a temporary file and renames it, so a kill here loses no row.
+    """
     if not self.enabled:
       return
     for path in (self.path, self.eval_path):
       rows = [row for row in read_jsonl(path) if row['step'] <= step]
-      with open(path, 'w') as f:
+      with open(path + '.tmp', 'w') as f:
         f.writelines(json.dumps(row) + '\n' for row in rows)
+      os.replace(path + '.tmp', path)
 
   def train(self, row, console=True):
     self._append(self.path, row)

@@ -41,6 +41,7 @@ class ModelConfig:
   dtype: Any = 'float32'        # compute dtype
   param_dtype: Any = 'float32'  # master weights
   remat: str = 'none'           # 'none' | 'full' | 'dots' (save matmul outputs)
+  max_seq_len: int = 4096       # prompt + response tokens the model is meant for (validated)
 
   @classmethod
   def from_config(cls, config):

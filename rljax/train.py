@@ -22,12 +22,14 @@ from rljax import metrics as metrics_lib
 from rljax import model as model_lib
 from rljax import optim
 from rljax import policy_loss
+from rljax import preemption
 from rljax import rewards
 from rljax import sampler as sampler_lib
 from rljax import sharding
 from rljax import tokenizer as tokenizer_lib
 from rljax import update
 from rljax import warmstart
+from rljax import workdir as workdir_lib
 
 
 def task_lengths(data_cfg):
@@ -67,11 +69,14 @@ def policy_update(loss_fn, optimizer, loss_agg, num_micro, params, opt_state, ba
   return params, opt_state, metrics
 
 
-def train(config, workdir):
-  """Trains one configuration in `workdir`; resumes from its latest checkpoint. Returns last eval."""
+def train(config, workdir, stop=None):
+  """Trains one configuration in `workdir`; resumes from its latest checkpoint. Returns last eval.
+
+  Bad input raises ValueError before anything is compiled. `stop` (a preemption.StopRequest) ends
+  the run after the current step with a checkpoint of it, raising preemption.Preempted.
+  """
   config_checks.check(config)
   mesh = sharding.make_mesh(config.mesh)
-  os.makedirs(workdir, exist_ok=True)
   is_logger = jax.process_index() == 0
 
   # ------------------------------------------------------------------ task, model, evaluation
@@ -80,13 +85,18 @@ def train(config, workdir):
   data_dir = dcfg.dir or os.path.expanduser('~/.cache/rljax/datasets')
   knobs = dict(digits=dcfg.digits, ops=dcfg.ops, zero_pad=dcfg.zero_pad, num_train=dcfg.num_train,
                num_test=dcfg.num_test, seed=dcfg.seed)
-  train_source = data.load_split(data_dir, split='train', **knobs)
-  test_source = data.load_split(data_dir, split='test', **knobs)
   prompt_len, max_new_tokens = task_lengths(dcfg)
   max_new_tokens = config.rollout.max_new_tokens or max_new_tokens
+  model_cfg = model_lib.ModelConfig.from_config(config.model)
+  config_checks.check_lengths(prompt_len, max_new_tokens, model_cfg, tokenizer.vocab_size)
+  meta = workdir_lib.prepare(workdir, config)   # None: a fresh run
+  try:
+    train_source = data.load_split(data_dir, split='train', **knobs)
+    test_source = data.load_split(data_dir, split='test', **knobs)
+  except OSError as error:
+    raise ValueError(f'cannot build or read the dataset in {data_dir}: {error}') from None
   reward_fn = rewards.get_reward_fn(config.reward)
 
-  model_cfg = model_lib.ModelConfig.from_config(config.model)
   model = model_lib.Transformer(model_cfg)
   eval_prompts, eval_answers = data.eval_set(test_source, config.train.eval_size)
   evaluate = evaluation.make_evaluator(model, tokenizer, eval_prompts, eval_answers, reward_fn,
@@ -95,11 +105,12 @@ def train(config, workdir):
   init_rng, rollout_rng = jax.random.split(rng)
   params, _ = sharding.init_params(functools.partial(model_lib.init_params, model_cfg), init_rng,
                                    mesh)
-  if config.warmstart.enabled:
+  if config.warmstart.enabled and meta is None:   # on resume the checkpoint holds the policy
     params, _ = warmstart.warm_start(config, model, params, tokenizer, train_source, evaluate,
                                      config.warmstart.dir or workdir, prompt_len,
                                      prompt_len + max_new_tokens, mesh)
-  ref_params = params if config.grpo.kl_coef else None
+  # A copy (the update donates the policy's buffers), checkpointed with the run.
+  ref_params = jax.tree.map(jnp.copy, params) if config.grpo.kl_coef else None
 
   # ------------------------------------------------------------------ optimizer and jitted steps
   P, G = config.rollout.P, config.rollout.G
@@ -129,14 +140,21 @@ def train(config, workdir):
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_logger)
   ckpt = checkpoint.Checkpointer(workdir, config.train.checkpoint_every,
                                  config.train.keep_checkpoints)
-  restored = ckpt.restore(dict(params=params, opt_state=opt_state))
-  if restored:
-    state, meta = restored
-    params, opt_state = state['params'], state['opt_state']
+  state = dict(params=params, opt_state=opt_state, rng=rollout_rng)
+  if ref_params is not None:
+    state['reference'] = ref_params
+  if meta is not None:
+    state, meta = ckpt.restore(state, meta['step'])
+    params, opt_state, rollout_rng = state['params'], state['opt_state'], state['rng']
+    ref_params = state.get('reference')
     writer.truncate_after(meta['step'])
     logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
   else:
+    writer.truncate_after(-1)   # rows of an attempt killed before its first checkpoint
     meta = dict(step=0, samples=0, tokens=0, wallclock_s=0.0, data=None, eval_accuracy=None)
+  workdir_lib.claim(workdir, config)
+  config_json = workdir_lib.config_json(config)
+  nan_steps = config_checks.step_set(config.debug.nan_steps) if 'debug' in config else set()
   step, samples, tokens, wallclock = meta['step'], meta['samples'], meta['tokens'], meta['wallclock_s']
   iterator = data.PromptIterator(train_source, P, seed=config.seed,
                                  process_index=jax.process_index(),
@@ -171,6 +189,8 @@ def train(config, workdir):
         reward_fn, evaluation.decode_responses(tokenizer, response_tokens), answers)
     rewards_B = sharding.put_batch(rewards_B, mesh)
     batch, batch_stats = make_batch(rollout, rewards_B, prompt_BxT, valid_BxT)
+    if step in nan_steps:   # fault injection (debug.nan_steps)
+      batch = batch._replace(advantages_BxL=batch.advantages_BxL * jnp.nan)
     reward_time = time.perf_counter() - reward_start
 
     update_start = time.perf_counter()
@@ -209,7 +229,10 @@ def train(config, workdir):
       if key in first:
         row[key] = float(np.mean([m[key] for m in step_metrics]))
     writer.train(row, console=step % config.train.log_every == 0)
+    if row['skipped_updates']:
+      logging.warning('step %d: %d non-finite update(s) skipped', step, row['skipped_updates'])
     if int(opt_state.notfinite_count) >= config.optimizer.max_bad_steps:
+      ckpt.close()   # lets the in-flight save commit; skipped updates left its params good
       raise FloatingPointError(
           f'{config.optimizer.max_bad_steps} non-finite updates in a row at step {step}; stopping. '
           f'The last good checkpoint is step {ckpt.latest_step()} in {workdir}/checkpoints.')
@@ -217,9 +240,15 @@ def train(config, workdir):
     if step % config.train.eval_every == 0 or done():
       last_eval, correct = evaluate(params)
       writer.eval(step, samples, last_eval, correct, wallclock)
+    # Every process gets the same answer at the same step; a request during the last step is moot.
+    stopping = stop is not None and stop.agreed() and not done()
     meta = dict(step=step, samples=samples, tokens=tokens, wallclock_s=wallclock,
-                data=iterator.state(), eval_accuracy=last_eval)
-    ckpt.save(step, dict(params=params, opt_state=opt_state), meta, force=done())
+                data=iterator.state(), eval_accuracy=last_eval, config=config_json)
+    state = dict(state, params=params, opt_state=opt_state)
+    ckpt.save(step, state, meta, force=done() or stopping)
+    if stopping:
+      ckpt.close()
+      raise preemption.Preempted(step)
   ckpt.close()
   return last_eval
 

@@ -46,6 +46,9 @@ def accumulate_gradients(loss_fn, params, batch, num_micro):
 def apply_update(loss_fn, optimizer, params, opt_state, batch, num_micro):
   """Gradient step; returns (params, opt_state, metrics incl. loss, grad_norm, noise-scale terms)."""
   grads, loss, metrics, micro_sq = accumulate_gradients(loss_fn, params, batch, num_micro)
+  # A non-finite loss marks the whole update bad, even where its gradient happens to be finite:
+  # the optimizer (optax.apply_if_finite) then skips it and counts it.
+  grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
   updates, opt_state = optimizer.update(grads, opt_state, params)
   params = optax.apply_updates(params, updates)
   grad_norm = optax.global_norm(grads)

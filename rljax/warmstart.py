@@ -35,7 +35,8 @@ class SupervisedBatch(NamedTuple):
 
 
 def fingerprint(config):
-  relevant = dict(model=config.model.to_dict(), seed=config.seed,
+  model = {k: v for k, v in config.model.items() if k != 'max_seq_len'}  # a bound, not the model
+  relevant = dict(model=model, seed=config.seed,
                   data={k: v for k, v in config.data.items() if k != 'dir'},
                   warmstart={k: v for k, v in config.warmstart.items() if k != 'dir'})
   return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
@@ -104,7 +105,8 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
                     accuracy, ws.threshold, step)
   checkpointer.save(os.path.join(path, 'params'), params, force=True)
   checkpointer.wait_until_finished()
-  if jax.process_index() == 0:
-    with open(os.path.join(path, 'info.json'), 'w') as f:
+  if jax.process_index() == 0:  # written, then renamed: a kill never leaves a torn info.json
+    with open(os.path.join(path, 'info.json.tmp'), 'w') as f:
       json.dump(info, f)
+    os.replace(os.path.join(path, 'info.json.tmp'), os.path.join(path, 'info.json'))
   return params, info

@@ -15,3 +15,18 @@ if _saved is None:
   del os.environ['XLA_FLAGS']
 else:
   os.environ['XLA_FLAGS'] = _saved
+
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+import rljax_cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+@pytest.fixture(scope='session')
+def tiny(tmp_path_factory):
+  """A directory that all xdist workers of this session share (dataset, warm start, XLA cache),
+  holding the uninterrupted tiny reference run in TINY/reference."""
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):  # per-worker dirs; their parent is this session's
+    base = base.parent
+  root = base / 'rljax_tiny_run'
+  rljax_cli.shared_reference(root)
+  return root

@@ -186,7 +186,7 @@ def test_epoch_visits_each_record_once():
   iterator = data.PromptIterator(_text_source(10), 3, seed=0)
   epoch = [a for b in _take(iterator, 3) for a in b['answer']]
   assert len(set(epoch)) == 9  # The last partial batch is dropped.
-  assert iterator.state() == {'epoch': 0, 'index': 9}
+  assert iterator.state() == {'epoch': 0, 'index': 9, 'skipped': 0}
   next_epoch = [a for b in _take(iterator, 3) for a in b['answer']]
   assert next_epoch != epoch and len(set(next_epoch)) == 9
 
@@ -233,6 +233,15 @@ def test_bad_records_are_skipped_and_counted():
   prompts = [p for b in batches for p in b['prompt']]
   assert '1x2=' not in prompts and '1+2=' not in prompts
   assert iterator.skipped >= 3
+
+
+def test_skip_count_survives_resume():
+  source = _source_with_bad_records()
+  iterator = data.PromptIterator(source, 4, seed=0)
+  _take(iterator, 5)
+  resumed = data.PromptIterator(source, 4, seed=0, state=iterator.state())
+  assert resumed.skipped == iterator.skipped > 0
+  assert _take(resumed, 5) == _take(iterator, 5) and resumed.skipped == iterator.skipped
 
 
 def test_processes_stay_disjoint_when_skipping():

@@ -1,0 +1,103 @@
+"""A workdir belongs to one run: re-running the same command resumes it, and a different config
+is refused before anything is built (ValueError: the main's one-line error) unless
+`config.train.overwrite`, which deletes the other run's checkpoints and logs and starts afresh.
+
+The run's config lives in every checkpoint's meta and in WORKDIR/config.json (written when the run
+starts training, so a run killed before its first checkpoint is recognised too). Fields that change how long
+a run goes or where its inputs live, not what it computes, may differ on resume (RESUMABLE); the
+mesh may differ too, so a preempted run can continue on a different slice.
+"""
+import json
+import os
+import shutil
+
+import jax
+from jax.experimental import multihost_utils
+
+from rljax import checkpoint
+
+RESUMABLE = ('train.max_samples', 'train.max_steps', 'train.target', 'train.log_every',
+             'train.checkpoint_every', 'train.keep_checkpoints', 'train.overwrite', 'data.dir',
+             'warmstart.dir', 'mesh')
+RUN_FILES = ('metrics.jsonl', 'eval_correct.jsonl', 'config.json')
+_MISSING = '<missing>'
+
+
+def config_json(config):
+  """The config as plain JSON values (tuples become lists), as stored in checkpoints."""
+  return json.loads(config.to_json())
+
+
+def _flat(tree, prefix=''):
+  if not isinstance(tree, dict):
+    return {prefix[:-1]: tree}
+  flat = {}
+  for key, value in tree.items():
+    flat.update(_flat(value, f'{prefix}{key}.'))
+  return flat
+
+
+def differences(saved, current):
+  """'key: saved -> current' for each dotted key that differs and may not differ on resume."""
+  saved, current = _flat(saved), _flat(current)
+  return [f'{key}: {saved.get(key, _MISSING)!r} -> {current.get(key, _MISSING)!r}'
+          for key in sorted(set(saved) | set(current))
+          if saved.get(key, _MISSING) != current.get(key, _MISSING)
+          and not any((key + '.').startswith(field + '.') for field in RESUMABLE)]
+
+
+def _read_json(path):
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def write_json_atomic(path, value):
+  """Writes then renames, so a kill leaves the old file or the new one, never half of one."""
+  with open(path + '.tmp', 'w') as f:
+    json.dump(value, f, indent=1, sort_keys=True)
+  os.replace(path + '.tmp', path)
+
+
+def _clear(workdir):
+  if jax.process_index() == 0:
+    shutil.rmtree(os.path.join(workdir, 'checkpoints'), ignore_errors=True)
+    for name in RUN_FILES:
+      if os.path.exists(os.path.join(workdir, name)):
+        os.remove(os.path.join(workdir, name))
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('rljax_workdir_cleared')
+
+
+def prepare(workdir, config):
+  """Claims `workdir` for `config`; returns the latest checkpoint's meta, or None for a fresh run."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f'workdir {workdir} exists and is not a directory')
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as error:
+    raise ValueError(f'cannot create workdir {workdir}: {error}') from None
+  if not os.access(workdir, os.W_OK):
+    raise ValueError(f'workdir {workdir} is not writable')
+  current = config_json(config)
+  meta = checkpoint.read_latest_meta(workdir)
+  saved = meta.get('config', {'<config>': 'not recorded'}) if meta else _read_json(
+      os.path.join(workdir, 'config.json'))
+  changed = differences(saved, current) if saved is not None else []
+  if changed:
+    if not config.train.get('overwrite', False):
+      shown = '; '.join(changed[:3]) + (f'; and {len(changed) - 3} more' if len(changed) > 3 else '')
+      raise ValueError(
+          f'workdir {workdir} holds another run, with a different config ({shown}). Re-run with '
+          'that config to resume it, use another workdir, or pass --config.train.overwrite=True '
+          'to delete it and start afresh')
+    _clear(workdir)
+    meta = None
+  return meta
+
+
+def claim(workdir, config):
+  """Records the run's config in WORKDIR/config.json once it passed every check and starts."""
+  if jax.process_index() == 0:
+    write_json_atomic(os.path.join(workdir, 'config.json'), config_json(config))
