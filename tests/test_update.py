@@ -1,14 +1,229 @@
-"""The numerical guard of rljax.update.apply_update + rljax.optim: a non-finite loss or gradient
-skips the update (params and optimizer moments bit-for-bit unchanged) and is counted; a finite one
-is applied as plain numpy computes it."""
+"""rljax.update: the GRPO policy loss accumulated over 1, 2 or 4 micro-batches gives the same loss,
+gradients and updated parameters; noise-scale metrics; a non-finite batch skips the update."""
+
+import functools
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
+from rljax import losses
+from rljax import model as model_lib
 from rljax import optim
+from rljax import policy_loss
 from rljax import update
+
+V, B, PROMPT_LEN, RESP_LEN = 16, 8, 5, 6
+TEMPERATURE, CLIP_LOW, CLIP_HIGH, KL_COEF = 0.8, 0.2, 0.28, 0.3
+MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm')
+# A dense feed-forward keeps the six compiles affordable on CPU. (With MoE the token routing is
+# per token, hence split-invariant too, but the load-balancing loss is not additive over
+# micro-batches: see the report.)
+CFG = model_lib.ModelConfig(vocab_size=V, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                            head_dim=8, num_experts=0, dense_hidden=48)
+MODEL = model_lib.Transformer(CFG)
+OPT = ml_collections.ConfigDict(dict(lr=1e-2, base_batch=B, lr_rule='sqrt', warmup_steps=0,
+                                     max_grad_norm=0.0, b1=0.9, b2=0.999, eps=1e-3,
+                                     weight_decay=0.0, max_bad_steps=3))
+
+
+def random_params(seed):
+  """Parameters at O(1)-logit scale (norm scales around 1)."""
+  shapes = nn.unbox(jax.eval_shape(lambda: model_lib.init_params(CFG, jax.random.PRNGKey(0))))
+  rng = np.random.default_rng(seed)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  values = []
+  for path, leaf in leaves:
+    is_scale = 'scale' in jax.tree_util.keystr(path)
+    values.append(jnp.asarray((1.0 if is_scale else 0.0) + 0.3 * rng.normal(size=leaf.shape),
+                              jnp.float32))
+  return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def loss_cfg(kl_coef):
+  return ml_collections.ConfigDict(dict(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_coef=kl_coef,
+                                        kl_estimator='k3', moe_aux_coef=1e-3))
+
+
+@functools.lru_cache(maxsize=None)
+def step_fn(kl_coef, num_micro):
+  """Jitted apply_update with the project's optimizer (one compile per (kl_coef, num_micro))."""
+  loss_fn = policy_loss.make_policy_loss(MODEL, loss_cfg(kl_coef), TEMPERATURE, num_micro)
+  tx, _ = optim.make_optimizer(OPT, B)
+
+  def step(params, opt_state, batch, ref_params):
+    micro_loss = lambda p, b: loss_fn(p, b, ref_params if kl_coef else None)
+    return update.apply_update(micro_loss, tx, params, opt_state, batch, num_micro)
+  # LLVM optimisation level 0 only to compile faster (it does not change what is computed).
+  return jax.jit(step, compiler_options={'xla_backend_optimization_level': 0}), tx
+
+
+@functools.lru_cache(maxsize=None)
+def logprobs_fn():
+  return jax.jit(functools.partial(policy_loss.response_logprobs, MODEL),
+                 compiler_options={'xla_backend_optimization_level': 0})
+
+
+def make_setup(seed=0):
+  rng = np.random.default_rng(seed)
+  params = random_params(seed)
+  ref_params = jax.tree.map(lambda p: p + 0.05 * jnp.asarray(rng.normal(size=p.shape), p.dtype),
+                            params)
+  prompt = rng.integers(2, V, size=(B, PROMPT_LEN)).astype(np.int32)
+  valid = np.zeros((B, PROMPT_LEN), bool)
+  for b, n in enumerate([5, 2, 4, 1, 5, 3, 5, 2]):
+    valid[b, PROMPT_LEN - n:] = True
+  prompt[~valid] = 0
+  lengths = np.array([6, 1, 3, 0, 6, 4, 2, 5])   # one empty row (e.g. a filtered group)
+  mask = (np.arange(RESP_LEN)[None] < lengths[:, None]).astype(np.float32)
+  response = np.where(mask > 0, rng.integers(1, V, size=(B, RESP_LEN)), 0).astype(np.int32)
+  logp, _, _ = logprobs_fn()(params, jnp.asarray(prompt), jnp.asarray(valid),
+                             jnp.asarray(response), jnp.float32(TEMPERATURE))
+  old_logp = (np.asarray(logp) + 0.25 * rng.normal(size=logp.shape)) * mask  # ratios around 1
+  advantages = rng.normal(size=(B, 1)) * mask
+  batch = policy_loss.PolicyBatch(
+      prompt_BxT=jnp.asarray(prompt), prompt_valid_BxT=jnp.asarray(valid),
+      response_BxL=jnp.asarray(response), mask_BxL=jnp.asarray(mask),
+      old_logp_BxL=jnp.asarray(old_logp, jnp.float32),
+      advantages_BxL=jnp.asarray(advantages, jnp.float32),
+      weights_BxL=jnp.zeros((B, RESP_LEN), jnp.float32))
+  return params, ref_params, batch
+
+
+def np_weights(mask, mode):
+  mask = np.asarray(mask, np.float64)
+  lengths = mask.sum(1, keepdims=True)
+  if mode == 'token-mean':
+    return mask / mask.sum()
+  if mode == 'seq-mean-token-mean':
+    return np.where(lengths > 0, mask / np.maximum(lengths, 1) / (lengths > 0).sum(), 0.0)
+  return mask / mask.size
+
+
+def np_grpo_loss(logp, old_logp, ref_logp, advantages, weights, kl_coef):
+  """Clipped surrogate + kl_coef * k3 estimate, summed with the aggregation weights (float64)."""
+  logp, old_logp, ref_logp, advantages = (np.asarray(x, np.float64)
+                                          for x in (logp, old_logp, ref_logp, advantages))
+  ratio = np.exp(logp - old_logp)
+  surrogate = np.minimum(ratio * advantages,
+                         np.clip(ratio, 1 - CLIP_LOW, 1 + CLIP_HIGH) * advantages)
+  log_r = ref_logp - logp
+  k3 = np.exp(log_r) - 1 - log_r
+  return float(np.sum(weights * (-surrogate + kl_coef * k3)))
+
+
+def grads_from(opt_state):
+  """The gradient of the (first) Adam step, read back from Adam's first moment: mu = (1 - b1) g."""
+  return jax.tree.map(lambda mu: np.asarray(mu, np.float64) / (1 - OPT.b1),
+                      optax.tree_utils.tree_get(opt_state, 'mu'))
+
+
+def assert_trees_close(a, b, rtol, what, atol=None):
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if atol is None:
+      # f32 sums in another order: entries that are ~0 by cancellation get the rounding error
+      # of their (much larger) terms, so they are compared at rtol x the leaf's largest entry.
+      atol = rtol * np.abs(y).max()
+    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol,
+                               err_msg=f'{what} {jax.tree_util.keystr(path)}')
+
+
+@pytest.mark.parametrize('kl_coef', [0.0, KL_COEF])
+def test_micro_batch_split_invariance(kl_coef):
+  params, ref_params, batch = make_setup()
+  logp, _, _ = logprobs_fn()(params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL,
+                             jnp.float32(TEMPERATURE))
+  ref_logp, _, _ = logprobs_fn()(ref_params, batch.prompt_BxT, batch.prompt_valid_BxT,
+                                 batch.response_BxL, jnp.float32(TEMPERATURE))
+  for mode in MODES:
+    weights = losses.token_weights(batch.mask_BxL, mode)
+    np.testing.assert_allclose(np.asarray(weights), np_weights(batch.mask_BxL, mode), rtol=1e-6)
+    full = batch._replace(weights_BxL=weights)
+    results = {}
+    for num_micro in (1, 2, 4):
+      step, tx = step_fn(kl_coef, num_micro)
+      new_params, opt_state, metrics = step(params, tx.init(params), full, ref_params)
+      assert int(metrics['skipped']) == 0
+      results[num_micro] = (jax.device_get(new_params), grads_from(opt_state),
+                            jax.device_get(metrics))
+      has_noise_terms = {'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big'} <= set(metrics)
+      assert has_noise_terms == (num_micro > 1), sorted(metrics)
+      assert ('kl' in metrics) == bool(kl_coef)
+
+    # The loss against an independent numpy computation from the model's log-probs.
+    expected = np_grpo_loss(logp, batch.old_logp_BxL, ref_logp, batch.advantages_BxL,
+                            np_weights(batch.mask_BxL, mode), kl_coef)
+    np.testing.assert_allclose(float(results[1][2]['loss']), expected, rtol=1e-5)
+    base_params, base_grads, base_metrics = results[1]
+    assert max(np.abs(g).max() for g in jax.tree.leaves(base_grads)) > 1e-3
+    np.testing.assert_allclose(float(base_metrics['grad_norm']),
+                               np.sqrt(sum(np.sum(g ** 2) for g in jax.tree.leaves(base_grads))),
+                               rtol=1e-5)
+    for num_micro in (2, 4):
+      new_params, grads, metrics = results[num_micro]
+      for key in ('loss', 'pg_loss', 'entropy', 'clipfrac', 'approx_kl', 'num_tokens',
+                  'logprob_mismatch_sum', 'grad_norm') + (('kl',) if kl_coef else ()):
+        np.testing.assert_allclose(float(metrics[key]), float(base_metrics[key]), rtol=1e-5,
+                                   atol=1e-7, err_msg=f'{mode} {num_micro} {key}')
+      assert_trees_close(grads, base_grads, 1e-5, f'{mode} micro={num_micro} grad')
+      # Adam divides by |g| + eps: an entry whose gradient is ~0 by cancellation (absolute
+      # error ~1e-7) moves by up to lr * 1e-7 / eps differently; allow 2e-4 * lr for that.
+      assert_trees_close(new_params, base_params, 1e-5, f'{mode} micro={num_micro} params',
+                         atol=2e-4 * OPT.lr)
+    # The update did move the parameters (by ~lr per weight for Adam's first step).
+    moved = max(np.abs(np.asarray(a) - np.asarray(b)).max()
+                for a, b in zip(jax.tree.leaves(base_params), jax.tree.leaves(params)))
+    assert 0.5 * OPT.lr < moved <= 1.01 * OPT.lr
+
+
+def test_noise_scale_terms():
+  """grad_sq_big = |g|^2 of the batch gradient; grad_sq_small = num_micro * sum_i |g_i|^2."""
+  params, ref_params, batch = make_setup(seed=1)
+  full = batch._replace(weights_BxL=losses.token_weights(batch.mask_BxL, 'token-mean'))
+  step1, tx = step_fn(0.0, 1)
+  for num_micro in (2, 4):
+    step, _ = step_fn(0.0, num_micro)
+    _, _, metrics = step(params, tx.init(params), full, ref_params)
+    # Per-micro-batch gradients g_i: the full-batch gradient with the other rows' weights zeroed.
+    micro_sq = 0.0
+    rows = B // num_micro
+    for i in range(num_micro):
+      only_i = np.zeros((B, 1), np.float32)
+      only_i[i * rows:(i + 1) * rows] = 1.0
+      micro = full._replace(weights_BxL=full.weights_BxL * only_i)
+      _, opt_state, _ = step1(params, tx.init(params), micro, ref_params)
+      micro_sq += sum(np.sum(g ** 2) for g in jax.tree.leaves(grads_from(opt_state)))
+    np.testing.assert_allclose(float(metrics['grad_sq_big']), float(metrics['grad_norm']) ** 2,
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(metrics['grad_sq_small']), num_micro * micro_sq, rtol=1e-5)
+    assert float(metrics['b_small']) == B // num_micro and float(metrics['b_big']) == B
+    assert float(metrics['grad_sq_small']) > float(metrics['grad_sq_big']) > 0
+
+
+def test_non_finite_batch_skips_update():
+  params, ref_params, batch = make_setup(seed=2)
+  full = batch._replace(weights_BxL=losses.token_weights(batch.mask_BxL, 'token-mean'))
+  step, tx = step_fn(0.0, 2)
+  opt_state = tx.init(params)
+  bad = full._replace(advantages_BxL=full.advantages_BxL.at[B - 1, 0].set(jnp.nan))
+  new_params, new_state, metrics = step(params, opt_state, bad, ref_params)
+  assert not np.isfinite(float(metrics['loss']))
+  assert int(metrics['skipped']) == 1 and int(new_state.notfinite_count) == 1
+  for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # The next good batch updates as usual (and resets the consecutive-failure count).
+  good_params, good_state, metrics = step(new_params, new_state, full, ref_params)
+  assert int(metrics['skipped']) == 0 and int(good_state.notfinite_count) == 0
+  assert any(np.any(np.asarray(a) != np.asarray(b))
+             for a, b in zip(jax.tree.leaves(good_params), jax.tree.leaves(params)))
+
+
+# ----- the numerical guard: a non-finite loss or gradient skips the update, counted -----
 
 
 def _loss(params, batch):
