@@ -4,7 +4,6 @@ One GRPO step: P prompts, G sampled responses each (the batch unit is P x G resp
 from a verifier; group z-score advantages; by default ONE global optimizer update per rollout batch
 (as in the paper), with gradients accumulated over micro-batches so memory stays flat as P grows.
 """
-import functools
 import os
 import time
 
@@ -18,11 +17,10 @@ from rljax import checkpoint
 from rljax import config_checks
 from rljax import data
 from rljax import evaluation
-from rljax import losses
+from rljax import grpo
 from rljax import metrics as metrics_lib
 from rljax import model as model_lib
-from rljax import optim
-from rljax import policy_loss
+from rljax import ppo
 from rljax import rewards
 from rljax import sampler as sampler_lib
 from rljax import tokenizer as tokenizer_lib
@@ -36,33 +34,6 @@ def task_lengths(data_cfg):
   answer_len = 2 * data_cfg.digits if '*' in data_cfg.ops else data_cfg.digits + 1
   answer_len += '-' in data_cfg.ops
   return prompt_len, answer_len + 1
-
-
-def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
-  """GRPO advantages over groups of G consecutive rows; zero-variance groups optionally dropped."""
-  rewards_PxG = rewards_B.reshape(-1, G)
-  advantages_B = losses.group_advantages(rewards_PxG, grpo_cfg.normalize_std).reshape(-1)
-  zero_var_P = losses.zero_variance_groups(rewards_PxG)
-  keep_B = jnp.repeat(~zero_var_P, G) if grpo_cfg.filter_zero_variance else jnp.ones_like(advantages_B,
-                                                                                            bool)
-  mask_BxL = (rollout.mask_BxL & keep_B[:, None]).astype(jnp.float32)
-  batch = policy_loss.PolicyBatch(
-      prompt_BxT=prompt_BxT, prompt_valid_BxT=valid_BxT, response_BxL=rollout.tokens_BxL,
-      mask_BxL=mask_BxL, old_logp_BxL=rollout.logp_BxL,
-      advantages_BxL=advantages_B[:, None] * mask_BxL, weights_BxL=jnp.zeros_like(mask_BxL))
-  stats = dict(zero_variance_frac=jnp.mean(zero_var_P), retained=jnp.sum(keep_B))
-  return batch, stats
-
-
-def policy_update(loss_fn, optimizer, loss_agg, num_micro, params, opt_state, batch, ref_params):
-  """Weights from this (mini)batch, then one accumulated gradient step."""
-  batch = batch._replace(weights_BxL=losses.token_weights(batch.mask_BxL, loss_agg))
-  micro_loss = lambda p, b: loss_fn(p, b, ref_params)
-  params, opt_state, metrics = update.apply_update(micro_loss, optimizer, params, opt_state, batch,
-                                                   num_micro)
-  metrics['logprob_mismatch'] = metrics.pop('logprob_mismatch_sum') / jnp.maximum(
-      metrics['num_tokens'], 1)
-  return params, opt_state, metrics
 
 
 def train(config, workdir):
@@ -95,33 +66,32 @@ def train(config, workdir):
     params, _ = warmstart.warm_start(config, model, params, tokenizer, train_source, evaluate,
                                      config.warmstart.dir or workdir, prompt_len,
                                      prompt_len + max_new_tokens)
-  ref_params = params if config.grpo.kl_coef else None
 
-  # ------------------------------------------------------------------ optimizer and jitted steps
-  P, G = config.rollout.P, config.rollout.G
+  # ------------------------------------------------------------------ algorithm and jitted steps
+  P, G = config.rollout.P, config.rollout.G   # PPO: P = B prompts, G = 1
   batch_size = P * G
-  optimizer, schedule = optim.make_optimizer(config.optimizer, batch_size)
-  opt_state = optimizer.init(params)
   sample = sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
       top_p=config.rollout.top_p))
-  make_batch = jax.jit(functools.partial(group_batch, G=G, grpo_cfg=config.grpo))
   num_minibatches = config.train.num_minibatches
   minibatch_size = batch_size // num_minibatches
   num_micro = minibatch_size // (config.train.micro_batch or minibatch_size)
-  loss_fn = policy_loss.make_policy_loss(model, config.grpo, config.rollout.temperature, num_micro)
-  update_step = jax.jit(functools.partial(policy_update, loss_fn, optimizer, config.grpo.loss_agg,
-                                          num_micro), donate_argnums=(0, 1))
+  if config.algo == 'ppo':
+    algo = ppo.make(config, model, params, num_micro, jax.random.fold_in(init_rng, 1))
+  else:
+    algo = grpo.make(config, model, params, num_micro)
+  # A copy: the update donates the policy's buffers.
+  ref_params = jax.tree.map(jnp.copy, params) if algo.needs_reference else None
+  state = algo.state
 
   # ------------------------------------------------------------------ resume
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_logger)
   ckpt = checkpoint.Checkpointer(workdir, config.train.checkpoint_every,
                                  config.train.keep_checkpoints)
-  restored = ckpt.restore(dict(params=params, opt_state=opt_state))
+  restored = ckpt.restore(state)
   if restored:
     state, meta = restored
-    params, opt_state = state['params'], state['opt_state']
     writer.truncate_after(meta['step'])
     logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
   else:
@@ -133,7 +103,7 @@ def train(config, workdir):
                                  tokenizer=tokenizer, on_bad_record=dcfg.on_bad_record)
   last_eval = meta['eval_accuracy']
   if step == 0:
-    last_eval, correct = evaluate(params)
+    last_eval, correct = evaluate(state['params'])
     writer.eval(0, 0, last_eval, correct, 0.0)
 
   def done():
@@ -150,14 +120,15 @@ def train(config, workdir):
     prompts = [p for p in examples['prompt'] for _ in range(G)]   # group-major rows
     answers = [a for a in examples['answer'] for _ in range(G)]
     prompt_BxT, valid_BxT = data.encode_prompts(prompts, tokenizer, prompt_len)
-    rollout = sample(params, prompt_BxT, valid_BxT, jax.random.fold_in(rollout_rng, step))
+    rollout = sample(state['params'], prompt_BxT, valid_BxT, jax.random.fold_in(rollout_rng, step))
     response_tokens = np.asarray(rollout.tokens_BxL)   # the verifier needs text: one host copy
     rollout_time = time.perf_counter() - step_start
 
     reward_start = time.perf_counter()
     rewards_B, reward_failures = rewards.score_batch(
         reward_fn, evaluation.decode_responses(tokenizer, response_tokens), answers)
-    batch, batch_stats = make_batch(rollout, rewards_B, prompt_BxT, valid_BxT)
+    batch, batch_stats = algo.make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT,
+                                         ref_params)
     reward_time = time.perf_counter() - reward_start
 
     update_start = time.perf_counter()
@@ -169,43 +140,48 @@ def train(config, workdir):
         order = (groups[:, None] * G + np.arange(G)).reshape(-1)
       for mb in np.split(order, num_minibatches):
         minibatch = jax.tree.map(lambda x, mb=mb: x[mb], batch) if num_minibatches > 1 else batch
-        params, opt_state, m = update_step(params, opt_state, minibatch, ref_params)
+        state, m = algo.update(state, minibatch, ref_params)
         step_metrics.append(m)
     step_metrics = jax.device_get(step_metrics)
     update_time = time.perf_counter() - update_start
     step_time = time.perf_counter() - step_start
     wallclock += step_time
 
-    retained = int(batch_stats['retained'])
+    batch_stats = jax.device_get(batch_stats)
+    retained = int(batch_stats.pop('retained'))
     samples += retained
     tokens += int(np.asarray(rollout.lengths_B).sum())
     first = step_metrics[0]   # computed before any update of this step: the on-policy numbers
     row = dict(step=step, samples=samples, tokens=tokens, reward_mean=float(rewards_B.mean()),
-               reward_std=float(rewards_B.std()), lr=float(schedule((step - 1) * len(step_metrics))),
+               reward_std=float(rewards_B.std()),
                grad_norm=float(np.mean([m['grad_norm'] for m in step_metrics])),
                step_time_s=step_time, rollout_time_s=rollout_time, reward_time_s=reward_time,
                update_time_s=update_time, wallclock_s=wallclock, samples_per_s=batch_size / step_time,
                logprob_mismatch=first['logprob_mismatch'], entropy=first['entropy'],
                clipfrac=first['clipfrac'], pg_loss=first['pg_loss'], approx_kl=first['approx_kl'],
                moe_aux_loss=first['moe_aux_loss'], response_len_mean=float(np.mean(rollout.lengths_B)),
-               zero_variance_frac=float(batch_stats['zero_variance_frac']), retained=retained,
+               retained=retained,
                reward_failures=reward_failures, skipped_updates=int(sum(m['skipped'] for m in step_metrics)),
                data_skipped=iterator.skipped)
-    for key in ('kl', 'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big'):
+    for key, schedule in algo.schedules.items():
+      row[key] = float(schedule((step - 1) * len(step_metrics)))
+    row.update({key: float(value) for key, value in batch_stats.items()})
+    for key in ('kl', 'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big') + algo.logged:
       if key in first:
         row[key] = float(np.mean([m[key] for m in step_metrics]))
     writer.train(row, console=step % config.train.log_every == 0)
-    if int(opt_state.notfinite_count) >= config.optimizer.max_bad_steps:
+    bad_steps = max(int(state[key].notfinite_count) for key in state if key.endswith('opt_state'))
+    if bad_steps >= config.optimizer.max_bad_steps:
       raise FloatingPointError(
           f'{config.optimizer.max_bad_steps} non-finite updates in a row at step {step}; stopping. '
           f'The last good checkpoint is step {ckpt.latest_step()} in {workdir}/checkpoints.')
 
     if step % config.train.eval_every == 0 or done():
-      last_eval, correct = evaluate(params)
+      last_eval, correct = evaluate(state['params'])
       writer.eval(step, samples, last_eval, correct, wallclock)
     meta = dict(step=step, samples=samples, tokens=tokens, wallclock_s=wallclock,
                 data=iterator.state(), eval_accuracy=last_eval)
-    ckpt.save(step, dict(params=params, opt_state=opt_state), meta, force=done())
+    ckpt.save(step, state, meta, force=done())
   ckpt.close()
   return last_eval
 
