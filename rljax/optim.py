@@ -5,6 +5,7 @@ with B counted in training responses (GRPO: P x G; PPO: B). Linear warmup, globa
 and non-finite updates skipped (counted by optax.apply_if_finite) so one bad batch cannot poison
 the weights.
 """
+import jax
 import optax
 
 LR_RULES = {
@@ -23,8 +24,8 @@ def scaled_lr(lr0, batch, base_batch, rule):
   return lr0 * LR_RULES[rule](batch / base_batch)
 
 
-def make_optimizer(opt_cfg, batch):
-  """Returns (optax transformation, schedule: update count -> lr) for a global batch."""
+def _adam(opt_cfg, batch):
+  """(clipped Adam(W) with the lr rule, its schedule); no non-finite guard."""
   peak = scaled_lr(opt_cfg.lr, batch, opt_cfg.base_batch, opt_cfg.lr_rule)
   warmup = max(int(opt_cfg.warmup_steps), 0)
   schedule = optax.linear_schedule(peak / (warmup + 1), peak, warmup) if warmup else (
@@ -34,5 +35,25 @@ def make_optimizer(opt_cfg, batch):
     chain.append(optax.clip_by_global_norm(opt_cfg.max_grad_norm))
   chain.append(optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
                            weight_decay=opt_cfg.weight_decay))
-  tx = optax.apply_if_finite(optax.chain(*chain), max_consecutive_errors=opt_cfg.max_bad_steps)
-  return tx, schedule
+  return optax.chain(*chain), schedule
+
+
+def make_optimizer(opt_cfg, batch):
+  """Returns (optax transformation, schedule: update count -> lr) for a global batch."""
+  tx, schedule = _adam(opt_cfg, batch)
+  return optax.apply_if_finite(tx, max_consecutive_errors=opt_cfg.max_bad_steps), schedule
+
+
+def make_joint_optimizer(opt_cfgs, batch):
+  """One transformation over a dict of parameter trees, each top-level key with its own Adam, lr
+  rule and clipping (e.g. a policy and a value head that share a trunk); one non-finite guard.
+
+  Returns (transformation, {key: schedule}).
+  """
+  parts = {name: _adam(cfg, batch) for name, cfg in opt_cfgs.items()}
+  labels = lambda params: {name: jax.tree.map(lambda _, n=name: n, tree)
+                           for name, tree in params.items()}
+  tx = optax.multi_transform({name: part[0] for name, part in parts.items()}, labels)
+  max_bad = min(cfg.max_bad_steps for cfg in opt_cfgs.values())
+  return (optax.apply_if_finite(tx, max_consecutive_errors=max_bad),
+          {name: part[1] for name, part in parts.items()})

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax import losses
+from rljax import update
 
 
 class PolicyBatch(NamedTuple):
@@ -89,3 +90,14 @@ def make_policy_loss(model, cfg, temperature, num_micro, logits_chunk=0):
     return loss, metrics
 
   return loss_fn
+
+
+def policy_update(loss_fn, optimizer, loss_agg, num_micro, params, opt_state, batch, ref_params):
+  """Weights from this (mini)batch, then one accumulated gradient step."""
+  batch = batch._replace(weights_BxL=losses.token_weights(batch.mask_BxL, loss_agg))
+  micro_loss = lambda p, b: loss_fn(p, b, ref_params)
+  params, opt_state, metrics = update.apply_update(micro_loss, optimizer, params, opt_state, batch,
+                                                   num_micro)
+  metrics['logprob_mismatch'] = metrics.pop('logprob_mismatch_sum') / jnp.maximum(
+      metrics['num_tokens'], 1)
+  return params, opt_state, metrics

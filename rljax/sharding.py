@@ -111,6 +111,16 @@ def init_optimizer(optimizer, params, mesh):
   return on_mesh(jax.jit(optimizer.init, out_shardings=shardings), mesh)(params)
 
 
+def place(tree, mesh):
+  """Arrays already laid out on `mesh` stay; any other (e.g. a new head on one device) is
+  replicated over it, so one jit can take them together."""
+  def put(x):
+    if isinstance(getattr(x, 'sharding', None), NamedSharding) and x.sharding.mesh == mesh:
+      return x
+    return jax.device_put(x, replicated(mesh))
+  return jax.tree.map(put, tree)
+
+
 def batch_sharding(mesh, ndim):
   """Leading (batch) dimension split over the data-parallel axes."""
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))

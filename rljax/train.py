@@ -17,17 +17,15 @@ from rljax import checkpoint
 from rljax import config_checks
 from rljax import data
 from rljax import evaluation
-from rljax import losses
+from rljax import grpo
 from rljax import metrics as metrics_lib
 from rljax import model as model_lib
-from rljax import optim
-from rljax import policy_loss
+from rljax import ppo
 from rljax import preemption
 from rljax import rewards
 from rljax import sampler as sampler_lib
 from rljax import sharding
 from rljax import tokenizer as tokenizer_lib
-from rljax import update
 from rljax import warmstart
 from rljax import workdir as workdir_lib
 
@@ -39,34 +37,6 @@ def task_lengths(data_cfg):
   answer_len += '-' in data_cfg.ops
   return prompt_len, answer_len + 1
 
-
-def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
-  """GRPO advantages over groups of G consecutive rows; zero-variance groups optionally dropped."""
-  rewards_PxG = rewards_B.reshape(-1, G)
-  advantages_B = losses.group_advantages(rewards_PxG, grpo_cfg.normalize_std).reshape(-1)
-  zero_var_P = losses.zero_variance_groups(rewards_PxG)
-  keep_B = jnp.repeat(~zero_var_P, G) if grpo_cfg.filter_zero_variance else jnp.ones_like(advantages_B,
-                                                                                            bool)
-  mask_BxL = (rollout.mask_BxL & keep_B[:, None]).astype(jnp.float32)
-  batch = policy_loss.PolicyBatch(
-      prompt_BxT=prompt_BxT, prompt_valid_BxT=valid_BxT, response_BxL=rollout.tokens_BxL,
-      mask_BxL=mask_BxL, old_logp_BxL=rollout.logp_BxL,
-      advantages_BxL=advantages_B[:, None] * mask_BxL, weights_BxL=jnp.zeros_like(mask_BxL))
-  stats = dict(zero_variance_frac=jnp.mean(zero_var_P), retained=jnp.sum(keep_B),
-               reward_mean=jnp.mean(rewards_B), reward_std=jnp.std(rewards_B),
-               response_len_mean=jnp.mean(rollout.lengths_B), tokens=jnp.sum(rollout.lengths_B))
-  return batch, stats
-
-
-def policy_update(loss_fn, optimizer, loss_agg, num_micro, params, opt_state, batch, ref_params):
-  """Weights from this (mini)batch, then one accumulated gradient step."""
-  batch = batch._replace(weights_BxL=losses.token_weights(batch.mask_BxL, loss_agg))
-  micro_loss = lambda p, b: loss_fn(p, b, ref_params)
-  params, opt_state, metrics = update.apply_update(micro_loss, optimizer, params, opt_state, batch,
-                                                   num_micro)
-  metrics['logprob_mismatch'] = metrics.pop('logprob_mismatch_sum') / jnp.maximum(
-      metrics['num_tokens'], 1)
-  return params, opt_state, metrics
 
 
 def train(config, workdir, stop=None):
@@ -109,44 +79,43 @@ def train(config, workdir, stop=None):
     params, _ = warmstart.warm_start(config, model, params, tokenizer, train_source, evaluate,
                                      config.warmstart.dir or workdir, prompt_len,
                                      prompt_len + max_new_tokens, mesh)
-  # A copy (the update donates the policy's buffers), checkpointed with the run.
-  ref_params = jax.tree.map(jnp.copy, params) if config.grpo.kl_coef else None
 
   # ------------------------------------------------------------------ optimizer and jitted steps
   P, G = config.rollout.P, config.rollout.G
   batch_size = P * G
-  optimizer, schedule = optim.make_optimizer(config.optimizer, batch_size)
-  opt_state = sharding.init_optimizer(optimizer, params, mesh)  # sharded like params
   sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
       top_p=config.rollout.top_p)), mesh)
-  make_batch = sharding.on_mesh(jax.jit(functools.partial(group_batch, G=G, grpo_cfg=config.grpo)),
-                                mesh)
   num_minibatches = config.train.num_minibatches
   minibatch_size = batch_size // num_minibatches
   num_micro = minibatch_size // (config.train.micro_batch or minibatch_size)
-  loss_fn = policy_loss.make_policy_loss(model, config.grpo, config.rollout.temperature, num_micro,
-                                         config.train.logits_chunk)
-  update_step = sharding.on_mesh(jax.jit(functools.partial(
-      policy_update, loss_fn, optimizer, config.grpo.loss_agg, num_micro), donate_argnums=(0, 1)),
-                                 mesh)
+  if config.algo == 'ppo':
+    algo = ppo.make(config, model, params, num_micro, jax.random.fold_in(init_rng, 1), mesh)
+  else:
+    algo = grpo.make(config, model, params, num_micro, mesh)
+  # A copy (the update donates the policy's buffers), checkpointed with the run.
+  ref_params = jax.tree.map(jnp.copy, params) if algo.needs_reference else None
 
   if is_logger:
-    print(memory_line(model_cfg, params, opt_state, batch_size, prompt_len + max_new_tokens, mesh),
+    print(memory_line(model_cfg, algo.state, batch_size, prompt_len + max_new_tokens, mesh),
           flush=True)
 
   # ------------------------------------------------------------------ resume
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_logger)
   ckpt = checkpoint.Checkpointer(workdir, config.train.checkpoint_every,
                                  config.train.keep_checkpoints)
-  state = dict(params=params, opt_state=opt_state, rng=rollout_rng)
-  if ref_params is not None:
-    state['reference'] = ref_params
+  state = algo.state
+
+  def checkpointed():
+    """The algorithm's state plus what the loop owns: the rollout key and the reference policy."""
+    extras = dict(rng=rollout_rng) if ref_params is None else dict(rng=rollout_rng,
+                                                                   reference=ref_params)
+    return dict(state, **extras)
+
   if meta is not None:
-    state, meta = ckpt.restore(state, meta['step'])
-    params, opt_state, rollout_rng = state['params'], state['opt_state'], state['rng']
-    ref_params = state.get('reference')
+    state, meta = ckpt.restore(checkpointed(), meta['step'])
+    rollout_rng, ref_params = state.pop('rng'), state.pop('reference', None)
     writer.truncate_after(meta['step'])
     logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
   else:
@@ -162,7 +131,7 @@ def train(config, workdir, stop=None):
                                  tokenizer=tokenizer, on_bad_record=dcfg.on_bad_record)
   last_eval = meta['eval_accuracy']
   if step == 0:
-    last_eval, correct = evaluate(params)
+    last_eval, correct = evaluate(state['params'])
     writer.eval(0, 0, last_eval, correct, 0.0)
 
   def done():
@@ -180,7 +149,7 @@ def train(config, workdir, stop=None):
     answers = [a for a in examples['answer'] for _ in range(G)]
     prompt_BxT, valid_BxT = sharding.put_batch(
         data.encode_prompts(prompts, tokenizer, prompt_len), mesh)
-    rollout = sample(params, prompt_BxT, valid_BxT, jax.random.fold_in(rollout_rng, step))
+    rollout = sample(state['params'], prompt_BxT, valid_BxT, jax.random.fold_in(rollout_rng, step))
     response_tokens = evaluation.to_host(rollout.tokens_BxL, mesh)  # the verifier needs text
     rollout_time = time.perf_counter() - step_start
 
@@ -188,9 +157,11 @@ def train(config, workdir, stop=None):
     rewards_B, reward_failures = rewards.score_batch(
         reward_fn, evaluation.decode_responses(tokenizer, response_tokens), answers)
     rewards_B = sharding.put_batch(rewards_B, mesh)
-    batch, batch_stats = make_batch(rollout, rewards_B, prompt_BxT, valid_BxT)
+    batch, batch_stats = algo.make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT,
+                                         ref_params)
     if step in nan_steps:   # fault injection (debug.nan_steps)
-      batch = batch._replace(advantages_BxL=batch.advantages_BxL * jnp.nan)
+      batch = jax.tree.map(lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                           batch)
     reward_time = time.perf_counter() - reward_start
 
     update_start = time.perf_counter()
@@ -202,50 +173,53 @@ def train(config, workdir, stop=None):
         order = (groups[:, None] * G + np.arange(G)).reshape(-1)
       for mb in np.split(order, num_minibatches):
         minibatch = jax.tree.map(lambda x, mb=mb: x[mb], batch) if num_minibatches > 1 else batch
-        params, opt_state, m = update_step(params, opt_state, minibatch, ref_params)
+        state, m = algo.update(state, minibatch, ref_params)
         step_metrics.append(m)
     step_metrics = jax.device_get(step_metrics)
     update_time = time.perf_counter() - update_start
     step_time = time.perf_counter() - step_start
     wallclock += step_time
 
-    retained = int(batch_stats['retained'])
+    batch_stats = jax.device_get(batch_stats)
+    retained = int(batch_stats.pop('retained'))
     samples += retained
-    tokens += int(batch_stats['tokens'])
+    tokens += int(jnp.sum(rollout.lengths_B))
     first = step_metrics[0]   # computed before any update of this step: the on-policy numbers
-    row = dict(step=step, samples=samples, tokens=tokens,
-               reward_mean=float(batch_stats['reward_mean']),
-               reward_std=float(batch_stats['reward_std']), lr=float(schedule((step - 1) * len(step_metrics))),
+    row = dict(step=step, samples=samples, tokens=tokens, reward_mean=float(jnp.mean(rewards_B)),
+               reward_std=float(jnp.std(rewards_B)),
                grad_norm=float(np.mean([m['grad_norm'] for m in step_metrics])),
                step_time_s=step_time, rollout_time_s=rollout_time, reward_time_s=reward_time,
                update_time_s=update_time, wallclock_s=wallclock, samples_per_s=batch_size / step_time,
                logprob_mismatch=first['logprob_mismatch'], entropy=first['entropy'],
                clipfrac=first['clipfrac'], pg_loss=first['pg_loss'], approx_kl=first['approx_kl'],
-               moe_aux_loss=first['moe_aux_loss'], response_len_mean=float(batch_stats['response_len_mean']),
-               zero_variance_frac=float(batch_stats['zero_variance_frac']), retained=retained,
+               moe_aux_loss=first['moe_aux_loss'], response_len_mean=float(jnp.mean(rollout.lengths_B)),
+               retained=retained,
                reward_failures=reward_failures, skipped_updates=int(sum(m['skipped'] for m in step_metrics)),
                data_skipped=iterator.skipped)
-    for key in ('kl', 'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big'):
+    for key, schedule in algo.schedules.items():
+      row[key] = float(schedule((step - 1) * len(step_metrics)))
+    row.update({key: float(value) for key, value in batch_stats.items()})
+    for key in ('kl', 'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big') + algo.logged:
       if key in first:
         row[key] = float(np.mean([m[key] for m in step_metrics]))
     writer.train(row, console=step % config.train.log_every == 0)
     if row['skipped_updates']:
       logging.warning('step %d: %d non-finite update(s) skipped', step, row['skipped_updates'])
-    if int(opt_state.notfinite_count) >= config.optimizer.max_bad_steps:
+    bad_steps = max(int(state[key].notfinite_count) for key in state if key.endswith('opt_state'))
+    if bad_steps >= config.optimizer.max_bad_steps:
       ckpt.close()   # lets the in-flight save commit; skipped updates left its params good
       raise FloatingPointError(
           f'{config.optimizer.max_bad_steps} non-finite updates in a row at step {step}; stopping. '
           f'The last good checkpoint is step {ckpt.latest_step()} in {workdir}/checkpoints.')
 
     if step % config.train.eval_every == 0 or done():
-      last_eval, correct = evaluate(params)
+      last_eval, correct = evaluate(state['params'])
       writer.eval(step, samples, last_eval, correct, wallclock)
     # Every process gets the same answer at the same step; a request during the last step is moot.
     stopping = stop is not None and stop.agreed() and not done()
     meta = dict(step=step, samples=samples, tokens=tokens, wallclock_s=wallclock,
                 data=iterator.state(), eval_accuracy=last_eval, config=config_json)
-    state = dict(state, params=params, opt_state=opt_state)
-    ckpt.save(step, state, meta, force=done() or stopping)
+    ckpt.save(step, checkpointed(), meta, force=done() or stopping)
     if stopping:
       ckpt.close()
       raise preemption.Preempted(step)
@@ -253,9 +227,10 @@ def train(config, workdir, stop=None):
   return last_eval
 
 
-
-def memory_line(model_cfg, params, opt_state, rollout_batch, seq_len, mesh):
+def memory_line(model_cfg, state, rollout_batch, seq_len, mesh):
   """Start-up summary of what one device holds: parameters, optimizer state, the rollout KV cache."""
+  params = state['params']
+  opt_state = {k: v for k, v in state.items() if k.endswith('opt_state')}
   kv_spec = sharding.spec_for((model_cfg.num_layers, rollout_batch, seq_len, model_cfg.num_kv_heads,
                                model_cfg.head_dim), ('layers', 'batch', 'length', 'kv_heads',
                                                      'head_dim'), mesh)

@@ -16,7 +16,6 @@ from rljax import model as model_lib
 from rljax import policy_loss
 from rljax import sampler as sampler_lib
 from rljax import sharding
-from rljax import train
 
 MESHES = [dict(data=8), dict(fsdp=4, tensor=2), dict(data=2, expert=4),
           dict(data=2, fsdp=2, expert=2)]
@@ -63,7 +62,7 @@ def run_everything(mesh):
   opt_state = sharding.on_mesh(jax.jit(optimizer.init), mesh)(params)
   loss_fn = policy_loss.make_policy_loss(model, LOSS_CFG, 1.0, num_micro=2)
   step = sharding.on_mesh(jax.jit(functools.partial(
-      train.policy_update, loss_fn, optimizer, 'token-mean', 2)), mesh)
+      policy_loss.policy_update, loss_fn, optimizer, 'token-mean', 2)), mesh)
   batch = sharding.put_batch(policy_batch(jax.device_get(greedy_rollout), prompt_BxT, valid_BxT),
                              mesh)
   new_params, _, metrics = step(params, opt_state, batch, None)

@@ -1,0 +1,34 @@
+"""PPO with a critic on the built-in arithmetic task.
+
+  python -m rljax.main --config=configs/ppo.py:runlocal --workdir=/tmp/rljax_ppo
+  python -m rljax.main --config=configs/ppo.py:B=1024 --workdir=gs://...
+
+Args after ':' (comma-separated): B (global batch in responses, one per prompt), runlocal (tiny
+model and budget for a 2-core CPU), seed. Any field can be overridden with --config.a.b=value.
+"""
+from configs import common
+from configs import grpo
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, B=256, runlocal=False, seed=0)
+  # Model, task, mesh, warm start and loop settings are GRPO's (same warm-start cache for both).
+  config = grpo.get_config(f'P={arg.B},G=1,seed={arg.seed}' + (',runlocal' if arg.runlocal else ''))
+  config.algo = 'ppo'
+  del config.grpo
+
+  # KL: kl_reward_coef subtracts a per-token KL to the initial policy from the rewards (InstructGPT);
+  # kl_coef adds one to the policy loss (as GRPO). value_clip <= 0: no value clipping. share_trunk:
+  # the value head reads the policy's trunk and one update follows pg loss + vf_coef * value loss.
+  config.ppo = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.0, kl_estimator='k3', kl_reward_coef=0.0,
+                    kl_reward_estimator='k1', loss_agg='token-mean', moe_aux_coef=1e-3, gamma=1.0,
+                    lam=0.95, whiten_advantages=True, whiten_rewards=False, value_clip=0.2,
+                    share_trunk=False, vf_coef=0.5)
+
+  # B prompts, one response each: B responses is the batch unit of both lr rules,
+  # lr = lr * sqrt(B / base_batch) for the actor and the critic each.
+  config.optimizer.base_batch = 256
+  config.critic_optimizer = dict(lr=1e-4, base_batch=256, lr_rule='sqrt', warmup_steps=0,
+                                 max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0)
+  config.train.max_samples = 200_000 if arg.runlocal else 2_000_000
+  return config
