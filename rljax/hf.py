@@ -276,15 +276,15 @@ def load_params(hf_dir, cfg: model_lib.ModelConfig, shardings: Any = None):
   """Reads an HF checkpoint into rljax params (a nested dict of jax.Arrays, dtype cfg.param_dtype).
 
   `shardings`: a pytree of `jax.sharding.Sharding` matching the params (e.g. from rljax.sharding),
-  or one Sharding for every leaf; default: the first local device. Each device shard is read
-  from disk on its own, so no host ever holds more than its shards.
+  or one Sharding for every leaf. Each device shard is read from disk on its own, so no host ever
+  holds more than its shards. Default: uncommitted arrays on the default device (as init_params
+  gives; committed ones would make jitted steps recompile once their outputs come back committed),
+  read one leaf at a time.
   """
   abstract = {path: leaf for path, leaf in _flatten_paths(abstract_params(cfg))}
-  if shardings is None:
-    shardings = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   if isinstance(shardings, jax.sharding.Sharding):
     shardings = {path: shardings for path in abstract}
-  else:
+  elif shardings is not None:
     shardings = dict(_flatten_paths(shardings))
   table = mappings(cfg)
   if set(table) != set(abstract):
@@ -294,7 +294,10 @@ def load_params(hf_dir, cfg: model_lib.ModelConfig, shardings: Any = None):
     for path, leaf in abstract.items():
       _check_shape(files, table[path], cfg, path, leaf.shape)
       loader = _leaf_loader(files, table[path], cfg, leaf.shape, np.dtype(leaf.dtype))
-      out[path] = jax.make_array_from_callback(leaf.shape, shardings[path], loader)
+      if shardings is None:   # uncommitted on the default device, like freshly initialised params
+        out[path] = jnp.asarray(loader(tuple(slice(None) for _ in leaf.shape)))
+      else:
+        out[path] = jax.make_array_from_callback(leaf.shape, shardings[path], loader)
   return _unflatten(out)
 
 

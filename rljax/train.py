@@ -18,6 +18,7 @@ from rljax import checkpoint
 from rljax import config_checks
 from rljax import data
 from rljax import evaluation
+from rljax import hf
 from rljax import losses
 from rljax import metrics as metrics_lib
 from rljax import model as model_lib
@@ -25,17 +26,12 @@ from rljax import optim
 from rljax import policy_loss
 from rljax import rewards
 from rljax import sampler as sampler_lib
-from rljax import tokenizer as tokenizer_lib
+from rljax import tasks
 from rljax import update
 from rljax import warmstart
 
 
-def task_lengths(data_cfg):
-  """(prompt tokens, max response tokens incl. the end token) of the arithmetic task."""
-  prompt_len = 2 * data_cfg.digits + 2
-  answer_len = 2 * data_cfg.digits if '*' in data_cfg.ops else data_cfg.digits + 1
-  answer_len += '-' in data_cfg.ops
-  return prompt_len, answer_len + 1
+task_lengths = tasks.arithmetic_lengths   # kept for callers of the old name
 
 
 def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
@@ -65,6 +61,26 @@ def policy_update(loss_fn, optimizer, loss_agg, num_micro, params, opt_state, ba
   return params, opt_state, metrics
 
 
+def init_model_config(config, hf_path):
+  """config.model, or the architecture of the HF checkpoint with config.model's runtime fields."""
+  if not hf_path:
+    return model_lib.ModelConfig.from_config(config.model)
+  runtime = {k: config.model[k] for k in hf.RUNTIME_FIELDS if k in config.model}
+  return hf.model_config(hf.read_config(hf_path), **runtime)
+
+
+def make_writer(config, workdir, enabled):
+  """metrics.jsonl + TensorBoard + progress bar (+ W&B), as config.metrics asks."""
+  mcfg = config.get('metrics', {})
+  budget = config.train.max_samples or config.train.max_steps
+  unit = 'samples' if config.train.max_samples else 'step'
+  wandb = dict(project=mcfg.get('wandb_project', 'rljax'), config=config.to_dict()) \
+      if mcfg.get('wandb', False) else None
+  return metrics_lib.MetricsWriter(
+      workdir, enabled=enabled, tensorboard=mcfg.get('tensorboard', True),
+      progress=dict(total=budget, unit=unit) if mcfg.get('progress', True) else None, wandb=wandb)
+
+
 def train(config, workdir):
   """Trains one configuration in `workdir`; resumes from its latest checkpoint. Returns last eval."""
   config_checks.check(config)
@@ -72,26 +88,29 @@ def train(config, workdir):
   is_logger = jax.process_index() == 0
 
   # ------------------------------------------------------------------ task, model, evaluation
-  tokenizer = tokenizer_lib.ArithmeticTokenizer()
-  dcfg = config.data
-  data_dir = dcfg.dir or os.path.expanduser('~/.cache/rljax/datasets')
-  knobs = dict(digits=dcfg.digits, ops=dcfg.ops, zero_pad=dcfg.zero_pad, num_train=dcfg.num_train,
-               num_test=dcfg.num_test, seed=dcfg.seed)
-  train_source = data.load_split(data_dir, split='train', **knobs)
-  test_source = data.load_split(data_dir, split='test', **knobs)
-  prompt_len, max_new_tokens = task_lengths(dcfg)
-  max_new_tokens = config.rollout.max_new_tokens or max_new_tokens
-  reward_fn = rewards.get_reward_fn(config.reward)
+  task = tasks.make_task(config)
+  tokenizer, train_source, test_source = task.tokenizer, task.train_source, task.test_source
+  prompt_len = task.prompt_len
+  max_new_tokens = config.rollout.max_new_tokens or task.max_new_tokens
+  reward_fn = task.reward_fn
 
-  model_cfg = model_lib.ModelConfig.from_config(config.model)
+  hf_path = config.init.hf_path if 'init' in config else ''
+  model_cfg = init_model_config(config, hf_path)
+  if tokenizer.vocab_size > model_cfg.vocab_size:
+    raise ValueError(f'the tokenizer has {tokenizer.vocab_size} ids but the model only '
+                     f'{model_cfg.vocab_size} embeddings')
   model = model_lib.Transformer(model_cfg)
   eval_prompts, eval_answers = data.eval_set(test_source, config.train.eval_size)
   evaluate = evaluation.make_evaluator(model, tokenizer, eval_prompts, eval_answers, reward_fn,
                                        prompt_len, max_new_tokens)
   rng = jax.random.PRNGKey(config.seed)
   init_rng, rollout_rng = jax.random.split(rng)
-  params = nn.unbox(model_lib.init_params(model_cfg, init_rng))
-  if config.warmstart.enabled:
+  if hf_path:   # a pretrained policy: no supervised warm start
+    params = hf.load_params(hf_path, model_cfg)
+    logging.info('initialised from the Hugging Face checkpoint %s', hf_path)
+  else:
+    params = nn.unbox(model_lib.init_params(model_cfg, init_rng))
+  if config.warmstart.enabled and not hf_path:
     params, _ = warmstart.warm_start(config, model, params, tokenizer, train_source, evaluate,
                                      config.warmstart.dir or workdir, prompt_len,
                                      prompt_len + max_new_tokens)
@@ -115,7 +134,7 @@ def train(config, workdir):
                                           num_micro), donate_argnums=(0, 1))
 
   # ------------------------------------------------------------------ resume
-  writer = metrics_lib.MetricsWriter(workdir, enabled=is_logger)
+  writer = make_writer(config, workdir, is_logger)
   ckpt = checkpoint.Checkpointer(workdir, config.train.checkpoint_every,
                                  config.train.keep_checkpoints)
   restored = ckpt.restore(dict(params=params, opt_state=opt_state))
@@ -130,7 +149,7 @@ def train(config, workdir):
   iterator = data.PromptIterator(train_source, P, seed=config.seed,
                                  process_index=jax.process_index(),
                                  process_count=jax.process_count(), state=meta['data'],
-                                 tokenizer=tokenizer, on_bad_record=dcfg.on_bad_record)
+                                 tokenizer=tokenizer, on_bad_record=config.data.on_bad_record)
   last_eval = meta['eval_accuracy']
   if step == 0:
     last_eval, correct = evaluate(params)
@@ -207,5 +226,6 @@ def train(config, workdir):
                 data=iterator.state(), eval_accuracy=last_eval)
     ckpt.save(step, dict(params=params, opt_state=opt_state), meta, force=done())
   ckpt.close()
+  writer.close()
   return last_eval
 
