@@ -339,6 +339,12 @@ def save_params(params, cfg: model_lib.ModelConfig, out_dir, config: Optional[di
   `config`: the config.json to write (default: `hf_config(cfg)`); `dtype`: cast on export (e.g.
   'bfloat16'); `tokenizer_dir`: copy tokenizer files from there. Only process 0 writes.
   """
+  expected = {path: leaf.shape for path, leaf in _flatten_paths(abstract_params(cfg))}
+  got = {path: tuple(leaf.shape) for path, leaf in _flatten_paths(params)}
+  if got != expected:
+    wrong = sorted(p for p in set(got) | set(expected) if got.get(p) != expected.get(p))
+    raise ValueError(f'params do not fit the model config at {wrong[:3]}: '
+                     f'{[(got.get(p), expected.get(p)) for p in wrong[:3]]}')
   writer = jax.process_index() == 0
   if writer:
     os.makedirs(out_dir, exist_ok=True)

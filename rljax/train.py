@@ -31,7 +31,12 @@ from rljax import update
 from rljax import warmstart
 
 
-task_lengths = tasks.arithmetic_lengths   # kept for callers of the old name
+def task_lengths(data_cfg):
+  """(prompt tokens, max response tokens incl. the end token) of the arithmetic task."""
+  prompt_len = 2 * data_cfg.digits + 2
+  answer_len = 2 * data_cfg.digits if '*' in data_cfg.ops else data_cfg.digits + 1
+  answer_len += '-' in data_cfg.ops
+  return prompt_len, answer_len + 1
 
 
 def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
@@ -88,7 +93,8 @@ def train(config, workdir):
   is_logger = jax.process_index() == 0
 
   # ------------------------------------------------------------------ task, model, evaluation
-  task = tasks.make_task(config)
+  dcfg = config.data
+  task = tasks.make_task(config)   # tokenizer, splits, lengths, verifier of config.data.name
   tokenizer, train_source, test_source = task.tokenizer, task.train_source, task.test_source
   prompt_len = task.prompt_len
   max_new_tokens = config.rollout.max_new_tokens or task.max_new_tokens
@@ -149,7 +155,7 @@ def train(config, workdir):
   iterator = data.PromptIterator(train_source, P, seed=config.seed,
                                  process_index=jax.process_index(),
                                  process_count=jax.process_count(), state=meta['data'],
-                                 tokenizer=tokenizer, on_bad_record=config.data.on_bad_record)
+                                 tokenizer=tokenizer, on_bad_record=dcfg.on_bad_record)
   last_eval = meta['eval_accuracy']
   if step == 0:
     last_eval, correct = evaluate(params)

@@ -4,10 +4,14 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from configs import grpo
+from rljax import hf
+from rljax import hf_export
 from rljax import metrics
 from rljax import train
 
@@ -43,6 +47,19 @@ def test_gsm8k_file_trains_end_to_end_with_the_math_verifier(tmp_path):
   np.testing.assert_allclose(logged, [r['reward_mean'] for r in train_rows], rtol=1e-6)
   assert [e.step for e in accumulator.Scalars('eval/eval_accuracy')] == [0, 3]
 
+  # Export the trained policy back to the HF layout: it reloads to exactly the trained weights.
+  base = os.path.join(TESTDATA, 'tiny_qwen3_moe')
+  out = str(tmp_path / 'exported')
+  assert hf_export.export(workdir, base, out) == 3
+  trained, _ = hf_export.run_params(workdir)
+  cfg = hf.model_config(hf.read_config(out))
+  reloaded = hf.load_params(out, cfg)
+  for a, b in zip(jax.tree.leaves(reloaded), jax.tree.leaves(trained)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  moved = [np.abs(np.asarray(a) - np.asarray(b)).max() for a, b in
+           zip(jax.tree.leaves(reloaded), jax.tree.leaves(hf.load_params(base, cfg)))]
+  assert max(moved) > 0   # RL changed the policy
+
 
 def test_cli_rejects_a_math_task_without_a_tokenizer(tmp_path):
   result = subprocess.run(
@@ -53,3 +70,20 @@ def test_cli_rejects_a_math_task_without_a_tokenizer(tmp_path):
       timeout=300, check=False)
   assert result.returncode == 2
   assert 'set --config.init.hf_path=DIR' in result.stderr
+
+
+def test_export_cli_without_checkpoints_is_one_clear_error(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'rljax.hf_export', f'--workdir={tmp_path}',
+       f'--base={TESTDATA}/tiny_qwen3', f'--out={tmp_path}/out'],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
+      timeout=300, check=False)
+  assert result.returncode == 2 and 'has no checkpoints/ directory' in result.stderr
+
+
+def test_export_rejects_params_of_another_model(tmp_path):
+  moe = hf.model_config(hf.read_config(os.path.join(TESTDATA, 'tiny_qwen3_moe')))
+  dense = hf.model_config(hf.read_config(os.path.join(TESTDATA, 'tiny_qwen3')))
+  params = hf.load_params(os.path.join(TESTDATA, 'tiny_qwen3'), dense)
+  with pytest.raises(ValueError, match='do not fit the model config'):
+    hf.save_params(params, moe, str(tmp_path))
