@@ -89,6 +89,16 @@ def model_config(hf, **runtime) -> model_lib.ModelConfig:
   return model_lib.ModelConfig(**fields, **runtime)
 
 
+def policy_config(config) -> model_lib.ModelConfig:
+  """The policy of a training config: config.model, or with --config.init.hf_path the checkpoint's
+  architecture with config.model's runtime fields (moe_impl, dtypes, remat)."""
+  hf_path = config.init.hf_path if 'init' in config else ''
+  if not hf_path:
+    return model_lib.ModelConfig.from_config(config.model)
+  runtime = {k: config.model[k] for k in RUNTIME_FIELDS if k in config.model}
+  return model_config(read_config(hf_path), **runtime)
+
+
 def hf_config(cfg: model_lib.ModelConfig, **extra) -> dict:
   """A transformers config.json dict for `cfg` (Qwen3 when dense, Qwen3-MoE otherwise)."""
   moe = bool(cfg.num_experts)

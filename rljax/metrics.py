@@ -140,3 +140,15 @@ class MetricsWriter:
     if self._wandb is not None:
       self._wandb.finish()
     self._tb = self._bar = self._wandb = None
+
+
+def writer_from_config(config, workdir, enabled):
+  """The writer a training config asks for (config.metrics; defaults where a config has none)."""
+  mcfg = config.get('metrics', {})
+  budget = config.train.max_samples or config.train.max_steps
+  unit = 'samples' if config.train.max_samples else 'step'
+  wandb = dict(project=mcfg.get('wandb_project', 'rljax'), config=config.to_dict()) \
+      if mcfg.get('wandb', False) else None
+  return MetricsWriter(
+      workdir, enabled=enabled, tensorboard=mcfg.get('tensorboard', True),
+      progress=dict(total=budget, unit=unit) if mcfg.get('progress', True) else None, wandb=wandb)

@@ -66,26 +66,6 @@ def policy_update(loss_fn, optimizer, loss_agg, num_micro, params, opt_state, ba
   return params, opt_state, metrics
 
 
-def init_model_config(config, hf_path):
-  """config.model, or the architecture of the HF checkpoint with config.model's runtime fields."""
-  if not hf_path:
-    return model_lib.ModelConfig.from_config(config.model)
-  runtime = {k: config.model[k] for k in hf.RUNTIME_FIELDS if k in config.model}
-  return hf.model_config(hf.read_config(hf_path), **runtime)
-
-
-def make_writer(config, workdir, enabled):
-  """metrics.jsonl + TensorBoard + progress bar (+ W&B), as config.metrics asks."""
-  mcfg = config.get('metrics', {})
-  budget = config.train.max_samples or config.train.max_steps
-  unit = 'samples' if config.train.max_samples else 'step'
-  wandb = dict(project=mcfg.get('wandb_project', 'rljax'), config=config.to_dict()) \
-      if mcfg.get('wandb', False) else None
-  return metrics_lib.MetricsWriter(
-      workdir, enabled=enabled, tensorboard=mcfg.get('tensorboard', True),
-      progress=dict(total=budget, unit=unit) if mcfg.get('progress', True) else None, wandb=wandb)
-
-
 def train(config, workdir):
   """Trains one configuration in `workdir`; resumes from its latest checkpoint. Returns last eval."""
   config_checks.check(config)
@@ -101,7 +81,7 @@ def train(config, workdir):
   reward_fn = task.reward_fn
 
   hf_path = config.init.hf_path if 'init' in config else ''
-  model_cfg = init_model_config(config, hf_path)
+  model_cfg = hf.policy_config(config)
   if tokenizer.vocab_size > model_cfg.vocab_size:
     raise ValueError(f'the tokenizer has {tokenizer.vocab_size} ids but the model only '
                      f'{model_cfg.vocab_size} embeddings')
@@ -140,7 +120,7 @@ def train(config, workdir):
                                           num_micro), donate_argnums=(0, 1))
 
   # ------------------------------------------------------------------ resume
-  writer = make_writer(config, workdir, is_logger)
+  writer = metrics_lib.writer_from_config(config, workdir, is_logger)
   ckpt = checkpoint.Checkpointer(workdir, config.train.checkpoint_every,
                                  config.train.keep_checkpoints)
   restored = ckpt.restore(dict(params=params, opt_state=opt_state))
