@@ -34,9 +34,19 @@ def get_config(arg=None):
   config.mesh = dict(data=-1, fsdp=1, expert=1, tensor=1)
 
   # The task: zero-padded 3-digit addition by default (`037+048=` -> `85`), built locally with TFDS.
-  config.data = dict(dir='', digits=3, ops='+', zero_pad=True, num_train=100_000, num_test=1000,
-                     seed=0, on_bad_record='skip')
-  config.reward = 'exact_numeric'
+  # name=gsm8k|math: local JSONL (path, test_path or num_test held out), prompts through the chat
+  # template of init.hf_path's tokenizer, up to max_prompt_len tokens, responses max_response_len.
+  config.data = dict(name='arithmetic', dir='', digits=3, ops='+', zero_pad=True,
+                     num_train=100_000, num_test=1000, seed=0, on_bad_record='skip',
+                     path='', test_path='', max_prompt_len=256, max_response_len=512,
+                     instruction='', chat_template=True)
+  config.reward = 'auto'   # the task's verifier: exact_numeric (arithmetic), math (gsm8k, math)
+
+  # A Hugging Face Qwen3 / Qwen3-MoE directory to start from (architecture, weights, tokenizer).
+  config.init = dict(hf_path='')
+
+  # Logs besides metrics.jsonl: TensorBoard events (WORKDIR/tensorboard), console progress bar, W&B.
+  config.metrics = dict(tensorboard=True, progress=True, wandb=False, wandb_project='rljax')
 
   # Rollouts: P prompts x G responses = the batch unit of the lr rule. max_new_tokens=0: from the task.
   config.rollout = dict(P=arg.P, G=arg.G, max_new_tokens=0, temperature=1.0, top_k=0, top_p=1.0)

@@ -17,23 +17,27 @@ from rljax.tokenizer import ArithmeticTokenizer
 
 def load_split(data_dir, *, digits=3, ops='+', zero_pad=True,
                num_train=100_000, num_test=1_000, seed=0, split='train'):
+  """Returns a data source of one split of the arithmetic task."""
+  config = arithmetic.make_config(digits, ops, zero_pad, num_train, num_test,
+                                  seed)
+  return load_tfds_split(arithmetic.Arithmetic, config, data_dir, split)
+
+
+def load_tfds_split(builder_cls, config, data_dir, split):
   """Returns a data source of one split, building the dataset if needed.
 
   Concurrent builds are safe: TFDS writes into a private temporary directory
   and renames it into place, so a process that loses the race only fails that
   rename; it then reads the winner's copy.
   """
-  config = arithmetic.make_config(digits, ops, zero_pad, num_train, num_test,
-                                  seed)
-  builder = arithmetic.Arithmetic(config=config, data_dir=data_dir)
+  builder = builder_cls(config=config, data_dir=data_dir)
   if not builder.is_prepared():
     try:
       builder.download_and_prepare(file_format='array_record')
     except OSError:
-      if not arithmetic.Arithmetic(config=config,
-                                   data_dir=data_dir).is_prepared():
+      if not builder_cls(config=config, data_dir=data_dir).is_prepared():
         raise
-    builder = arithmetic.Arithmetic(config=config, data_dir=data_dir)
+    builder = builder_cls(config=config, data_dir=data_dir)
   splits = builder.info.splits
   if split not in splits or not splits[split].num_examples:
     raise ValueError(f'split {split!r} is missing or empty in'

@@ -1,13 +1,19 @@
 """Run logs: WORKDIR/metrics.jsonl (the contract other tools read), WORKDIR/eval_correct.jsonl
-(per-prompt eval correctness, for bootstrap confidence intervals) and a console progress line.
+(per-prompt eval correctness, for bootstrap confidence intervals), TensorBoard event files in
+WORKDIR/tensorboard (`tensorboard --logdir WORKDIR`), optionally Weights & Biases, and a console
+progress bar (steps, reward, samples/s, ETA).
 
 Only the process that owns logging (process 0) writes. On resume, rows logged after the restored
-checkpoint are dropped, so the file reads as one uninterrupted run.
+checkpoint are dropped (TensorBoard events too, via purge_step), so the logs read as one
+uninterrupted run.
 """
+import hashlib
 import json
 import os
+import sys
 
 import numpy as np
+import tqdm
 
 
 def _plain(value):
@@ -34,11 +40,17 @@ def read_jsonl(path):
 
 
 class MetricsWriter:
+  """Writes each row to every enabled sink. `progress`: dict(total=budget, unit='samples'|'step')
+  for the console bar, or None for plain lines; `wandb`: dict(project=..., config=...) or None."""
 
-  def __init__(self, workdir, enabled=True):
+  def __init__(self, workdir, enabled=True, *, tensorboard=False, progress=None, wandb=None):
     self.enabled = enabled
+    self.workdir = workdir
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self.eval_path = os.path.join(workdir, 'eval_correct.jsonl')
+    self.tensorboard_dir = os.path.join(workdir, 'tensorboard') if tensorboard else None
+    self._progress, self._wandb_args = progress, wandb
+    self._resume_step, self._tb, self._bar, self._wandb = 0, None, None, None
 
   def _append(self, path, row):
     if self.enabled:
@@ -50,6 +62,7 @@ class MetricsWriter:
 
     Rewrites into a temporary file and renames it, so a kill here loses no row.
     """
+    self._resume_step = step
     if not self.enabled:
       return
     for path in (self.path, self.eval_path):
@@ -58,17 +71,97 @@ class MetricsWriter:
         f.writelines(json.dumps(row) + '\n' for row in rows)
       os.replace(path + '.tmp', path)
 
+  # ---------------------------------------------------------------- sinks, opened on first use
+
+  def _scalars(self, row, prefix):
+    """Numeric fields of a row, by TensorBoard tag."""
+    return {f'{prefix}/{k}': float(_plain(v)) for k, v in row.items()
+            if k not in ('step', 'eval') and isinstance(_plain(v), (int, float))}
+
+  def _log_tensorboard(self, row, prefix):
+    if self.tensorboard_dir is None:
+      return
+    if self._tb is None:
+      import tensorboardX  # pylint: disable=import-outside-toplevel
+      self._tb = tensorboardX.SummaryWriter(  # a resumed run's file must not reuse the old name
+          self.tensorboard_dir, flush_secs=10, purge_step=self._resume_step + 1,
+          filename_suffix=f'.{os.getpid()}.from{self._resume_step}')
+    for tag, value in self._scalars(row, prefix).items():
+      self._tb.add_scalar(tag, value, global_step=row['step'])
+
+  def _log_wandb(self, row, prefix):
+    if self._wandb_args is None:
+      return
+    if self._wandb is None:
+      try:
+        import wandb  # pylint: disable=import-outside-toplevel
+      except ImportError:
+        raise ValueError('metrics.wandb=True needs the wandb package: pip install wandb') from None
+      run_id = hashlib.sha256(os.path.abspath(self.workdir).encode()).hexdigest()[:16]
+      self._wandb = wandb.init(project=self._wandb_args['project'], dir=self.workdir, id=run_id,
+                               resume='allow', config=self._wandb_args.get('config'))
+    self._wandb.log(self._scalars(row, prefix), step=row['step'])
+
+  def _print(self, line):
+    if self._bar is not None:
+      self._bar.write(line, file=sys.stderr)
+    else:
+      print(line, flush=True)
+
+  def _advance_bar(self, row):
+    if not self._progress:
+      return
+    unit = self._progress.get('unit', 'samples')
+    if self._bar is None:
+      self._bar = tqdm.tqdm(total=self._progress['total'] or None, unit=unit, dynamic_ncols=True,
+                            initial=row[unit], file=sys.stderr, smoothing=0.1)
+    self._bar.set_postfix(step=row['step'], reward=f"{row['reward_mean']:.3f}",
+                          samples_per_s=f"{row['samples_per_s']:.0f}", refresh=False)
+    self._bar.update(row[unit] - self._bar.n)
+
+  # ---------------------------------------------------------------- rows
+
   def train(self, row, console=True):
     self._append(self.path, row)
-    if console and self.enabled:
-      print(f"step {row['step']} | samples {row['samples']} | reward {row['reward_mean']:.3f} | "
-            f"lr {row['lr']:.2e} | grad norm {row['grad_norm']:.3f} | "
-            f"{row['samples_per_s']:.0f} samples/s", flush=True)
+    if not self.enabled:
+      return
+    self._log_tensorboard(row, 'train')
+    self._log_wandb(row, 'train')
+    self._advance_bar(row)
+    if console:
+      self._print(f"step {row['step']} | samples {row['samples']} | reward {row['reward_mean']:.3f}"
+                  f" | lr {row['lr']:.2e} | grad norm {row['grad_norm']:.3f} | "
+                  f"{row['samples_per_s']:.0f} samples/s")
 
   def eval(self, step, samples, accuracy, correct_N, wallclock_s):
-    self._append(self.path, dict(step=step, samples=samples, eval=True, eval_accuracy=accuracy,
-                                 wallclock_s=wallclock_s))
+    row = dict(step=step, samples=samples, eval=True, eval_accuracy=accuracy,
+               wallclock_s=wallclock_s)
+    self._append(self.path, row)
     self._append(self.eval_path, dict(step=step, samples=samples,
                                       correct=''.join('1' if c else '0' for c in correct_N)))
     if self.enabled:
-      print(f'step {step} | samples {samples} | eval accuracy {accuracy:.3f}', flush=True)
+      self._log_tensorboard(row, 'eval')
+      self._log_wandb(row, 'eval')
+      self._print(f'step {step} | samples {samples} | eval accuracy {accuracy:.3f}')
+
+  def close(self):
+    """Flushes and closes the sinks (the jsonl files are complete after every row)."""
+    if self._tb is not None:
+      self._tb.close()
+    if self._bar is not None:
+      self._bar.close()
+    if self._wandb is not None:
+      self._wandb.finish()
+    self._tb = self._bar = self._wandb = None
+
+
+def writer_from_config(config, workdir, enabled):
+  """The writer a training config asks for (config.metrics; defaults where a config has none)."""
+  mcfg = config.get('metrics', {})
+  budget = config.train.max_samples or config.train.max_steps
+  unit = 'samples' if config.train.max_samples else 'step'
+  wandb = dict(project=mcfg.get('wandb_project', 'rljax'), config=config.to_dict()) \
+      if mcfg.get('wandb', False) else None
+  return MetricsWriter(
+      workdir, enabled=enabled, tensorboard=mcfg.get('tensorboard', True),
+      progress=dict(total=budget, unit=unit) if mcfg.get('progress', True) else None, wandb=wandb)

@@ -6,7 +6,9 @@ and a count, so one odd sample never stops a training run.
 """
 
 import decimal
+import functools
 import re
+import threading
 
 import numpy as np
 
@@ -29,7 +31,36 @@ def exact_numeric(response: str, answer: str) -> float:
   return float(response_value == answer_value)
 
 
-REWARDS = {'exact_numeric': exact_numeric}
+@functools.lru_cache(maxsize=65536)
+def _parse_gold(answer: str):
+  """A reference answer is bare LaTeX ('\\frac{1}{2}', '1,469'): boxing it tells math-verify so."""
+  import math_verify  # pylint: disable=import-outside-toplevel  (slow import; math tasks only)
+  return math_verify.parse(f'\\boxed{{{answer}}}', parsing_timeout=_timeout())
+
+
+def _timeout():
+  """math-verify times out with SIGALRM, which only the main thread may use."""
+  return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def math_equivalent(response: str, answer: str) -> float:
+  """1.0 when the response's final answer equals the reference mathematically (math-verify: sympy
+  equivalence, so '0.5' == '\\frac{1}{2}', '(x+1)^2' == 'x^2+2x+1', '1,469' == '1469').
+
+  The final answer is the line after the last '####' (GSM8K style) if there is one, else what
+  math-verify extracts from the whole response (the last \\boxed{}, else the last expression).
+  """
+  import math_verify  # pylint: disable=import-outside-toplevel
+  gold = _parse_gold(answer.strip())
+  if not gold:
+    raise ValueError(f'reference answer {answer!r} does not parse')
+  if '####' in response:   # GSM8K style: the answer is the line after the last marker
+    response = (response.rsplit('####', 1)[1].strip().splitlines() or [''])[0]
+  predicted = math_verify.parse(response, parsing_timeout=_timeout())
+  return float(bool(predicted) and math_verify.verify(gold, predicted, timeout_seconds=_timeout()))
+
+
+REWARDS = {'exact_numeric': exact_numeric, 'math': math_equivalent}
 
 
 def get_reward_fn(name: str):

@@ -18,6 +18,7 @@ from rljax import config_checks
 from rljax import data
 from rljax import evaluation
 from rljax import grpo
+from rljax import hf
 from rljax import metrics as metrics_lib
 from rljax import model as model_lib
 from rljax import ppo
@@ -25,18 +26,9 @@ from rljax import preemption
 from rljax import rewards
 from rljax import sampler as sampler_lib
 from rljax import sharding
-from rljax import tokenizer as tokenizer_lib
+from rljax import tasks
 from rljax import warmstart
 from rljax import workdir as workdir_lib
-
-
-def task_lengths(data_cfg):
-  """(prompt tokens, max response tokens incl. the end token) of the arithmetic task."""
-  prompt_len = 2 * data_cfg.digits + 2
-  answer_len = 2 * data_cfg.digits if '*' in data_cfg.ops else data_cfg.digits + 1
-  answer_len += '-' in data_cfg.ops
-  return prompt_len, answer_len + 1
-
 
 
 def train(config, workdir, stop=None):
@@ -50,22 +42,19 @@ def train(config, workdir, stop=None):
   is_logger = jax.process_index() == 0
 
   # ------------------------------------------------------------------ task, model, evaluation
-  tokenizer = tokenizer_lib.ArithmeticTokenizer()
   dcfg = config.data
-  data_dir = dcfg.dir or os.path.expanduser('~/.cache/rljax/datasets')
-  knobs = dict(digits=dcfg.digits, ops=dcfg.ops, zero_pad=dcfg.zero_pad, num_train=dcfg.num_train,
-               num_test=dcfg.num_test, seed=dcfg.seed)
-  prompt_len, max_new_tokens = task_lengths(dcfg)
-  max_new_tokens = config.rollout.max_new_tokens or max_new_tokens
-  model_cfg = model_lib.ModelConfig.from_config(config.model)
-  config_checks.check_lengths(prompt_len, max_new_tokens, model_cfg, tokenizer.vocab_size)
+  model_cfg = hf.policy_config(config)
   meta = workdir_lib.prepare(workdir, config)   # None: a fresh run
   try:
-    train_source = data.load_split(data_dir, split='train', **knobs)
-    test_source = data.load_split(data_dir, split='test', **knobs)
+    task = tasks.make_task(config)   # tokenizer, splits, lengths, verifier of config.data.name
   except OSError as error:
-    raise ValueError(f'cannot build or read the dataset in {data_dir}: {error}') from None
-  reward_fn = rewards.get_reward_fn(config.reward)
+    raise ValueError(f'cannot build or read the dataset: {error}') from None
+  tokenizer, train_source, test_source = task.tokenizer, task.train_source, task.test_source
+  prompt_len = task.prompt_len
+  max_new_tokens = config.rollout.max_new_tokens or task.max_new_tokens
+  config_checks.check_lengths(prompt_len, max_new_tokens, model_cfg, tokenizer.vocab_size)
+  reward_fn = task.reward_fn
+  hf_path = config.init.hf_path if 'init' in config else ''
 
   model = model_lib.Transformer(model_cfg)
   eval_prompts, eval_answers = data.eval_set(test_source, config.train.eval_size)
@@ -73,9 +62,14 @@ def train(config, workdir, stop=None):
                                        prompt_len, max_new_tokens, mesh)
   rng = jax.random.PRNGKey(config.seed)
   init_rng, rollout_rng = jax.random.split(rng)
-  params, _ = sharding.init_params(functools.partial(model_lib.init_params, model_cfg), init_rng,
-                                   mesh)
-  if config.warmstart.enabled and meta is None:   # on resume the checkpoint holds the policy
+  init_fn = functools.partial(model_lib.init_params, model_cfg)
+  if hf_path:   # a pretrained policy, each tensor read straight onto its shards; no warm start
+    shardings = sharding.param_shardings(jax.eval_shape(init_fn, init_rng), mesh)
+    params = hf.load_params(hf_path, model_cfg, shardings)
+    logging.info('initialised from the Hugging Face checkpoint %s', hf_path)
+  else:
+    params, _ = sharding.init_params(init_fn, init_rng, mesh)
+  if config.warmstart.enabled and not hf_path and meta is None:   # on resume: the checkpoint
     params, _ = warmstart.warm_start(config, model, params, tokenizer, train_source, evaluate,
                                      config.warmstart.dir or workdir, prompt_len,
                                      prompt_len + max_new_tokens, mesh)
@@ -102,7 +96,7 @@ def train(config, workdir, stop=None):
           flush=True)
 
   # ------------------------------------------------------------------ resume
-  writer = metrics_lib.MetricsWriter(workdir, enabled=is_logger)
+  writer = metrics_lib.writer_from_config(config, workdir, is_logger)
   ckpt = checkpoint.Checkpointer(workdir, config.train.checkpoint_every,
                                  config.train.keep_checkpoints)
   state = algo.state
@@ -224,6 +218,7 @@ def train(config, workdir, stop=None):
       ckpt.close()
       raise preemption.Preempted(step)
   ckpt.close()
+  writer.close()
   return last_eval
 
 

@@ -1,9 +1,94 @@
-"""rljax.metrics: a torn last line (a writer killed mid-line) is dropped; resume truncation."""
+"""rljax.metrics: metrics.jsonl, TensorBoard events read back with TensorBoard's own reader, resume
+purging, the progress bar and the optional W&B sink."""
 import json
+import os
 
 import pytest
+from tensorboard.backend.event_processing import event_accumulator
 
 from rljax import metrics
+
+
+def train_row(step, reward):
+  return dict(step=step, samples=16 * step, tokens=50 * step, reward_mean=reward, lr=1e-4,
+              grad_norm=0.5 + step, samples_per_s=100.0, step_time_s=0.2, note='text is skipped')
+
+
+def read_tensorboard(directory):
+  accumulator = event_accumulator.EventAccumulator(directory)
+  accumulator.Reload()
+  return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
+          for tag in accumulator.Tags()['scalars']}
+
+
+def test_tensorboard_events_match_metrics_jsonl(tmp_path):
+  writer = metrics.MetricsWriter(str(tmp_path), tensorboard=True)
+  for step in (1, 2, 3):
+    writer.train(train_row(step, 0.1 * step), console=False)
+  writer.eval(3, 48, 0.75, [True, False], 1.5)
+  writer.close()
+  rows = metrics.read_jsonl(str(tmp_path / 'metrics.jsonl'))
+  scalars = read_tensorboard(str(tmp_path / 'tensorboard'))
+  assert [v for _, v in scalars['train/reward_mean']] == pytest.approx(
+      [r['reward_mean'] for r in rows if 'reward_mean' in r])
+  assert [s for s, _ in scalars['train/grad_norm']] == [1, 2, 3]
+  assert scalars['eval/eval_accuracy'] == [(3, 0.75)]
+  assert 'train/note' not in scalars and 'train/step' not in scalars
+
+
+def test_resume_purges_events_after_the_checkpoint(tmp_path):
+  writer = metrics.MetricsWriter(str(tmp_path), tensorboard=True)
+  for step in (1, 2, 3, 4):
+    writer.train(train_row(step, 0.1), console=False)
+  writer.close()
+  resumed = metrics.MetricsWriter(str(tmp_path), tensorboard=True)
+  resumed.truncate_after(2)
+  resumed.train(train_row(3, 0.9), console=False)
+  resumed.close()
+  assert [r['step'] for r in metrics.read_jsonl(str(tmp_path / 'metrics.jsonl'))] == [1, 2, 3]
+  rewards = read_tensorboard(str(tmp_path / 'tensorboard'))['train/reward_mean']
+  assert rewards == [(1, pytest.approx(0.1)), (2, pytest.approx(0.1)), (3, pytest.approx(0.9))]
+
+
+def test_progress_bar_shows_steps_reward_throughput_and_eta(tmp_path, capsys):
+  writer = metrics.MetricsWriter(str(tmp_path), progress=dict(total=64, unit='samples'))
+  writer.train(train_row(1, 0.25), console=False)
+  writer.train(train_row(2, 0.5), console=True)
+  writer.close()
+  err = capsys.readouterr().err
+  assert '32/64' in err and 'step=2' in err and 'reward=0.500' in err and 'samples_per_s=100' in err
+  assert '<' in err   # tqdm's elapsed<remaining (ETA)
+  assert 'step 2 | samples 32 | reward 0.500' in err   # console lines go around the bar
+
+
+def test_console_lines_without_a_bar(tmp_path, capsys):
+  writer = metrics.MetricsWriter(str(tmp_path))
+  writer.train(train_row(1, 0.25))
+  assert 'step 1 | samples 16 | reward 0.250' in capsys.readouterr().out
+  assert not os.path.exists(tmp_path / 'tensorboard')
+
+
+def test_disabled_writer_writes_nothing(tmp_path):
+  writer = metrics.MetricsWriter(str(tmp_path), enabled=False, tensorboard=True)
+  writer.train(train_row(1, 0.25))
+  writer.close()
+  assert os.listdir(tmp_path) == []
+
+
+def test_wandb_without_the_package_is_one_clear_error(tmp_path):
+  try:
+    import wandb  # pylint: disable=import-outside-toplevel,unused-import
+    pytest.skip('wandb is installed')
+  except ImportError:
+    pass
+  writer = metrics.MetricsWriter(str(tmp_path), wandb=dict(project='p'))
+  with pytest.raises(ValueError, match='pip install wandb'):
+    writer.train(train_row(1, 0.25), console=False)
+  row = json.loads((tmp_path / 'metrics.jsonl').read_text())
+  assert row['step'] == 1   # the contract file is written before any optional sink
+
+
+# ----- crash safety of metrics.jsonl -----
 
 
 def _write(path, text):

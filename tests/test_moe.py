@@ -59,16 +59,31 @@ def np_moe(x_TxD, router, w_gate, w_up, w_down, k):
 # ------------------------------------------------------------------ route
 
 
+def route_with_loss(logits, k):
+  """moe.route plus the load-balancing loss of its load statistics."""
+  weights, experts, load_stats = moe.route(jnp.asarray(logits), k)
+  return weights, experts, moe.load_balance_loss(load_stats, k)
+
+
 @pytest.mark.parametrize('k', [1, 2, 3])
 def test_route_matches_numpy(k):
   rng = np.random.default_rng(k)
   logits = rng.normal(size=(23, 5)).astype(np.float32) * 2.0
-  weights, experts, aux = moe.route(jnp.asarray(logits), k)
+  weights, experts, aux = route_with_loss(logits, k)
   ref_w, ref_e, ref_aux = np_route(logits, k)
   np.testing.assert_array_equal(np.asarray(experts), ref_e)
   np.testing.assert_allclose(np.asarray(weights), ref_w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, rtol=1e-6)
   np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
+
+
+def test_load_stats_add_over_shards():
+  """Load statistics are sums over tokens: two halves' stats added give the whole batch's loss."""
+  logits = np.random.default_rng(5).normal(size=(20, 4)).astype(np.float32) * 2.0
+  _, _, ref_aux = np_route(logits, 2)
+  halves = [moe.route(jnp.asarray(part), 2)[2] for part in (logits[:7], logits[7:])]
+  summed = jax.tree.map(lambda a, b: a + b, *halves)
+  np.testing.assert_allclose(float(moe.load_balance_loss(summed, 2)), ref_aux, rtol=1e-5)
 
 
 @pytest.mark.parametrize('k', [1, 2])
@@ -77,7 +92,7 @@ def test_route_balanced_loss_is_one(k):
   # and has the same mean probability, i.e. perfect balance.
   base = np.array([3.0, 1.5, 0.0, -1.0], np.float32)
   logits = np.stack([np.roll(base, s) for s in range(4)] * 3)
-  _, experts, aux = moe.route(jnp.asarray(logits), k)
+  _, experts, aux = route_with_loss(logits, k)
   counts = np.bincount(np.asarray(experts).reshape(-1), minlength=4)
   assert np.all(counts == counts[0])
   np.testing.assert_allclose(float(aux), 1.0, rtol=1e-6)
@@ -87,7 +102,7 @@ def test_route_imbalanced_loss_above_one():
   # Expert 0 wins every token: f = (1, 0, 0, 0), p_0 > 1/4, so the loss is E * p_0 > 1.
   logits = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
   logits[:, 0] += 10.0
-  _, _, aux = moe.route(jnp.asarray(logits), 1)
+  _, _, aux = route_with_loss(logits, 1)
   _, _, ref_aux = np_route(logits, 1)
   assert ref_aux > 3.9
   np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
@@ -122,7 +137,7 @@ def test_moe_layer_matches_naive_loop(impl, k, skew):
   if skew:
     x = np.abs(x)
   layer = moe.MoE(moe_cfg(impl, k))
-  init = nn.unbox(layer.init(jax.random.PRNGKey(0), jnp.asarray(x))['params'])
+  init = nn.unbox(jax.eval_shape(layer.init, jax.random.PRNGKey(0), jnp.asarray(x))['params'])
   params = random_moe_params(rng, skew)
   assert set(init) == set(params)
   for name in params:
@@ -144,7 +159,7 @@ def test_moe_layer_matches_naive_loop(impl, k, skew):
 def test_ragged_dense_equal_with_empty_experts():
   """All tokens to one expert (k=1): the other experts' groups are empty; nothing is dropped."""
   rng = np.random.default_rng(7)
-  x = np.abs(rng.normal(size=(2, 9, D))).astype(np.float32)
+  x = np.abs(rng.normal(size=(3, 11, D))).astype(np.float32)
   params = random_moe_params(rng, skew=False)
   params['router'][:, 1] += 5.0
   variables = {'params': jax.tree.map(jnp.asarray, params)}

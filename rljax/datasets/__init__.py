@@ -3,3 +3,5 @@
 from rljax.datasets.arithmetic import Arithmetic
 from rljax.datasets.arithmetic import ArithmeticConfig
 from rljax.datasets.arithmetic import make_config
+from rljax.datasets.math_jsonl import MathJsonl
+from rljax.datasets.math_jsonl import MathJsonlConfig

@@ -1,0 +1,62 @@
+"""Exports the policy of a training run as a Hugging Face checkpoint (loadable by transformers).
+
+  python -m rljax.hf_export --workdir=RUN --base=HF_DIR --out=OUT [--dtype=bfloat16] [--step=N]
+
+RUN is a workdir of `rljax.main` that started from --config.init.hf_path=HF_DIR; the export takes
+the architecture's config.json and the tokenizer from HF_DIR and the weights from RUN's latest
+(or --step) checkpoint.
+"""
+import os
+import sys
+
+from absl import app
+from absl import flags
+import orbax.checkpoint as ocp
+
+from rljax import hf
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Training run directory (holds checkpoints/).')
+_BASE = flags.DEFINE_string('base', None, 'The HF directory the run started from.')
+_OUT = flags.DEFINE_string('out', None, 'Where to write the HF checkpoint.')
+_DTYPE = flags.DEFINE_string('dtype', None, 'Cast weights on export, e.g. bfloat16.')
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+
+
+def run_params(workdir, step=None):
+  """The policy params saved in WORKDIR/checkpoints (latest step by default), and the step."""
+  directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+  if not os.path.isdir(directory):
+    raise ValueError(f'{workdir} has no checkpoints/ directory')
+  manager = ocp.CheckpointManager(directory, item_names=('state', 'meta'))
+  step = manager.latest_step() if step is None else step
+  if step is None or step not in manager.all_steps():
+    raise ValueError(f'no checkpoint {"at step " + str(step) if step else ""} in {directory}; '
+                     f'steps: {list(manager.all_steps())}')
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  manager.close()
+  return restored.state['params'], step
+
+
+def export(workdir, base, out, dtype=None, step=None):
+  """Writes RUN's params with BASE's config.json and tokenizer into OUT; returns the step."""
+  config = hf.read_config(base)
+  cfg = hf.model_config(config)
+  params, step = run_params(workdir, step)
+  hf.save_params(params, cfg, out, config=config, dtype=dtype, tokenizer_dir=base)
+  return step
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  try:
+    step = export(_WORKDIR.value, _BASE.value, _OUT.value, _DTYPE.value, _STEP.value)
+  except ValueError as error:
+    print(f'rljax.hf_export: error: {error}', file=sys.stderr)
+    sys.exit(2)
+  print(f'exported step {step} of {_WORKDIR.value} to {_OUT.value}')
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['workdir', 'base', 'out'])
+  app.run(main)

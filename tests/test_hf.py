@@ -1,0 +1,291 @@
+"""rljax.hf / rljax.hf_tokenizer against transformers' own outputs.
+
+tests/testdata/tiny_qwen3{,_moe}/ are real transformers checkpoints (random weights, built by
+tests/testdata/make_tiny_hf.py) with logits, greedy generations and chat-template ids recorded
+from transformers. These tests need neither torch nor transformers; the one that reloads an
+export in transformers is skipped when they are not installed.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from rljax import hf
+from rljax import hf_tokenizer
+from rljax import model as model_lib
+from rljax import sampler as sampler_lib
+
+TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata')
+MODELS = ('tiny_qwen3', 'tiny_qwen3_moe')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def model_dir(name):
+  return os.path.join(TESTDATA, name)
+
+
+def load(name, moe_impl='dense'):
+  cfg = hf.model_config(hf.read_config(model_dir(name)), moe_impl=moe_impl)
+  return cfg, hf.load_params(model_dir(name), cfg)
+
+
+def reference(name):
+  return dict(np.load(os.path.join(model_dir(name), 'reference.npz')))
+
+
+def rljax_logits(cfg, params, ref):
+  logits, _, _ = model_lib.Transformer(cfg).apply(
+      {'params': params}, ref['tokens_BxT'], ref['mask_BxT'])
+  return np.asarray(logits)
+
+
+def safetensors_dict(directory):
+  out = {}
+  for file in sorted(os.listdir(directory)):
+    if file.endswith('.safetensors'):
+      with safe_open(os.path.join(directory, file), framework='numpy') as f:
+        out.update({name: f.get_tensor(name) for name in f.keys()})
+  return out
+
+
+# ------------------------------------------------------------------ config.json
+
+
+def test_model_config_reads_both_architectures():
+  dense = hf.model_config(hf.read_config(model_dir('tiny_qwen3')))
+  assert (dense.num_experts, dense.tie_embeddings, dense.head_dim, dense.rope_theta,
+          dense.norm_eps) == (0, True, 16, 500.0, 1e-6)
+  moe = hf.model_config(hf.read_config(model_dir('tiny_qwen3_moe')), moe_impl='ragged')
+  assert (moe.num_experts, moe.experts_per_token, moe.expert_hidden, moe.tie_embeddings,
+          moe.head_dim, moe.norm_eps, moe.moe_impl) == (8, 2, 16, False, 8, 1e-5, 'ragged')
+
+
+def test_model_config_reads_transformers4_fields():
+  """Hub checkpoints written by transformers 4 use rope_theta and num_experts."""
+  config = hf.read_config(model_dir('tiny_qwen3_moe'))
+  config.pop('rope_parameters')
+  config['num_experts'] = config.pop('num_local_experts')
+  config.update(rope_theta=1e6, rope_scaling=None)
+  cfg = hf.model_config(config)
+  assert (cfg.rope_theta, cfg.num_experts) == (1e6, 8)
+
+
+@pytest.mark.parametrize('change, message', [
+    (dict(decoder_sparse_step=2), 'mixed dense/MoE'),
+    (dict(mlp_only_layers=[0]), 'mixed dense/MoE'),
+    (dict(norm_topk_prob=False), 'norm_topk_prob'),
+    (dict(rope_parameters={'rope_type': 'yarn', 'rope_theta': 1e6, 'factor': 4.0}), 'yarn'),
+    (dict(use_sliding_window=True), 'sliding'),
+    (dict(attention_bias=True), 'attention_bias'),
+    (dict(model_type='llama'), 'llama'),
+])
+def test_model_config_rejects_what_rljax_cannot_compute(change, message):
+  config = hf.read_config(model_dir('tiny_qwen3_moe'))
+  config.update(change)
+  with pytest.raises(ValueError, match=message):
+    hf.model_config(config)
+
+
+def test_hf_config_round_trips_the_architecture():
+  for name in MODELS:
+    cfg = hf.model_config(hf.read_config(model_dir(name)))
+    assert hf.model_config(hf.hf_config(cfg)) == cfg
+
+
+# ------------------------------------------------------------------ parity with transformers
+
+
+@pytest.mark.parametrize('name, moe_impl', [('tiny_qwen3', 'dense'), ('tiny_qwen3_moe', 'dense'),
+                                            ('tiny_qwen3_moe', 'ragged')])
+def test_logits_match_transformers(name, moe_impl):
+  cfg, params = load(name, moe_impl)
+  ref = reference(name)
+  mask = ref['mask_BxT']
+  assert mask[1, 0] == 0, 'the reference batch must include left padding'
+  got = rljax_logits(cfg, params, ref)
+  scale = np.abs(ref['logits_BxTxV'][mask]).max()
+  assert scale > 3, 'logits must be O(1) for a meaningful 1e-4 check'
+  np.testing.assert_allclose(got[mask], ref['logits_BxTxV'][mask], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_greedy_generation_matches_transformers(name):
+  cfg, params = load(name)
+  ref = reference(name)
+  tokenizer = hf_tokenizer.HFTokenizer(model_dir(name))
+  expected = ref['greedy_BxN']
+  assert tokenizer.eos_id not in expected   # so all N tokens are compared
+  model = model_lib.Transformer(cfg)
+  sample = sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+      max_new_tokens=expected.shape[1], eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+      greedy=True))
+  rollout = sample(params, ref['tokens_BxT'], ref['mask_BxT'], jax.random.PRNGKey(0))
+  np.testing.assert_array_equal(np.asarray(rollout.tokens_BxL), expected)
+
+
+# ------------------------------------------------------------------ tokenizer
+
+
+def test_chat_prompt_tokens_match_transformers_apply_chat_template():
+  with open(os.path.join(TESTDATA, 'gsm8k_sample.jsonl')) as f:
+    question = json.loads(f.readline())['question']
+  tokenizer = hf_tokenizer.HFTokenizer(model_dir('tiny_qwen3'))
+  prompt = tokenizer.chat_prompt(question)
+  assert prompt.startswith('<|im_start|>user\n') and prompt.endswith('<|im_start|>assistant\n')
+  assert tokenizer.encode(prompt) == reference('tiny_qwen3')['chat_ids'].tolist()
+
+
+def test_tokenizer_round_trip_and_stop():
+  tokenizer = hf_tokenizer.HFTokenizer(model_dir('tiny_qwen3'))
+  text = 'Ava has 12 + 30 = 42 apples.\n#### 42'
+  ids = tokenizer.encode(text)
+  assert tokenizer.decode(ids) == text
+  assert tokenizer.decode(ids + [tokenizer.eos_id] + tokenizer.encode('junk')) == text
+  assert tokenizer.decode([tokenizer.pad_id] + ids + [tokenizer.pad_id]) == text
+  assert tokenizer.vocab_size == 512 and tokenizer.pad_id != tokenizer.eos_id
+
+
+def test_tokenizer_bad_dir(tmp_path):
+  with pytest.raises(ValueError, match='tokenizer.json'):
+    hf_tokenizer.HFTokenizer(str(tmp_path))
+
+
+# ------------------------------------------------------------------ export
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_export_reproduces_the_checkpoint_exactly(name, tmp_path):
+  """import -> export gives back the very same tensors (names, shapes, bits), sharded on request,
+  and the export imports again to the same params."""
+  cfg, params = load(name)
+  out = str(tmp_path / 'export')
+  hf.save_params(params, cfg, out, config=hf.read_config(model_dir(name)),
+                 max_shard_bytes=60_000, tokenizer_dir=model_dir(name))
+  assert os.path.exists(os.path.join(out, 'model.safetensors.index.json'))
+  original, exported = safetensors_dict(model_dir(name)), safetensors_dict(out)
+  assert sorted(original) == sorted(exported)
+  for key, value in original.items():
+    assert exported[key].dtype == value.dtype and exported[key].shape == value.shape, key
+    np.testing.assert_array_equal(exported[key], value, err_msg=key)
+  _, reloaded = load_from(out)
+  jax.tree.map(np.testing.assert_array_equal, reloaded, params)
+  assert hf_tokenizer.HFTokenizer(out).encode('12 + 30') == hf_tokenizer.HFTokenizer(
+      model_dir(name)).encode('12 + 30')
+
+
+def load_from(directory):
+  cfg = hf.model_config(hf.read_config(directory))
+  return cfg, hf.load_params(directory, cfg)
+
+
+def test_export_casts_to_bfloat16(tmp_path):
+  cfg, params = load('tiny_qwen3')
+  hf.save_params(params, cfg, str(tmp_path), dtype='bfloat16')
+  with open(tmp_path / 'config.json') as f:
+    assert json.load(f)['dtype'] == 'bfloat16'
+  exported = safetensors_dict(str(tmp_path))
+  embed = exported['model.embed_tokens.weight']
+  assert embed.dtype == np.dtype(jax.numpy.bfloat16)
+  np.testing.assert_allclose(embed.astype(np.float32), np.asarray(params['embed']['embedding']),
+                             rtol=1e-2)
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_export_reloads_in_transformers_with_the_same_logits(name, tmp_path):
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  cfg, params = load(name)
+  # Perturb the weights so a silently ignored file (transformers' random init) would show.
+  params = jax.tree.map(lambda x: x * 1.01, params)
+  hf.save_params(params, cfg, str(tmp_path), tokenizer_dir=model_dir(name))
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+  ref = reference(name)
+  mask = ref['mask_BxT']
+  with torch.no_grad():
+    logits = model(input_ids=torch.tensor(ref['tokens_BxT'], dtype=torch.long),
+                   attention_mask=torch.tensor(mask, dtype=torch.long),
+                   position_ids=torch.tensor(ref['positions_BxT'], dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(logits[mask], rljax_logits(cfg, params, ref)[mask], atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------ bad checkpoints
+
+
+def test_missing_tensor_is_named(tmp_path):
+  cfg, params = load('tiny_qwen3')
+  hf.save_params(params, cfg, str(tmp_path))
+  tensors = safetensors_dict(str(tmp_path))
+  del tensors['model.layers.1.self_attn.k_norm.weight']
+  import safetensors.numpy  # pylint: disable=import-outside-toplevel
+  safetensors.numpy.save_file(tensors, str(tmp_path / 'model.safetensors'))
+  with pytest.raises(ValueError, match='model.layers.1.self_attn.k_norm.weight'):
+    hf.load_params(str(tmp_path), cfg)
+
+
+def test_config_that_does_not_fit_the_tensors(tmp_path):
+  cfg, params = load('tiny_qwen3')
+  hf.save_params(params, cfg, str(tmp_path))
+  wrong = hf.model_config(dict(hf.read_config(str(tmp_path)), head_dim=8))
+  with pytest.raises(ValueError, match=r'model.layers.0.self_attn.\w+.weight has shape'):
+    hf.load_params(str(tmp_path), wrong)
+
+
+def test_not_a_model_dir(tmp_path):
+  with pytest.raises(ValueError, match='no config.json'):
+    hf.read_config(str(tmp_path))
+  (tmp_path / 'config.json').write_text('{}')
+  cfg = hf.model_config(hf.read_config(model_dir('tiny_qwen3')))
+  with pytest.raises(ValueError, match='neither model.safetensors'):
+    hf.load_params(str(tmp_path), cfg)
+
+
+# ------------------------------------------------------------------ placement on a mesh
+
+SHARDED_SCRIPT = r'''
+import sys
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from rljax import hf
+assert jax.device_count() == 8
+name = sys.argv[1]
+cfg = hf.model_config(hf.read_config(name))
+full = hf.load_params(name, cfg)   # one device
+mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ('data', 'model'))
+
+def spec(shape):
+  """'model' on the last axis it divides, 'data' on the last other one it divides: shards cut
+  through heads, head_dim, experts and layers alike."""
+  axes = [None] * len(shape)
+  for mesh_axis, n in (('model', 4), ('data', 2)):
+    for i in reversed(range(len(shape))):
+      if axes[i] is None and shape[i] % n == 0:
+        axes[i] = mesh_axis
+        break
+  return P(*axes)
+
+shardings = jax.tree.map(lambda x: NamedSharding(mesh, spec(x.shape)), full)
+sharded = hf.load_params(name, cfg, shardings)
+cut = 0
+for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(sharded)[0], jax.tree.leaves(full)):
+  assert a.sharding == jax.tree.leaves(shardings)[0].__class__(mesh, a.sharding.spec)
+  for shard in a.addressable_shards:
+    np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(b)[shard.index],
+                                  err_msg=jax.tree_util.keystr(path))
+    cut += shard.data.size < b.size
+print('OK', cut)
+'''
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_load_places_each_shard_from_its_own_slice(name):
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  result = subprocess.run([sys.executable, '-c', SHARDED_SCRIPT, model_dir(name)], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert int(result.stdout.split('OK')[-1]) > 50   # most shards are strict slices

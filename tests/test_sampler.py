@@ -1,0 +1,325 @@
+"""rljax.sampler: log-probs equal the trainer's, greedy == step-by-step argmax of the full forward,
+stop tokens and early exit, top-k / top-p filters vs numpy, sampling frequencies, one compile.
+
+Compiles dominate the run time on CPU, so a few samplers are built once per module and shared."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax import model as model_lib
+from rljax import policy_loss
+from rljax import sampler as sampler_lib
+
+V, EOS, PAD = 16, 1, 0
+PROMPT_LEN, MAX_NEW = 6, 6
+LENGTHS = [6, 3, 1, 5, 2, 6, 4, 1]   # real prompt tokens per row (left padded to PROMPT_LEN)
+CFG = model_lib.ModelConfig(vocab_size=V, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                            head_dim=8, num_experts=4, experts_per_token=2, expert_hidden=24,
+                            moe_impl='dense')
+MODEL = model_lib.Transformer(CFG)
+
+
+def random_params(seed):
+  """Parameters at O(1)-logit scale (the 0.02 init gives near-uniform next-token distributions)."""
+  shapes = nn.unbox(jax.eval_shape(lambda: model_lib.init_params(CFG, jax.random.PRNGKey(0))))
+  rng = np.random.default_rng(seed)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  values = []
+  for path, leaf in leaves:
+    name = jax.tree_util.keystr(path)
+    scale = 1.0 if 'router' in name else 0.3
+    value = 1.0 + 0.2 * rng.normal(size=leaf.shape) if 'scale' in name else (
+        scale * rng.normal(size=leaf.shape))
+    values.append(jnp.asarray(value, jnp.float32))
+  return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def prompts(seed, lengths=LENGTHS):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(2, V, size=(len(lengths), PROMPT_LEN)).astype(np.int32)
+  valid = np.zeros(tokens.shape, bool)
+  for b, n in enumerate(lengths):
+    valid[b, PROMPT_LEN - n:] = True
+  tokens[~valid] = PAD
+  return jnp.asarray(tokens), jnp.asarray(valid)
+
+
+def np_log_softmax(x):
+  x = np.asarray(x, np.float64)
+  x = x - x.max(axis=-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+@functools.lru_cache(maxsize=None)
+def full_forward():
+  return jax.jit(MODEL.apply)
+
+
+@functools.lru_cache(maxsize=None)
+def trainer_logprobs():
+  """policy_loss.response_logprobs, jitted once (the temperature is traced)."""
+  return jax.jit(functools.partial(policy_loss.response_logprobs, MODEL))
+
+
+def full_logits(params, prompt, valid, response):
+  """Full-sequence forward logits predicting each response position: [B, L, V] (numpy)."""
+  tokens = jnp.concatenate([prompt, jnp.asarray(response, jnp.int32)], axis=1)
+  kv_valid = jnp.concatenate([valid, jnp.ones(np.shape(response), bool)], axis=1)
+  logits = np.asarray(full_forward()({'params': params}, tokens, kv_valid)[0])
+  return logits[:, PROMPT_LEN - 1:PROMPT_LEN - 1 + np.shape(response)[1]]
+
+
+# ------------------------------------------------------------------ shared, instrumented samplers
+
+BODY_RUNS = [0]        # executed while-loop bodies (a debug callback per sample_token call)
+TRACES = {}            # sample_token traces per sampling config
+
+
+@pytest.fixture(scope='module')
+def samplers():
+  """Samplers whose `sample_token` counts its traces and its executions (one per loop iteration)."""
+  original = sampler_lib.sample_token
+
+  def counted(logits_BxV, key, cfg):
+    TRACES[cfg] = TRACES.get(cfg, 0) + 1
+    jax.debug.callback(lambda: BODY_RUNS.__setitem__(0, BODY_RUNS[0] + 1))
+    return original(logits_BxV, key, cfg)
+
+  configs = dict(
+      t1=sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD, temperature=1.0),
+      t07=sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD, temperature=0.7),
+      greedy=sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD, greedy=True),
+      top1=sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD, temperature=1.0, top_k=1))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sampler_lib, 'sample_token', counted)
+    yield {name: (sampler_lib.make_sampler(MODEL, cfg), cfg) for name, cfg in configs.items()}
+
+
+def run(sampler, params, prompt, valid, seed):
+  out = sampler(params, prompt, valid, jax.random.PRNGKey(seed))
+  jax.block_until_ready(out)
+  jax.effects_barrier()
+  return jax.tree.map(np.asarray, out)
+
+
+def check_stop_structure(rollout):
+  """PAD and mask False after the first EOS; lengths = index of EOS + 1, else MAX_NEW."""
+  for b in range(rollout.tokens_BxL.shape[0]):
+    row, mask = rollout.tokens_BxL[b], rollout.mask_BxL[b]
+    eos = np.flatnonzero(row == EOS)
+    n = eos[0] + 1 if len(eos) else MAX_NEW
+    assert rollout.lengths_B[b] == n, (b, row, rollout.lengths_B[b])
+    np.testing.assert_array_equal(mask, np.arange(MAX_NEW) < n)
+    assert np.all(row[n:] == PAD) and np.all(rollout.logp_BxL[b, n:] == 0.0), (b, row)
+    assert np.all(rollout.logp_BxL[b, :n] < 0.0)
+
+
+# ------------------------------------------------------------------ log-probs
+
+
+@pytest.mark.parametrize('name,temperature', [('t1', 1.0), ('t07', 0.7)])
+def test_sampler_logprobs_equal_trainer_logprobs(samplers, name, temperature):
+  sampler, cfg = samplers[name]
+  assert cfg.temperature == temperature
+  params = random_params(0)
+  prompt, valid = prompts(1)
+  checked = 0
+  for seed in range(3):
+    rollout = run(sampler, params, prompt, valid, seed)
+    check_stop_structure(rollout)
+    mask = rollout.mask_BxL
+    logp, _, _ = trainer_logprobs()(params, prompt, valid, jnp.asarray(rollout.tokens_BxL),
+                                  jnp.float32(temperature))
+    diff = np.abs(np.asarray(logp) - rollout.logp_BxL)[mask]
+    assert diff.max() <= 1e-5, diff.max()
+    # Independent reference: numpy log-softmax of the full-forward logits / temperature.
+    ref = np_log_softmax(full_logits(params, prompt, valid, rollout.tokens_BxL) / temperature)
+    ref = np.take_along_axis(ref, rollout.tokens_BxL[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(rollout.logp_BxL[mask], ref[mask], rtol=0, atol=1e-5)
+    checked += mask.sum()
+  assert checked >= 60
+
+
+# ------------------------------------------------------------------ greedy, top-k=1, stop tokens
+
+
+def np_greedy_reference(params, prompt, valid):
+  """Step-by-step argmax of the full forward (fixed width: later tokens cannot affect earlier ones)."""
+  batch = prompt.shape[0]
+  response = np.full((batch, MAX_NEW), PAD, np.int32)
+  mask = np.zeros((batch, MAX_NEW), bool)
+  logp = np.zeros((batch, MAX_NEW))
+  done = np.zeros(batch, bool)
+  for t in range(MAX_NEW):
+    step_logits = full_logits(params, prompt, valid, response)[:, t]
+    token = np.argmax(step_logits, axis=-1)
+    step_logp = np_log_softmax(step_logits)[np.arange(batch), token]
+    response[:, t] = np.where(done, PAD, token)
+    logp[:, t] = np.where(done, 0.0, step_logp)
+    mask[:, t] = ~done
+    done |= token == EOS
+  return response, logp, mask
+
+
+def test_greedy_matches_numpy_argmax_loop(samplers):
+  params = random_params(11)
+  prompt, valid = prompts(3)
+  ref_tokens, ref_logp, ref_mask = np_greedy_reference(params, prompt, valid)
+  # The setup has rows that stop on EOS at several steps and rows that never stop.
+  assert MAX_NEW in ref_mask.sum(1) and len(set(ref_mask.sum(1))) >= 4, ref_tokens
+  greedy = run(samplers['greedy'][0], params, prompt, valid, seed=0)
+  np.testing.assert_array_equal(greedy.tokens_BxL, ref_tokens)
+  np.testing.assert_array_equal(greedy.mask_BxL, ref_mask)
+  np.testing.assert_array_equal(greedy.lengths_B, ref_mask.sum(1))
+  np.testing.assert_allclose(greedy.logp_BxL, ref_logp, rtol=0, atol=1e-5)
+  check_stop_structure(greedy)
+  # Top-k = 1 sampling is greedy whatever the key (log-probs are of the FULL distribution).
+  for seed in (0, 1):
+    top1 = run(samplers['top1'][0], params, prompt, valid, seed=seed)
+    np.testing.assert_array_equal(top1.tokens_BxL, ref_tokens)
+    np.testing.assert_array_equal(top1.mask_BxL, ref_mask)
+    np.testing.assert_allclose(top1.logp_BxL, ref_logp, rtol=0, atol=1e-5)
+
+
+def test_stop_tokens_pad_and_mask(samplers):
+  sampler = samplers['t1'][0]
+  params = random_params(0)
+  prompt, valid = prompts(1)
+  lengths = []
+  for seed in range(4):
+    rollout = run(sampler, params, prompt, valid, seed=10 + seed)
+    check_stop_structure(rollout)
+    lengths.extend(rollout.lengths_B.tolist())
+  # The setup exercises early stops at several steps as well as rows that never stop.
+  assert MAX_NEW in lengths and len(set(lengths)) >= 3, lengths
+
+
+def forced_eos_params(seed):
+  """Residual dimension 0 is a large constant, and only EOS reads it: EOS wins by a huge margin."""
+  params = random_params(seed)
+  params['embed']['embedding'] = params['embed']['embedding'].at[:, 0].add(30.0)
+  params['lm_head'] = params['lm_head'].at[0, :].set(0.0).at[0, EOS].set(30.0)
+  return params
+
+
+def test_early_exit_after_one_step(samplers):
+  params = forced_eos_params(4)
+  prompt, valid = prompts(5)
+  logits = full_logits(params, prompt, valid, np.full((len(LENGTHS), MAX_NEW), PAD))
+  others = np.delete(logits, EOS, axis=-1).max(-1)
+  assert np.all(logits[..., EOS] - others > 50.0)  # EOS is certain at every step
+  for name in ('t1', 'greedy'):
+    before = BODY_RUNS[0]
+    rollout = run(samplers[name][0], params, prompt, valid, seed=0)
+    assert BODY_RUNS[0] - before == 1, (name, BODY_RUNS[0] - before)  # the loop ran once
+    np.testing.assert_array_equal(rollout.lengths_B, 1)
+    np.testing.assert_array_equal(rollout.tokens_BxL[:, 0], EOS)
+    np.testing.assert_array_equal(rollout.tokens_BxL[:, 1:], PAD)
+    np.testing.assert_array_equal(rollout.mask_BxL, np.arange(MAX_NEW)[None].repeat(8, 0) < 1)
+  # Control: the counter does count every iteration when nothing stops (EOS never wins).
+  params = random_params(4)
+  params['lm_head'] = params['lm_head'].at[:, EOS].set(0.0)
+  params['embed']['embedding'] = params['embed']['embedding'].at[:, 0].add(30.0)
+  params['lm_head'] = params['lm_head'].at[0, EOS].set(-30.0)
+  before = BODY_RUNS[0]
+  rollout = run(samplers['greedy'][0], params, prompt, valid, seed=0)
+  np.testing.assert_array_equal(rollout.lengths_B, MAX_NEW)
+  assert BODY_RUNS[0] - before == MAX_NEW
+
+
+def test_compiles_once_per_shape(samplers):
+  sampler, cfg = samplers['t1']
+  prompt, valid = prompts(1)
+  run(sampler, random_params(0), prompt, valid, seed=0)
+  traces = TRACES[cfg]
+  assert traces == 1
+  for seed in (7, 8):  # new parameter values, prompts and keys of the same shapes
+    new_prompt, new_valid = prompts(seed, lengths=LENGTHS[::-1])
+    run(sampler, random_params(seed), new_prompt, new_valid, seed=seed)
+  assert TRACES[cfg] == traces
+  if hasattr(sampler, '_cache_size'):
+    assert sampler._cache_size() == 1
+
+
+# ------------------------------------------------------------------ filters
+
+
+def np_nucleus(logits_V, p):
+  """Indices of the smallest set of most likely tokens whose probability reaches p."""
+  probs = np.exp(np_log_softmax(logits_V))
+  order = np.argsort(-probs)
+  mass = np.cumsum(probs[order])
+  n = int(np.searchsorted(mass, p)) + 1  # first n with mass[n-1] >= p
+  margin = min(abs(mass[n - 1] - p), abs(mass[n - 2] - p) if n >= 2 else 1.0)
+  return set(order[:n].tolist()), margin
+
+
+@pytest.mark.parametrize('top_p', [0.05, 0.3, 0.5, 0.8, 0.9, 0.97])
+def test_top_p_keeps_smallest_nucleus(top_p):
+  rng = np.random.default_rng(int(top_p * 100))
+  logits = (rng.normal(size=(64, V)) * rng.uniform(0.3, 3.0, size=(64, 1))).astype(np.float32)
+  filtered = np.asarray(sampler_lib.filter_logits(jnp.asarray(logits), 0, top_p))
+  checked = 0
+  for b in range(64):
+    keep, margin = np_nucleus(logits[b], top_p)
+    if margin < 1e-5:
+      continue  # float32 cumsum may legitimately land on either side
+    kept = set(np.flatnonzero(np.isfinite(filtered[b])).tolist())
+    assert kept == keep, (b, sorted(kept), sorted(keep))
+    np.testing.assert_array_equal(filtered[b, sorted(kept)], logits[b, sorted(kept)])
+    assert np.all(filtered[b, ~np.isfinite(filtered[b])] == -np.inf)
+    checked += 1
+  assert checked >= 60
+
+
+@pytest.mark.parametrize('top_k', [1, 3, 15])
+def test_top_k_keeps_k(top_k):
+  logits = np.random.default_rng(top_k).normal(size=(32, V)).astype(np.float32)
+  filtered = np.asarray(sampler_lib.filter_logits(jnp.asarray(logits), top_k, 1.0))
+  for b in range(32):
+    keep = set(np.argsort(-logits[b])[:top_k].tolist())
+    assert set(np.flatnonzero(np.isfinite(filtered[b])).tolist()) == keep
+    np.testing.assert_array_equal(filtered[b, sorted(keep)], logits[b, sorted(keep)])
+
+
+def test_no_filter_is_identity():
+  logits = np.random.default_rng(0).normal(size=(4, V)).astype(np.float32)
+  np.testing.assert_array_equal(np.asarray(sampler_lib.filter_logits(jnp.asarray(logits), 0, 1.0)),
+                                logits)
+
+
+# ------------------------------------------------------------------ sampling frequencies
+
+
+def chi2_quantile(dof, z=3.29):
+  """Wilson-Hilferty approximation of the chi-square quantile (z = 3.29: p ~ 0.9995)."""
+  return dof * (1.0 - 2.0 / (9 * dof) + z * np.sqrt(2.0 / (9 * dof))) ** 3
+
+
+@pytest.mark.parametrize('name,temperature', [('t1', 1.0), ('t07', 0.7)])
+def test_first_token_frequencies_match_softmax(samplers, name, temperature):
+  sampler = samplers[name][0]
+  params = random_params(6)
+  one_prompt, one_valid = prompts(7, lengths=[4] * len(LENGTHS))
+  prompt = jnp.broadcast_to(one_prompt[:1], one_prompt.shape)   # the same prompt in every row
+  valid = jnp.broadcast_to(one_valid[:1], one_valid.shape)
+  logits = full_logits(params, prompt, valid, np.zeros((len(LENGTHS), MAX_NEW), np.int32))[0, 0]
+  probs = np.exp(np_log_softmax(logits / temperature))
+  draws = 300
+  counts = np.zeros(V)
+  for seed in range(draws):
+    rollout = sampler(params, prompt, valid, jax.random.PRNGKey(1000 + seed))
+    counts += np.bincount(np.asarray(rollout.tokens_BxL[:, 0]), minlength=V)
+  total = counts.sum()
+  expected = probs * total
+  big = expected >= 5.0   # pool rare tokens into one bin
+  obs = np.append(counts[big], counts[~big].sum())
+  exp = np.append(expected[big], expected[~big].sum())
+  chi2 = np.sum((obs - exp) ** 2 / exp)
+  assert big.sum() >= 6
+  assert chi2 < chi2_quantile(big.sum()), (chi2, counts, expected)
