@@ -150,7 +150,8 @@ def _check_data(config):
                      f'{data.num_test}]')
   if data.dir and os.path.exists(data.dir) and not os.path.isdir(data.dir):
     raise ValueError(f'data.dir {data.dir} exists and is not a directory')
-  rewards.get_reward_fn(config.reward)  # raises on an unknown verifier
+  if config.reward != 'auto':   # 'auto': the task's own verifier (rljax.tasks)
+    rewards.get_reward_fn(config.reward)  # raises on an unknown verifier
 
 
 def _check_mesh(config, batch, minibatch, device_count, process_count):
