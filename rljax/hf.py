@@ -234,9 +234,17 @@ def _leaf_loader(files, m: Mapping, cfg, shape, dtype) -> Callable:
   """The make_array_from_callback callback of one leaf: device index -> numpy shard."""
   counts = {'layer': cfg.num_layers, 'expert': cfg.num_experts}
   num_stack = len(m.stack)
+  cache = {}   # devices holding replicas of one shard read it once (freed with this leaf)
 
   def load(index):
     index = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape))
+    key = tuple((s.start, s.stop) for s in index)
+    if key in cache:   # a copy: a device buffer may alias host memory, never share it
+      return cache[key].copy()
+    cache[key] = read(index)
+    return cache[key]
+
+  def read(index):
     stack_index, piece_index = index[:num_stack], index[num_stack:]
     ranges = [range(s.start, s.stop) for s in stack_index]
     out = np.empty([s.stop - s.start for s in index], dtype)

@@ -277,6 +277,11 @@ for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(sharded)[0], jax.tr
     np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(b)[shard.index],
                                   err_msg=jax.tree_util.keystr(path))
     cut += shard.data.size < b.size
+replicated = hf.load_params(name, cfg, NamedSharding(mesh, P()))   # 8 replicas of every leaf
+for a, b in zip(jax.tree.leaves(replicated), jax.tree.leaves(full)):
+  assert len(a.addressable_shards) == 8
+  for shard in a.addressable_shards:
+    np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(b))
 print('OK', cut)
 '''
 
