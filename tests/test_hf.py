@@ -91,6 +91,13 @@ def test_model_config_rejects_what_rljax_cannot_compute(change, message):
     hf.model_config(config)
 
 
+def test_model_config_names_a_missing_field():
+  config = hf.read_config(model_dir('tiny_qwen3'))
+  del config['hidden_size']
+  with pytest.raises(ValueError, match=r"lacks \['hidden_size'\]"):
+    hf.model_config(config)
+
+
 def test_hf_config_round_trips_the_architecture():
   for name in MODELS:
     cfg = hf.model_config(hf.read_config(model_dir(name)))
