@@ -66,9 +66,14 @@ def model_config(hf, **runtime) -> model_lib.ModelConfig:
     raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (only silu)")
   if hf.get('use_sliding_window', False) or 'sliding_attention' in (hf.get('layer_types') or []):
     raise ValueError('sliding-window attention is not supported')
-  layers, heads = hf['num_hidden_layers'], hf['num_attention_heads']
+  required = ['vocab_size', 'hidden_size', 'num_hidden_layers', 'num_attention_heads',
+              'intermediate_size', 'rms_norm_eps']
+  missing = [key for key in required if key not in hf]
+  if missing:
+    raise ValueError(f'config.json lacks {missing}')
+  heads = hf['num_attention_heads']
   fields = dict(
-      vocab_size=hf['vocab_size'], d_model=hf['hidden_size'], num_layers=layers,
+      vocab_size=hf['vocab_size'], d_model=hf['hidden_size'], num_layers=hf['num_hidden_layers'],
       num_heads=heads, num_kv_heads=hf.get('num_key_value_heads') or heads,
       head_dim=hf.get('head_dim') or hf['hidden_size'] // heads,
       dense_hidden=hf['intermediate_size'], tie_embeddings=bool(hf.get('tie_word_embeddings')),
@@ -84,6 +89,8 @@ def model_config(hf, **runtime) -> model_lib.ModelConfig:
           f'be MoE (decoder_sparse_step=1, mlp_only_layers=[])')
     if not hf.get('norm_topk_prob', False):
       raise ValueError('norm_topk_prob=false is not supported: rljax renormalises the top-k weights')
+    if 'num_experts_per_tok' not in hf or 'moe_intermediate_size' not in hf:
+      raise ValueError('config.json of a Qwen3-MoE lacks num_experts_per_tok or moe_intermediate_size')
     fields.update(num_experts=num_experts, experts_per_token=hf['num_experts_per_tok'],
                   expert_hidden=hf['moe_intermediate_size'])
   return model_lib.ModelConfig(**fields, **runtime)
@@ -230,20 +237,25 @@ class _Files(contextlib.ExitStack):
     return self._open[file].get_slice(name)
 
 
-def _leaf_loader(files, m: Mapping, cfg, shape, dtype) -> Callable:
+def _leaf_loader(files, m: Mapping, shape, dtype) -> Callable:
   """The make_array_from_callback callback of one leaf: device index -> numpy shard."""
-  counts = {'layer': cfg.num_layers, 'expert': cfg.num_experts}
   num_stack = len(m.stack)
+  cache = {}   # devices holding replicas of one shard read it once (freed with this leaf)
 
   def load(index):
     index = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape))
+    key = tuple((s.start, s.stop) for s in index)
+    if key in cache:   # a copy: a device buffer may alias host memory, never share it
+      return cache[key].copy()
+    cache[key] = read(index)
+    return cache[key]
+
+  def read(index):
     stack_index, piece_index = index[:num_stack], index[num_stack:]
     ranges = [range(s.start, s.stop) for s in stack_index]
     out = np.empty([s.stop - s.start for s in index], dtype)
     for position in np.ndindex(*[len(r) for r in ranges]):
       names = {axis: r[p] for axis, r, p in zip(m.stack, ranges, position)}
-      if any(names[axis] >= counts[axis] for axis in names):
-        raise ValueError(f'stack index {names} out of range for {m.name}')
       tensor = files.tensor(m.name.format(**names))
       out[position] = _read_piece(tensor, m, piece_index).astype(dtype)
     return out
@@ -251,18 +263,21 @@ def _leaf_loader(files, m: Mapping, cfg, shape, dtype) -> Callable:
   return load
 
 
-def _check_shape(files, m, cfg, path, shape):
-  """The HF tensor must have exactly the shape the config implies (catches a wrong config.json)."""
-  name = m.name.format(layer=0, expert=0)
-  hf_shape = tuple(files.tensor(name).get_shape())
-  view = _view_shape(m, hf_shape)
-  if m.groups is not None and tuple(math.prod(g) for g in m.groups) != hf_shape:
-    raise ValueError(f'{name} has shape {hf_shape}; config.json implies '
-                     f'{tuple(math.prod(g) for g in m.groups)}')
-  expected = tuple(view[a] for a in _perm(m, len(view)))
-  if expected != tuple(shape[len(m.stack):]):
-    raise ValueError(f'{name} has shape {hf_shape}, which does not fit rljax {path} '
-                     f'{tuple(shape)}')
+def _check_shapes(files, m, cfg, path, shape):
+  """Every HF tensor of a leaf must exist with exactly the shape the config implies (a wrong or
+  truncated checkpoint fails here, before anything is placed). Reads metadata only."""
+  counts = {'layer': cfg.num_layers, 'expert': cfg.num_experts}
+  for position in np.ndindex(*[counts[axis] for axis in m.stack]):
+    name = m.name.format(**dict(zip(m.stack, position)))
+    hf_shape = tuple(files.tensor(name).get_shape())
+    view = _view_shape(m, hf_shape)
+    if m.groups is not None and tuple(math.prod(g) for g in m.groups) != hf_shape:
+      raise ValueError(f'{name} has shape {hf_shape}; config.json implies '
+                       f'{tuple(math.prod(g) for g in m.groups)}')
+    expected = tuple(view[a] for a in _perm(m, len(view)))
+    if expected != tuple(shape[len(m.stack):]):
+      raise ValueError(f'{name} has shape {hf_shape}, which does not fit rljax {path} '
+                       f'{tuple(shape)}')
 
 
 def _unflatten(flat):
@@ -302,8 +317,8 @@ def load_params(hf_dir, cfg: model_lib.ModelConfig, shardings: Any = None):
   out = {}
   with _Files(hf_dir) as files:
     for path, leaf in abstract.items():
-      _check_shape(files, table[path], cfg, path, leaf.shape)
-      loader = _leaf_loader(files, table[path], cfg, leaf.shape, np.dtype(leaf.dtype))
+      _check_shapes(files, table[path], cfg, path, leaf.shape)
+      loader = _leaf_loader(files, table[path], leaf.shape, np.dtype(leaf.dtype))
       if shardings is None:   # uncommitted on the default device, like freshly initialised params
         out[path] = jnp.asarray(loader(tuple(slice(None) for _ in leaf.shape)))
       else:

@@ -91,6 +91,13 @@ def test_model_config_rejects_what_rljax_cannot_compute(change, message):
     hf.model_config(config)
 
 
+def test_model_config_names_a_missing_field():
+  config = hf.read_config(model_dir('tiny_qwen3'))
+  del config['hidden_size']
+  with pytest.raises(ValueError, match=r"lacks \['hidden_size'\]"):
+    hf.model_config(config)
+
+
 def test_hf_config_round_trips_the_architecture():
   for name in MODELS:
     cfg = hf.model_config(hf.read_config(model_dir(name)))
@@ -277,6 +284,11 @@ for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(sharded)[0], jax.tr
     np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(b)[shard.index],
                                   err_msg=jax.tree_util.keystr(path))
     cut += shard.data.size < b.size
+replicated = hf.load_params(name, cfg, NamedSharding(mesh, P()))   # 8 replicas of every leaf
+for a, b in zip(jax.tree.leaves(replicated), jax.tree.leaves(full)):
+  assert len(a.addressable_shards) == 8
+  for shard in a.addressable_shards:
+    np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(b))
 print('OK', cut)
 '''
 
