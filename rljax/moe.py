@@ -5,7 +5,10 @@ Dropless: every token reaches all of its k experts, whatever the load. Two exact
   `jax.lax.ragged_dot` (FLOPs proportional to k; the choice for real models on accelerators);
 - 'dense': run every expert on every token and combine with the (mostly zero) routing weights
   (E/k times the FLOPs, but plain matmuls: faster for tiny models on CPU, where ragged_dot is slow).
-Both equal a naive per-token loop (tests/test_moe.py).
+- 'gather': gather each token's k experts and apply them (reads T*k expert matrices, not all E);
+  used automatically whenever T*k <= E, i.e. when decoding a small batch, where reading every
+  expert would multiply the bytes per step, the quantity that bounds decoding, by up to E/k.
+All equal a naive per-token loop (tests/test_moe.py).
 """
 import flax.linen as nn
 import jax
@@ -63,7 +66,22 @@ def experts_dense(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_d
   return jnp.einsum('ted,te->td', y_TxExD, combine_TxE.astype(y_TxExD.dtype))
 
 
-EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense}
+def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
+  """Each token's k experts gathered and applied: only the experts in use are read."""
+  gate_TxKxF = jnp.einsum('td,tkdf->tkf', x_TxD, w_gate_ExDxF[experts_TxK])
+  up_TxKxF = jnp.einsum('td,tkdf->tkf', x_TxD, w_up_ExDxF[experts_TxK])
+  y_TxKxD = jnp.einsum('tkf,tkfd->tkd', nn.silu(gate_TxKxF) * up_TxKxF, w_down_ExFxD[experts_TxK])
+  return jnp.einsum('tkd,tk->td', y_TxKxD, weights_TxK.astype(y_TxKxD.dtype))
+
+
+EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense, 'gather': experts_gather}
+
+
+def expert_impl(cfg, num_tokens):
+  """'gather' when the tokens touch at most E expert slots (small-batch decoding), else config's."""
+  if num_tokens * cfg.experts_per_token <= cfg.num_experts:
+    return experts_gather
+  return EXPERT_IMPLS[cfg.moe_impl]
 
 
 class MoE(nn.Module):
@@ -95,9 +113,9 @@ def moe_local(cfg, x_TxD, router_DxE, w_gate, w_up, w_down):
   """All experts on this device (or left to the compiler): route, then run the experts."""
   router_logits_TxE = jnp.dot(x_TxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
   weights_TxK, experts_TxK, load_stats = route(router_logits_TxE, cfg.experts_per_token)
-  y_TxD = EXPERT_IMPLS[cfg.moe_impl](x_TxD.astype(cfg.dtype), weights_TxK, experts_TxK,
-                                     w_gate.astype(cfg.dtype), w_up.astype(cfg.dtype),
-                                     w_down.astype(cfg.dtype))
+  y_TxD = expert_impl(cfg, x_TxD.shape[0])(x_TxD.astype(cfg.dtype), weights_TxK, experts_TxK,
+                                            w_gate.astype(cfg.dtype), w_up.astype(cfg.dtype),
+                                            w_down.astype(cfg.dtype))
   return y_TxD, load_stats
 
 

@@ -128,7 +128,7 @@ def random_moe_params(rng, skew):
   return {name: value.astype(np.float32) for name, value in params.items()}
 
 
-@pytest.mark.parametrize('impl', ['ragged', 'dense'])
+@pytest.mark.parametrize('impl', ['ragged', 'dense', 'gather'])
 @pytest.mark.parametrize('k', [1, 2])
 @pytest.mark.parametrize('skew', [False, True])
 def test_moe_layer_matches_naive_loop(impl, k, skew):
@@ -170,3 +170,20 @@ def test_ragged_dense_equal_with_empty_experts():
   assert np.all(experts == 1)
   for impl, out in outs.items():
     assert np.abs(out.reshape(-1, D) - ref).max() <= 1e-5, impl
+
+
+@pytest.mark.parametrize('impl', ['ragged', 'dense'])
+@pytest.mark.parametrize('num_tokens,k', [(1, 2), (2, 2), (4, 1), (3, 2)])
+def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k):
+  """Few tokens (decoding): 'gather' is chosen when T*k <= E, and every path equals the loop."""
+  rng = np.random.default_rng(10 * num_tokens + k)
+  x = rng.normal(size=(num_tokens, 1, D)).astype(np.float32)
+  params = random_moe_params(rng, skew=False)
+  cfg = moe_cfg(impl, k)
+  chosen = moe.expert_impl(cfg, num_tokens)
+  assert chosen is (moe.experts_gather if num_tokens * k <= E else moe.EXPERT_IMPLS[impl])
+  out, _ = moe.MoE(cfg).apply({'params': jax.tree.map(jnp.asarray, params)}, jnp.asarray(x))
+  ref, _ = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
+                  params['w_down'], k)
+  assert np.abs(ref).max() > 0.1
+  np.testing.assert_array_less(np.abs(np.asarray(out).reshape(-1, D) - ref).max(), 1e-5)

@@ -1,0 +1,141 @@
+"""GRPO step benchmark: one full step split into rollout / reward / update, vs P (prompts per step),
+and the memory of each jitted part, to show that micro-batching keeps the update's memory flat.
+
+  PYTHONPATH=. python bench/rl_step.py --preset=tiny --P=8,16,32,64 --G=8 --micro=64
+
+The step is the body of rljax.train's loop, built from the same library functions (sampler,
+group_batch, policy_update): prompts (3-digit addition) -> sample -> decode and verify on the host
+-> advantages -> one accumulated Adam update. The first step compiles; the next `steps` are timed.
+"""
+import argparse
+import dataclasses
+import sys
+import time
+
+import jax
+import numpy as np
+
+from bench import common
+from bench import presets
+from bench import sampler as sampler_bench
+from bench import train_step as train_bench
+from rljax import data
+from rljax import evaluation
+from rljax import rewards
+from rljax import sampler as sampler_lib
+from rljax import sharding
+from rljax import tokenizer as tokenizer_lib
+from rljax import train as train_lib
+
+
+def arithmetic_prompts(num, seed):
+  rng = np.random.default_rng(seed)
+  a, b = rng.integers(0, 1000, num), rng.integers(0, 1000, num)
+  return [f'{x:03d}+{y:03d}=' for x, y in zip(a, b)], [str(x + y) for x, y in zip(a, b)]
+
+
+def measure(model, params, mesh, P, G, micro, max_new_tokens, steps):
+  config = train_bench.grpo_defaults()
+  tokenizer = tokenizer_lib.ArithmeticTokenizer()
+  prompt_len = 8
+  batch_size = P * G
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id,
+                                        pad_id=tokenizer.pad_id, temperature=1.0)
+  sample_jit = sampler_lib.make_sampler(model, sampling)
+  sample = sharding.on_mesh(sample_jit, mesh)
+  make_batch = sharding.on_mesh(jax.jit(lambda r, rw, p, v: train_lib.group_batch(
+      r, rw, p, v, G=G, grpo_cfg=config.grpo)), mesh)
+  update, update_jit, optimizer = train_bench.make_update_step(model, batch_size // min(micro, batch_size),
+                                                               batch_size, mesh)
+  params = jax.tree.map(lambda x: x.copy(), params)
+  opt_state = sharding.init_optimizer(optimizer, params, mesh)
+  reward_fn = rewards.get_reward_fn('exact_numeric')
+
+  def grpo_step(params, opt_state, step):
+    t0 = time.perf_counter()
+    prompts, answers = arithmetic_prompts(P, step)
+    prompts = [p for p in prompts for _ in range(G)]
+    answers = [a for a in answers for _ in range(G)]
+    prompt_BxT, valid_BxT = sharding.put_batch(data.encode_prompts(prompts, tokenizer, prompt_len),
+                                               mesh)
+    rollout = sample(params, prompt_BxT, valid_BxT, jax.random.PRNGKey(step))
+    tokens = evaluation.to_host(rollout.tokens_BxL, mesh)
+    t1 = time.perf_counter()
+    rewards_B, _ = rewards.score_batch(reward_fn, evaluation.decode_responses(tokenizer, tokens),
+                                       answers)
+    batch, stats = make_batch(rollout, sharding.put_batch(rewards_B, mesh), prompt_BxT, valid_BxT)
+    t2 = time.perf_counter()
+    params, opt_state, metrics = update(params, opt_state, batch, None)
+    metrics = jax.device_get(metrics)
+    t3 = time.perf_counter()
+    return params, opt_state, dict(rollout=t1 - t0, reward=t2 - t1, update=t3 - t2, total=t3 - t0,
+                                   tokens=int(stats['tokens']), loss=float(metrics['loss']))
+
+  with common.count_compiles() as first:
+    params, opt_state, _ = grpo_step(params, opt_state, 0)
+  timings = []
+  with common.count_compiles() as later:
+    for step in range(1, steps + 1):
+      params, opt_state, t = grpo_step(params, opt_state, step)
+      timings.append(t)
+  assert later['count'] == 0, f'a GRPO step recompiled {later["count"]} times'
+  med = {k: common.median_spread([t[k] for t in timings])[0] for k in timings[0]}
+  # Memory of the jitted parts at this P (rows of the batch as traced above).
+  prompt_BxT, valid_BxT = sharding.put_batch(data.encode_prompts(
+      arithmetic_prompts(batch_size, 0)[0], tokenizer, prompt_len), mesh)
+  with jax.set_mesh(mesh):
+    sampler_mem = sample_jit.lower(params, prompt_BxT, valid_BxT,
+                                   jax.random.PRNGKey(0)).compile().memory_analysis()
+  rollout = sample(params, prompt_BxT, valid_BxT, jax.random.PRNGKey(0))
+  batch, _ = make_batch(rollout, sharding.put_batch(np.zeros(batch_size, np.float32), mesh),
+                        prompt_BxT, valid_BxT)
+  update_mem = train_bench.compiled_memory(update_jit, mesh, params, opt_state, batch, None)
+  return dict(P=P, G=G, responses=batch_size, micro=min(micro, batch_size),
+              step_s=med['total'], rollout_s=med['rollout'], reward_s=med['reward'],
+              update_s=med['update'], samples_per_s=batch_size / med['total'],
+              tokens=med['tokens'], update_temp_GiB=common.gib(update_mem['temp']),
+              update_peak_GiB=common.gib(update_mem['peak']),
+              sampler_temp_GiB=common.gib(sampler_mem.temp_size_in_bytes),
+              compile_s=first['seconds'], recompiles=later['count'],
+              load_1min=common.load_average())
+
+
+COLUMNS = ['P', 'G', 'responses', 'micro', 'step_s', 'rollout_s', 'reward_s', 'update_s',
+           'samples_per_s', 'update_temp_GiB', 'update_peak_GiB', 'sampler_temp_GiB', 'compile_s',
+           'recompiles', 'load_1min']
+
+
+def run(preset, Ps, G, micro, max_new_tokens, steps, overrides=None, log=print):
+  cfg = presets.get(preset, **(overrides or {}))
+  if cfg.vocab_size != tokenizer_lib.ArithmeticTokenizer.vocab_size:
+    raise ValueError(f'preset {preset} has vocab {cfg.vocab_size}; the arithmetic task needs 16')
+  model, params, mesh = sampler_bench.setup(cfg)
+  record = dict(machine=common.machine(), preset=preset, model=dataclasses.asdict(cfg), rows=[])
+  for P in Ps:
+    row = measure(model, params, mesh, P, G, micro, max_new_tokens, steps)
+    record['rows'].append(row)
+    log(f"P {P}: step {row['step_s']:.3g} s (rollout {row['rollout_s']:.3g}, reward "
+        f"{row['reward_s']:.3g}, update {row['update_s']:.3g}), update temp "
+        f"{row['update_temp_GiB']:.3f} GiB, load {row['load_1min']:.1f}", flush=True)
+  return record
+
+
+def main(argv):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--preset', default='tiny', choices=sorted(presets.PRESETS))
+  parser.add_argument('--P', default='8,16,32,64')
+  parser.add_argument('--G', type=int, default=8)
+  parser.add_argument('--micro', type=int, default=64, help='micro-batch (responses)')
+  parser.add_argument('--max_new_tokens', type=int, default=5, help='the task needs 5')
+  parser.add_argument('--steps', type=int, default=3)
+  parser.add_argument('--out', default='')
+  args = parser.parse_args(argv)
+  record = run(args.preset, [int(p) for p in args.P.split(',')], args.G, args.micro,
+               args.max_new_tokens, args.steps)
+  print(f"\n{record['machine']}\npreset {args.preset}")
+  print(common.table(record['rows'], COLUMNS))
+  common.write_json(args.out, record)
+
+
+if __name__ == '__main__':
+  main(sys.argv[1:])

@@ -1,0 +1,99 @@
+"""The benchmarks' own claims: the jitted sampler and train step compile once and never again
+across steps, and the roofline arithmetic counts the parameters the model really has."""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bench import common
+from bench import presets
+from bench import train_step as train_bench
+from rljax import model as model_lib
+from rljax import sampler as sampler_lib
+from rljax import sharding
+
+TINY = dict(vocab_size=16, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+            num_experts=4, experts_per_token=2, expert_hidden=16, moe_impl='ragged')
+
+
+def tiny_setup():
+  cfg = model_lib.ModelConfig(**TINY)
+  mesh = sharding.make_mesh(dict(data=1), devices=jax.devices()[:1])
+  params, _ = sharding.init_params(functools.partial(model_lib.init_params, cfg),
+                                   jax.random.PRNGKey(0), mesh)
+  return cfg, model_lib.Transformer(cfg), params, mesh
+
+
+def test_sampler_compiles_once_across_steps():
+  cfg, model, params, mesh = tiny_setup()
+  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+      max_new_tokens=6, eos_id=1)), mesh)
+  prompts = sharding.put_batch((np.full((4, 5), 3, np.int32), np.ones((4, 5), bool)), mesh)
+  with common.count_compiles() as first:
+    jax.block_until_ready(sample(params, *prompts, jax.random.PRNGKey(0)))
+  assert first['count'] >= 1 and first['seconds'] > 0
+  with common.count_compiles() as later:
+    for step in range(1, 4):   # new keys and new prompt values, same shapes: no new executable
+      prompts = sharding.put_batch((np.full((4, 5), 2 + step, np.int32), np.ones((4, 5), bool)),
+                                   mesh)
+      jax.block_until_ready(sample(params, *prompts, jax.random.PRNGKey(step)))
+  assert later['count'] == 0
+  with common.count_compiles() as other_shape:   # the counter does see a real recompilation
+    prompts = sharding.put_batch((np.full((8, 5), 3, np.int32), np.ones((8, 5), bool)), mesh)
+    jax.block_until_ready(sample(params, *prompts, jax.random.PRNGKey(0)))
+  assert other_shape['count'] >= 1
+
+
+def test_train_step_compiles_once_across_steps():
+  cfg, model, params, mesh = tiny_setup()
+  step, _, optimizer = train_bench.make_update_step(model, num_micro=2, batch_size=8, mesh=mesh)
+  opt_state = sharding.init_optimizer(optimizer, params, mesh)
+  with common.count_compiles() as first:
+    params, opt_state, _ = step(params, opt_state,
+                                train_bench.random_batch(cfg, 8, 4, 6, mesh, seed=0), None)
+  assert first['count'] >= 1
+  with common.count_compiles() as later:
+    for seed in range(1, 4):
+      params, opt_state, metrics = step(params, opt_state,
+                                        train_bench.random_batch(cfg, 8, 4, 6, mesh, seed), None)
+      assert np.isfinite(float(metrics['loss']))
+  assert later['count'] == 0
+
+
+@pytest.mark.parametrize('preset', sorted(presets.PRESETS))
+def test_param_counts_match_the_model(preset):
+  cfg = presets.get(preset)
+  shapes = nn.unbox(jax.eval_shape(functools.partial(model_lib.init_params, cfg),
+                                   jax.random.PRNGKey(0)))
+  counts = common.param_counts(cfg)
+  assert counts['total'] == sum(x.size for x in jax.tree.leaves(shapes))
+  expert = sum(shapes['blocks']['moe'][w].size for w in ('w_gate', 'w_up', 'w_down'))
+  assert counts['expert'] * cfg.num_layers * cfg.num_experts == expert
+
+
+def test_decode_step_cost_by_hand():
+  """Batch 1: every non-expert weight but the embedding table, k experts per layer, the KV cache."""
+  cfg = model_lib.ModelConfig(**TINY)
+  d, h, kv, hd, f, v, layers = 32, 4, 2, 8, 16, 16, 2
+  attention = d * hd * (2 * h + 2 * kv) + 2 * hd
+  shared = layers * (attention + 2 * d + d * 4) + d * v + d    # + router, lm_head, final norm
+  weights = shared + layers * 2 * 3 * d * f
+  slots = 10
+  kv_bytes = 2 * layers * kv * hd * 4 * (slots + 1)
+  nbytes, flops = common.decode_step_cost(cfg, 1, slots, 4)
+  assert nbytes == pytest.approx(4 * weights + kv_bytes)
+  assert flops == pytest.approx(2 * weights + 4 * layers * h * hd * slots)
+  # At a large batch every expert is in use.
+  many, _ = common.decode_step_cost(cfg, 10_000, slots, 4)
+  assert many == pytest.approx(4 * (shared + layers * 4 * 3 * d * f) + 10_000 * kv_bytes)
+
+
+def test_ceilings_are_measured():
+  ceilings = common.Ceilings(on_gpu=False, dtype=jnp.float32, probe_bytes=64 << 20,
+                             matmul_n=256)
+  bandwidth, details = ceilings.bandwidth()
+  assert 1e8 < bandwidth < 1e13 and details['copy_GBps'] > 0 and details['reduce_GBps'] > 0
+  assert 1e8 < ceilings.flops() < 1e15
