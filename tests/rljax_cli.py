@@ -39,7 +39,9 @@ def args(shared, workdir, *overrides):
 
 
 def env(shared, **extra):
-  return dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS='cpu',
+  """CPU unless RLJAX_TEST_PLATFORMS names another JAX platform (e.g. cuda, for a GPU check)."""
+  return dict(os.environ, PYTHONPATH=str(REPO),
+              JAX_PLATFORMS=os.environ.get('RLJAX_TEST_PLATFORMS', 'cpu'),
               JAX_COMPILATION_CACHE_DIR=f'{shared}/xla_cache',
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0', **extra)
@@ -111,7 +113,7 @@ def same_arrays(a, b):
       for x, y in zip(map(np.asarray, leaves_a), map(np.asarray, leaves_b)))
 
 
-def shared_reference(root):
+def shared_reference(root, overrides=()):
   """The uninterrupted tiny run in ROOT/reference, made once per session even under xdist (the
   workers take a file lock); it also builds the dataset, the warm start and the XLA cache."""
   root = pathlib.Path(root)
@@ -120,7 +122,7 @@ def shared_reference(root):
   with open(root / 'lock', 'w') as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not (root / 'reference.done').exists():
-      code, text = run(root, reference)
+      code, text = run(root, reference, *overrides)
       if code:
         raise RuntimeError(f'the reference run failed ({code}):\n{text[-3000:]}')
       (root / 'reference.done').touch()

@@ -1,6 +1,5 @@
 """Bad input to `python -m rljax.main`, one real subprocess per case: exit code 2, exactly one
 `rljax: error: ...` line naming the problem, no traceback, and nothing built (no workdir)."""
-import json
 import os
 import re
 import shutil
@@ -21,8 +20,6 @@ CASES = [
      r"unknown config arg 'Q'; known args: G, P, runlocal, seed", None),
     ('config-arg-type', 'configs/grpo.py:runlocal,P=four', [],
      r"config arg P='four': expected an integer", None),
-    ('config-arg-without-value', 'configs/grpo.py:runlocal,P', [],
-     r"config arg 'P' needs a value \(P=\.\.\.\)", None),
     ('missing-config-file', 'configs/nope.py', [],
      r"No such file or directory: 'configs/nope.py'", None),
     ('unknown-field', CONFIG, ['--config.foo=1'],
@@ -41,8 +38,6 @@ CASES = [
      r'rollout.G must be >= 2 for GRPO \(group z-scores need 2 responses\), got 1', None),
     ('lr-zero', CONFIG, ['--config.optimizer.lr=0'],
      r'optimizer.lr must be a positive number, got 0', None),
-    ('lr-negative', CONFIG, ['--config.optimizer.lr=-1e-4'],
-     r'optimizer.lr must be a positive number, got -0.0001', None),
     ('lr-nan', CONFIG, ['--config.optimizer.lr=nan'],
      r'optimizer.lr must be a positive number, got nan', None),
     ('mesh-not-device-count', CONFIG, ['--config.mesh.data=3'],
@@ -52,9 +47,6 @@ CASES = [
     ('batch-not-divisible-by-data-parallel', CONFIG,
      ['--config.rollout.P=3', '--config.rollout.G=2', '--config.train.micro_batch=0'],
      r'the batch P\*G \(6\) is not divisible by the data-parallel size data \* fsdp = 4',
-     FOUR_DEVICES),
-    ('micro-batch-not-divisible-by-data-parallel', CONFIG, ['--config.train.micro_batch=2'],
-     r'train.micro_batch \(2\) is not divisible by the data-parallel size data \* fsdp = 4',
      FOUR_DEVICES),
     ('beyond-model-context', CONFIG, ['--config.model.max_seq_len=8'],
      r'prompt \(8\) \+ response \(5\) = 13 tokens exceed the model context model.max_seq_len = 8',
@@ -69,22 +61,15 @@ CASES = [
      r'train.micro_batch \(5\) must divide the minibatch of 16 responses', None),
     ('temperature-zero', CONFIG, ['--config.rollout.temperature=0'],
      r'rollout.temperature must be a positive number, got 0', None),
-    ('top-p-above-1', CONFIG, ['--config.rollout.top_p=1.5'],
-     r'rollout.top_p must be in \(0, 1\], got 1.5', None),
     ('unknown-reward', CONFIG, ['--config.reward=fuzzy'], r"unknown reward 'fuzzy'", None),
-    ('unknown-bad-record-policy', CONFIG, ['--config.data.on_bad_record=ignore'],
-     r"data.on_bad_record must be 'skip' or 'raise', got 'ignore'", None),
-    ('no-budget', CONFIG, ['--config.train.max_samples=0', '--config.train.max_steps=0'],
-     r'set train.max_samples or train.max_steps to a positive budget', None),
     ('unknown-algo', CONFIG, ['--config.algo=dqn'], r"algo must be 'grpo' or 'ppo', got 'dqn'",
      None),
-    ('bad-fault-spec', CONFIG, ['--config.debug.nan_steps=soon'],
-     r"bad step range 'soon' in 'soon'", None),
 ]
 
 
 def _run(args, extra_env=None):
-  env = dict(os.environ, PYTHONPATH=str(cli.REPO), JAX_PLATFORMS='cpu', **(extra_env or {}))
+  env = dict(os.environ, PYTHONPATH=str(cli.REPO), JAX_PLATFORMS='cpu')
+  env.update(extra_env or {})
   result = subprocess.run([sys.executable, '-m', 'rljax.main', *args], cwd=cli.REPO, env=env,
                           capture_output=True, text=True, timeout=300)
   return result.returncode, result.stderr
@@ -125,8 +110,7 @@ def test_data_dir_that_is_a_file(tmp_path):
 
 def test_workdir_of_another_run_is_refused_unless_overwrite(tiny, tmp_path):
   """The reference run (its checkpoints carry its config; it must stay untouched) and a run killed
-  before its first checkpoint (only config.json): another config is refused; overwrite=True
-  replaces the run."""
+  before its first checkpoint (only config.json): another config is refused."""
   reference = tiny / 'reference'
   before = (reference / 'metrics.jsonl').read_text()
   code, stderr = _run(cli.args(tiny, reference, '--config.seed=1')[3:])
@@ -139,9 +123,4 @@ def test_workdir_of_another_run_is_refused_unless_overwrite(tiny, tmp_path):
   shutil.copy(reference / 'config.json', workdir)
   code, stderr = _run(cli.args(tiny, workdir, '--config.train.eval_every=4')[3:])
   _assert_one_clear_error(code, stderr, r'\(train.eval_every: 3 -> 4\)')
-
-  code, stderr = _run(cli.args(tiny, workdir, '--config.train.eval_every=4',
-                               '--config.train.overwrite=True', '--config.train.max_steps=1')[3:],
-                      cli.env(tiny))
-  assert code == 0, stderr
-  assert json.loads((workdir / 'config.json').read_text())['train']['eval_every'] == 4
+  # overwrite=True then clears the workdir: tests/test_workdir.py.

@@ -61,3 +61,57 @@ def test_bad_step_set(spec):
 def test_default_configs_pass():
   for arg in ('runlocal', 'P=1024,G=8'):
     config_checks.check(grpo.get_config(arg), device_count=8, process_count=1)
+
+
+def _tiny():
+  config = grpo.get_config('runlocal,P=4,G=4')
+  config.train.micro_batch = 8
+  return config
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('optimizer.lr', -1e-4, r'optimizer.lr must be a positive number, got -0.0001'),
+    ('optimizer.lr', float('inf'), r'optimizer.lr must be a positive number, got inf'),
+    ('optimizer.lr_rule', 'cubic', r"unknown lr_rule 'cubic'"),
+    ('optimizer.max_bad_steps', 0, r'optimizer.max_bad_steps must be >= 1'),
+    ('rollout.top_p', 1.5, r'rollout.top_p must be in \(0, 1\], got 1.5'),
+    ('rollout.temperature', float('nan'), r'rollout.temperature must be a positive number'),
+    ('rollout.top_k', -1, r'rollout.top_k and max_new_tokens must be >= 0'),
+    ('data.on_bad_record', 'ignore', r"data.on_bad_record must be 'skip' or 'raise'"),
+    ('train.max_steps', 0, r'set train.max_samples or train.max_steps to a positive budget'),
+    ('train.log_every', 0, r'train.log_every must be >= 1'),
+    ('train.checkpoint_every', -1, r'train.checkpoint_every must be >= 0'),
+    ('train.num_minibatches', 3, r'train.num_minibatches \(3\) must divide the batch P\*G = 16'),
+    ('grpo.loss_agg', 'median', r"grpo.loss_agg 'median' is not one of"),
+    ('model.experts_per_token', 5, r'model.experts_per_token \(5\) must be in \[1, num_experts=4\]'),
+    ('model.num_kv_heads', 3, r'model.num_heads \(4\) must be a multiple of num_kv_heads \(3\)'),
+    ('debug.nan_steps', '9-3', r"bad step range '9-3'"),
+])
+def test_bad_field(field, value, message):
+  config = _tiny()
+  config.train.max_samples = 0   # the budget comes from max_steps alone
+  config.train.max_steps = 8
+  section, key = field.split('.')
+  config[section][key] = value
+  with pytest.raises(ValueError, match=message):
+    config_checks.check(config, device_count=1, process_count=1)
+
+
+def test_lengths_and_vocabulary():
+  model = grpo.get_config('runlocal').model
+  config_checks.check_lengths(8, 5, model, 16)
+  model.max_seq_len = 12
+  with pytest.raises(ValueError, match=r'prompt \(8\) \+ response \(5\) = 13 tokens exceed'):
+    config_checks.check_lengths(8, 5, model, 16)
+  with pytest.raises(ValueError, match=r"model.vocab_size \(16\) is smaller than the tokenizer's 17"):
+    config_checks.check_lengths(4, 5, model, 17)
+
+
+@pytest.mark.parametrize('arg, message', [
+    ('P', r"config arg 'P' needs a value \(P=\.\.\.\)"),
+    ('runlocal=perhaps', r"config arg runlocal='perhaps': expected a boolean"),
+    ('seed=1.5', r"config arg seed='1.5': expected an integer"),
+])
+def test_bad_config_arg(arg, message):
+  with pytest.raises(ValueError, match=message):
+    grpo.get_config(arg)
