@@ -39,7 +39,7 @@ def reference(name):
 
 
 def rljax_logits(cfg, params, ref):
-  logits, _, _ = model_lib.Transformer(cfg).apply(
+  logits, _, _ = jax.jit(model_lib.Transformer(cfg).apply)(
       {'params': params}, ref['tokens_BxT'], ref['mask_BxT'])
   return np.asarray(logits)
 
