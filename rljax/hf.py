@@ -411,8 +411,8 @@ def save_params(params, cfg: model_lib.ModelConfig, out_dir, config: Optional[di
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
     json.dump(config, f, indent=2)
   if tokenizer_dir:
-    for name in ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',
-                 'generation_config.json'):
+    for name in ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja',
+                 'special_tokens_map.json', 'generation_config.json'):
       source = os.path.join(tokenizer_dir, name)
       if os.path.exists(source):
         with open(source, 'rb') as src, open(os.path.join(out_dir, name), 'wb') as dst:

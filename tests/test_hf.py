@@ -39,7 +39,7 @@ def reference(name):
 
 
 def rljax_logits(cfg, params, ref):
-  logits, _, _ = model_lib.Transformer(cfg).apply(
+  logits, _, _ = jax.jit(model_lib.Transformer(cfg).apply)(
       {'params': params}, ref['tokens_BxT'], ref['mask_BxT'])
   return np.asarray(logits)
 
@@ -181,8 +181,10 @@ def test_export_reproduces_the_checkpoint_exactly(name, tmp_path):
     np.testing.assert_array_equal(exported[key], value, err_msg=key)
   _, reloaded = load_from(out)
   jax.tree.map(np.testing.assert_array_equal, reloaded, params)
-  assert hf_tokenizer.HFTokenizer(out).encode('12 + 30') == hf_tokenizer.HFTokenizer(
-      model_dir(name)).encode('12 + 30')
+  exported_tokenizer = hf_tokenizer.HFTokenizer(out)
+  original_tokenizer = hf_tokenizer.HFTokenizer(model_dir(name))
+  assert exported_tokenizer.encode('12 + 30') == original_tokenizer.encode('12 + 30')
+  assert exported_tokenizer.chat_prompt('q?') == original_tokenizer.chat_prompt('q?') != 'q?'
 
 
 def load_from(directory):
