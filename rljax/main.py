@@ -22,9 +22,12 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:  # orbax and TFDS are chatty at INFO
     logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
-  from rljax import train  # after flag parsing: jax reads XLA_FLAGS when first imported
+  # Imported after flag parsing: jax reads XLA_FLAGS when first imported.
+  from rljax import protocol
+  from rljax import train
+  run = protocol.run if config.get('mode', 'train') == 'protocol' else train.train
   try:
-    train.train(config, _WORKDIR.value)
+    run(config, _WORKDIR.value)
   except ValueError as error:  # bad input: one clear message, non-zero exit
     logging.error('%s', error)
     print(f'rljax: error: {error}', file=sys.stderr)

@@ -4,6 +4,7 @@ One GRPO step: P prompts, G sampled responses each (the batch unit is P x G resp
 from a verifier; group z-score advantages; by default ONE global optimizer update per rollout batch
 (as in the paper), with gradients accumulated over micro-batches so memory stays flat as P grows.
 """
+import collections
 import functools
 import os
 import time
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax import analysis
 from rljax import checkpoint
 from rljax import config_checks
 from rljax import data
@@ -28,6 +30,10 @@ from rljax import sampler as sampler_lib
 from rljax import tokenizer as tokenizer_lib
 from rljax import update
 from rljax import warmstart
+
+
+NOISE_KEYS = ('grad_sq_small', 'grad_sq_big', 'b_small', 'b_big')
+NOISE_SCALE_STEPS = 50   # the logged noise_scale averages its terms over this many recent steps
 
 
 def task_lengths(data_cfg):
@@ -101,7 +107,10 @@ def train(config, workdir):
   P, G = config.rollout.P, config.rollout.G
   batch_size = P * G
   optimizer, schedule = optim.make_optimizer(config.optimizer, batch_size)
-  opt_state = optimizer.init(params)
+  # Committed to the device, like every step's outputs (restored arrays are, fresh ones are not):
+  # a mix compiles the sampler and the update twice, for step 1 and again for step 2.
+  params = jax.device_put(params, jax.devices()[0])
+  opt_state = jax.device_put(optimizer.init(params), jax.devices()[0])
   sample = sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
@@ -143,6 +152,7 @@ def train(config, workdir):
     return budget_spent or target_hit
 
   # ------------------------------------------------------------------ the loop
+  noise_terms = collections.deque(maxlen=NOISE_SCALE_STEPS)
   while not done():
     step += 1
     step_start = time.perf_counter()
@@ -194,6 +204,10 @@ def train(config, workdir):
     for key in ('kl', 'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big'):
       if key in first:
         row[key] = float(np.mean([m[key] for m in step_metrics]))
+    if 'grad_sq_small' in row:  # B_simple over recent steps: one step alone is mostly noise
+      noise_terms.append([row[k] for k in NOISE_KEYS])
+      noise_scale = analysis.noise_scale(*np.transpose(noise_terms))
+      row['noise_scale'] = noise_scale if np.isfinite(noise_scale) else None
     writer.train(row, console=step % config.train.log_every == 0)
     if int(opt_state.notfinite_count) >= config.optimizer.max_bad_steps:
       raise FloatingPointError(

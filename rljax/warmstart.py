@@ -12,6 +12,7 @@ import time
 from typing import NamedTuple
 
 from absl import logging
+import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
@@ -19,6 +20,7 @@ import orbax.checkpoint as ocp
 
 from rljax import data
 from rljax import losses
+from rljax import model as model_lib
 from rljax import optim
 from rljax import update
 
@@ -29,10 +31,16 @@ class SupervisedBatch(NamedTuple):
   weights_BxS: jax.Array   # weight of the NEXT-token loss at each position (last column 0)
 
 
+def seed(config):
+  """warmstart.seed when pinned (>= 0), else the run's seed."""
+  pinned = config.warmstart.get('seed', -1)
+  return pinned if pinned >= 0 else config.seed
+
+
 def fingerprint(config):
-  relevant = dict(model=config.model.to_dict(), seed=config.seed,
+  relevant = dict(model=config.model.to_dict(), seed=seed(config),
                   data={k: v for k, v in config.data.items() if k != 'dir'},
-                  warmstart={k: v for k, v in config.warmstart.items() if k != 'dir'})
+                  warmstart={k: v for k, v in config.warmstart.items() if k not in ('dir', 'seed')})
   return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -75,8 +83,11 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
   loss_fn = make_supervised_loss(model, config.grpo.moe_aux_coef if 'grpo' in config else 0.0)
   step_fn = jax.jit(lambda p, s, b: update.apply_update(loss_fn, optimizer, p, s, b, 1),
                     donate_argnums=(0, 1))
+  if seed(config) != config.seed:  # pinned: the start must not depend on the run's own seed
+    init_params = nn.unbox(model_lib.init_params(model.cfg, jax.random.split(
+        jax.random.PRNGKey(seed(config)))[0]))
   params, opt_state = init_params, optimizer.init(init_params)
-  iterator = data.PromptIterator(source, ws.batch, seed=config.seed + 7919)
+  iterator = data.PromptIterator(source, ws.batch, seed=seed(config) + 7919)
   start, accuracy, step = time.time(), 0.0, 0
   for step in range(1, ws.max_steps + 1):
     examples = next(iterator)
