@@ -4,6 +4,8 @@
 types come from the defaults, a bare key means True, unknown keys and bad values raise one clear
 ValueError (the main turns it into a non-zero exit).
 """
+import importlib
+
 import ml_collections
 
 
@@ -43,3 +45,14 @@ def parse_arg(arg, **defaults):
       raise ValueError(f'config arg {key!r} needs a value ({key}=...)')
     values[key] = _convert(key, text, defaults[key])
   return ml_collections.ConfigDict(values)
+
+
+def algo_config(algo, arg):
+  """configs/<algo>.py's get_config(arg): how the protocol builds its arms of any algorithm."""
+  if algo not in ('grpo', 'ppo'):
+    raise ValueError(f"unknown algo {algo!r}; choose 'grpo' or 'ppo'")
+  try:
+    module = importlib.import_module(f'configs.{algo}')
+  except ModuleNotFoundError:
+    raise ValueError(f'algo {algo!r} needs configs/{algo}.py, which is missing') from None
+  return module.get_config(arg)

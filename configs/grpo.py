@@ -27,6 +27,7 @@ def model_preset(runlocal):
 def get_config(arg=None):
   arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0)
   config = ml_collections.ConfigDict()
+  config.mode = 'train'   # configs/protocol.py runs many of these: mode 'protocol'
   config.algo = 'grpo'
   config.seed = arg.seed
   config.model = model_preset(arg.runlocal)
@@ -69,6 +70,7 @@ def get_config(arg=None):
   config.debug = dict(nan_steps='')
 
   # Supervised warm start to a partly competent policy (RL from random init earns no reward).
+  # seed -1: the run's seed; the protocol pins one so every arm and seed starts from one policy.
   config.warmstart = dict(enabled=True, dir='', lr=1e-3, batch=128, threshold=0.3, eval_every=25,
-                          min_steps=200, max_steps=4000)
+                          min_steps=200, max_steps=4000, seed=-1)
   return config

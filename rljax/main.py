@@ -119,10 +119,14 @@ def main(argv):
   initialize_distributed()
   # Imported after flag parsing: jax reads XLA_FLAGS when first imported.
   from rljax import preemption  # pylint: disable=g-import-not-at-top
+  from rljax import protocol  # pylint: disable=g-import-not-at-top
   from rljax import train  # pylint: disable=g-import-not-at-top
   try:
     with preemption.StopRequest() as stop:
-      train.train(config, _WORKDIR.value, stop)
+      if config.get('mode', 'train') == 'protocol':
+        protocol.run(config, _WORKDIR.value)
+      else:
+        train.train(config, _WORKDIR.value, stop)
   except ValueError as error:  # bad input
     fail(error, EXIT_BAD_INPUT)
   except FloatingPointError as error:  # persistent NaN / inf

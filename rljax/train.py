@@ -4,6 +4,7 @@ One GRPO step: P prompts, G sampled responses each (the batch unit is P x G resp
 from a verifier; group z-score advantages; by default ONE global optimizer update per rollout batch
 (as in the paper), with gradients accumulated over micro-batches so memory stays flat as P grows.
 """
+import collections
 import functools
 import os
 import time
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax import analysis
 from rljax import checkpoint
 from rljax import config_checks
 from rljax import data
@@ -29,6 +31,10 @@ from rljax import sharding
 from rljax import tasks
 from rljax import warmstart
 from rljax import workdir as workdir_lib
+
+
+NOISE_KEYS = ('grad_sq_small', 'grad_sq_big', 'b_small', 'b_big')
+NOISE_SCALE_STEPS = 50   # the logged noise_scale averages its terms over this many recent steps
 
 
 def train(config, workdir, stop=None):
@@ -135,6 +141,7 @@ def train(config, workdir, stop=None):
     return budget_spent or target_hit
 
   # ------------------------------------------------------------------ the loop
+  noise_terms = collections.deque(maxlen=NOISE_SCALE_STEPS)
   while not done():
     step += 1
     step_start = time.perf_counter()
@@ -196,6 +203,10 @@ def train(config, workdir, stop=None):
     for key in ('kl', 'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big') + algo.logged:
       if key in first:
         row[key] = float(np.mean([m[key] for m in step_metrics]))
+    if 'grad_sq_small' in row:  # B_simple over recent steps: one step alone is mostly noise
+      noise_terms.append([row[k] for k in NOISE_KEYS])
+      noise_scale = analysis.noise_scale(*np.transpose(noise_terms))
+      row['noise_scale'] = noise_scale if np.isfinite(noise_scale) else None
     writer.train(row, console=step % config.train.log_every == 0)
     if row['skipped_updates']:
       logging.warning('step %d: %d non-finite update(s) skipped', step, row['skipped_updates'])

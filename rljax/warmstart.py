@@ -5,6 +5,7 @@ The jump in accuracy is sharp, so training stops on the threshold, not a step co
 cached under a fingerprint of everything that determines it (model, data, warm-start settings,
 seed) and reused by every later run that shares it (e.g. all arms of a protocol).
 """
+import functools
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import orbax.checkpoint as ocp
 
 from rljax import data
 from rljax import losses
+from rljax import model as model_lib
 from rljax import optim
 from rljax import sharding
 from rljax import update
@@ -34,11 +36,17 @@ class SupervisedBatch(NamedTuple):
     return self._replace(weights_BxS=losses.token_weights(self.weights_BxS, 'token-mean'))
 
 
+def seed(config):
+  """warmstart.seed when pinned (>= 0), else the run's seed."""
+  pinned = config.warmstart.get('seed', -1)
+  return pinned if pinned >= 0 else config.seed
+
+
 def fingerprint(config):
   model = {k: v for k, v in config.model.items() if k != 'max_seq_len'}  # a bound, not the model
-  relevant = dict(model=model, seed=config.seed,
+  relevant = dict(model=model, seed=seed(config),
                   data={k: v for k, v in config.data.items() if k != 'dir'},
-                  warmstart={k: v for k, v in config.warmstart.items() if k != 'dir'})
+                  warmstart={k: v for k, v in config.warmstart.items() if k not in ('dir', 'seed')})
   return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -82,9 +90,13 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
       lambda p, s, b: update.apply_update(loss_fn, optimizer, p, s, b.normalized(), 1),
       donate_argnums=(0, 1)),
                              mesh)
+  if seed(config) != config.seed:  # pinned: the start must not depend on the run's own seed
+    init_params, _ = sharding.init_params(
+        functools.partial(model_lib.init_params, model.cfg),
+        jax.random.split(jax.random.PRNGKey(seed(config)))[0], mesh)
   params = init_params
   opt_state = sharding.init_optimizer(optimizer, params, mesh)
-  iterator = data.PromptIterator(source, ws.batch, seed=config.seed + 7919,
+  iterator = data.PromptIterator(source, ws.batch, seed=seed(config) + 7919,
                                  process_index=jax.process_index(),
                                  process_count=jax.process_count())
   start, accuracy, step = time.time(), 0.0, 0

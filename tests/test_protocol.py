@@ -1,0 +1,204 @@
+"""Tests for rljax.protocol: arm configs, the whole pipeline on a tiny model, and resume.
+
+The pipeline runs for real (TFDS data built locally, real training runs, orbax checkpoints, a real
+subprocess killed mid-protocol), only with a tiny model and budgets of a few steps.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from configs import protocol as protocol_config
+from rljax import analysis
+from rljax import protocol
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A tiny model, data set and budget: a few steps per run. Dotted config paths -> values.
+TINY = {
+    **{f'arm.model.{k}': v for k, v in dict(
+        d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, num_experts=2,
+        experts_per_token=1, expert_hidden=32, dense_hidden=64).items()},
+    'arm.data.num_train': 2000, 'arm.data.num_test': 200, 'arm.train.eval_size': 64,
+    'arm.rollout.G': 4, 'arm.warmstart.min_steps': 2, 'arm.warmstart.max_steps': 2,
+    'arm.warmstart.eval_every': 2, 'arm.warmstart.batch': 32,
+    'protocol.sweep': (2, 4), 'protocol.base': 2, 'protocol.control': (4,),
+    'protocol.throughput': (2, 4, 8), 'protocol.max_samples': 48,
+    'protocol.eval_every_samples': 16, 'protocol.throughput_warmup': 2,
+    'protocol.throughput_steps': 2, 'protocol.n_boot': 50,
+}
+
+
+def _flag(path, value):
+  text = f"({','.join(map(str, value))})" if isinstance(value, tuple) else str(value)
+  return f'--config.{path}={text}'
+
+
+def tiny_config(data_dir):
+  """configs/protocol.py:runlocal,seeds=1 with TINY applied, as the command line applies it."""
+  config = protocol_config.get_config('runlocal,seeds=1')
+  for path, value in dict(TINY, **{'arm.data.dir': data_dir}).items():
+    protocol._set(config, path, value)
+  return config
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('tfds'))
+
+
+# ------------------------------------------------------------------------------------------------
+# Arm configs.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_runlocal_arms_follow_the_sqrt_rule_and_space_evals_in_samples():
+  config = protocol_config.get_config('runlocal')
+  arms = {a.name: a for a in protocol.arms(config, '/tmp/D')}
+  assert sorted(arms) == ['P128', 'P16', 'P256', 'P32', 'P32_fixed_lr', 'P64']
+  base_lr = protocol._arm_spec(arms['P16'])['lr']
+  for name, arm in arms.items():
+    spec = protocol._arm_spec(arm)
+    assert arm.config.rollout.P == arm.value and spec['batch'] == arm.value * 8
+    ratio = 1.0 if arm.control else (arm.batch / 128)**0.5
+    assert spec['lr'] == pytest.approx(base_lr * ratio)
+    assert arm.config.train.eval_every == max(1, round(1024 / arm.batch))   # samples, not steps
+    assert arm.config.warmstart.dir == '/tmp/D/warmstart' and arm.config.warmstart.seed == 0
+  assert arms['P32_fixed_lr'].config.optimizer.lr_rule == 'constant'
+  assert arms['P32'].config.optimizer.lr_rule == 'sqrt'
+
+
+def test_arm_overrides_apply_to_every_arm_but_not_to_the_batch():
+  config = protocol_config.get_config('runlocal')
+  config.arm.grpo.clip_high = 0.28
+  assert all(a.config.grpo.clip_high == 0.28 for a in protocol.arms(config, 'D'))
+  config.arm.rollout.P = 32
+  with pytest.raises(ValueError, match='arm.rollout.P depends on the batch'):
+    protocol.arms(config, 'D')
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('base', 12, 'protocol.base'),
+    ('sweep', (8, 8, 16), 'repeat a batch'),
+    ('target', 1.5, 'protocol.target'),
+    ('num_seeds', 0, 'num_seeds'),
+    ('throughput_warmup', 0, 'compiles'),
+    ('throughput', (0, 8), 'positive integers'),
+])
+def test_bad_protocol_settings_fail_clearly(field, value, message):
+  config = protocol_config.get_config('runlocal')
+  config.protocol[field] = value
+  with pytest.raises(ValueError, match=message):
+    protocol.arms(config, 'D')
+
+
+def test_unknown_algo_fails_clearly():
+  with pytest.raises(ValueError, match="algo='sac'"):
+    protocol_config.get_config('algo=sac')
+
+
+def test_summarise_throughput_leaves_out_the_compile_steps(tmp_path):
+  rows = [dict(step=s, samples=64 * s, tokens=300 * s, step_time_s=t, rollout_time_s=t / 4,
+               reward_time_s=0.0, update_time_s=3 * t / 4, response_len_mean=4.7, grad_norm=1.0)
+          for s, t in [(1, 9.0), (2, 5.0), (3, 0.2), (4, 0.3), (5, 0.1)]]
+  (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  result = protocol.summarise_throughput(str(tmp_path), warmup=2)
+  assert result['samples_per_s'] == pytest.approx(3 * 64 / 0.6)
+  assert result['tokens_per_s'] == pytest.approx(3 * 300 / 0.6)
+  assert result['rollout_time_s'] == pytest.approx(0.05) and result['steps_measured'] == 3
+  with pytest.raises(ValueError, match='no steps after'):
+    protocol.summarise_throughput(str(tmp_path), warmup=5)
+
+
+# ------------------------------------------------------------------------------------------------
+# The pipeline, end to end, and resume after a kill.
+# ------------------------------------------------------------------------------------------------
+
+
+def _main(workdir, data_dir):
+  return [sys.executable, '-m', 'rljax.main', '--config=configs/protocol.py:runlocal,seeds=1',
+          f'--workdir={workdir}', f'--config.arm.data.dir={data_dir}'] + [
+              _flag(k, v) for k, v in TINY.items()]
+
+
+@pytest.fixture(scope='module')
+def resumed(tmp_path_factory, data_dir):
+  """A tiny protocol killed (SIGKILL, no cleanup) right after its first arm, then run again."""
+  workdir = str(tmp_path_factory.mktemp('protocol') / 'D')
+  env = dict(os.environ, PYTHONPATH=REPO)
+  first_done = os.path.join(workdir, 'arms', 'P2', 'seed_0', 'done.json')
+  proc = subprocess.Popen(_main(workdir, data_dir), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 300
+  while not os.path.exists(first_done) and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  _, stderr = proc.communicate()
+  assert os.path.exists(first_done), stderr[-3000:]
+  killed_before_report = not os.path.exists(os.path.join(workdir, 'report.json'))
+  first_metrics = os.path.join(workdir, 'arms', 'P2', 'seed_0', 'metrics.jsonl')
+  before = (os.stat(first_metrics).st_mtime_ns, open(first_metrics).read())
+  result = subprocess.run(_main(workdir, data_dir), cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  after = (os.stat(first_metrics).st_mtime_ns, open(first_metrics).read())
+  return dict(workdir=workdir, env=env, stdout=result.stdout, killed_before_report=
+              killed_before_report, first_before=before, first_after=after)
+
+
+def test_resume_skips_finished_arms_and_shares_one_warm_start(resumed):
+  assert resumed['killed_before_report']
+  assert 'align 1/3: P2 seed 0: already done, skipped' in resumed['stdout']
+  assert resumed['first_after'] == resumed['first_before']   # not re-run, not even touched
+  warm_starts = os.listdir(os.path.join(resumed['workdir'], 'warmstart'))
+  assert len(warm_starts) == 1, warm_starts   # every arm started from the one warm start
+
+
+def test_protocol_writes_runs_throughput_report_and_plots(resumed):
+  workdir = resumed['workdir']
+  for arm in ('P2', 'P4', 'P4_fixed_lr'):
+    done = json.load(open(os.path.join(workdir, 'arms', arm, 'seed_0', 'done.json')))
+    assert done['samples'] >= 48
+    spec = json.load(open(os.path.join(workdir, 'arms', arm, 'arm.json')))
+    assert spec['batch'] == int(arm[1]) * 4 and spec['control'] == arm.endswith('fixed_lr')
+  for batch in (8, 16, 32):   # 32 = P8 is beyond the align sweep
+    t = json.load(open(os.path.join(workdir, 'throughput', f'{batch}.json')))
+    assert t['batch'] == batch and t['samples_per_s'] > 0 and t['steps_measured'] == 2
+  report = json.load(open(os.path.join(workdir, 'report.json')))
+  assert [a['name'] for a in report['arms']] == ['P2', 'P4', 'P4_fixed_lr']
+  assert report['base_arm'] == 'P2' and report['target'] == 0.47
+  assert sorted(c['batch'] for c in report['candidates']) == [8, 16, 32]
+  assert [c['extrapolated'] for c in report['candidates']] == [False, False, True]
+  assert 'Decision' in open(os.path.join(workdir, 'report.md')).read()
+  for plot in analysis.PLOTS:
+    with open(os.path.join(workdir, plot), 'rb') as f:
+      assert f.read(8) == b'\x89PNG\r\n\x1a\n', plot
+
+
+def test_a_finished_protocol_retrains_nothing_and_refuses_a_changed_config(resumed):
+  workdir, env = resumed['workdir'], resumed['env']
+  data_dir = json.load(open(os.path.join(workdir, 'arms', 'P2', 'seed_0', 'run_config.json')))[
+      'data']['dir']
+  again = subprocess.run(_main(workdir, data_dir), cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert again.stdout.count('already') == 6 and 'training in' not in again.stdout
+  changed = subprocess.run(_main(workdir, data_dir) + ['--config.arm.grpo.clip_high=0.3'],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert changed.returncode != 0
+  assert 'was started with grpo.clip_high=0.2' in changed.stderr
+
+
+def test_confirm_run_is_compared_with_the_prediction(resumed, data_dir):
+  """The confirmation run at a given recommended batch, in process, and its report section."""
+  config, workdir = tiny_config(data_dir), resumed['workdir']
+  done = protocol.confirm(config, workdir, {'recommended': {'batch': 8}})
+  assert done['samples'] >= 48 or done['eval_accuracy'] >= 0.5
+  spec = json.load(open(os.path.join(workdir, 'confirm', 'arm.json')))
+  cfg = json.load(open(os.path.join(workdir, 'confirm', 'run_config.json')))
+  assert spec['batch'] == 8 and cfg['seed'] == 1 and cfg['train']['target'] == pytest.approx(0.5)
+  report = analysis.build_report(workdir)
+  assert report['confirm']['batch'] == 8 and 'measured_wallclock_s' in report['confirm']
