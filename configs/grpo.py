@@ -61,7 +61,7 @@ def get_config(arg=None):
 
   # Budget in retained training responses (compare runs by samples, never by steps).
   config.train = dict(max_samples=100_000 if arg.runlocal else 2_000_000, max_steps=0,
-                      micro_batch=64 if arg.runlocal else 256, num_minibatches=1, num_epochs=1,
+                      micro_batch=64 if arg.runlocal else min(256, arg.P * arg.G), num_minibatches=1, num_epochs=1,
                       logits_chunk=0 if arg.runlocal else 128, eval_every=25, eval_size=500,
                       log_every=10, checkpoint_every=100, keep_checkpoints=2, target=0.0,
                       overwrite=False)   # overwrite: replace a different run in the workdir

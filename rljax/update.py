@@ -3,6 +3,7 @@
 `loss_fn(params, micro_batch) -> (loss, metric_sums)` must be additive over micro-batches: rljax
 losses weight each token with weights computed on the FULL batch (rljax.losses.token_weights), so
 the summed loss and gradient do not depend on the split, while memory stays that of one micro-batch.
+(One exception, as in Megatron-Core: the MoE load-balancing loss is computed per micro-batch.)
 
 The per-micro-batch gradients also give, for free, the two squared norms behind the gradient noise
 scale of McCandlish et al. (B_simple = tr(Sigma) / |G|^2): `grad_sq_small` at `b_small` = micro-batch

@@ -67,8 +67,6 @@ def test_check_accepts_good_configs():
   config_checks.check(grpo.get_config('P=1024,G=8'))   # the docstring's full-size example
 
 
-@pytest.mark.xfail(strict=True, reason='library bug: the full-size preset has micro_batch=256 '
-                   'but the default batch is P*G = 16*8 = 128 (see the test report)')
 def test_check_accepts_full_size_defaults():
   config_checks.check(grpo.get_config())
 
