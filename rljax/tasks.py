@@ -38,6 +38,15 @@ def arithmetic_lengths(data_cfg):
   return prompt_len, answer_len + 1
 
 
+def lengths(config):
+  """(prompt tokens, max response tokens, vocabulary size or 0 if only the tokenizer file knows)
+  from the config alone, so they are checked before anything is built."""
+  dcfg = config.data
+  if dcfg.get('name', 'arithmetic') == 'arithmetic':
+    return (*arithmetic_lengths(dcfg), tokenizer_lib.ArithmeticTokenizer.vocab_size)
+  return dcfg.max_prompt_len, dcfg.max_response_len, 0
+
+
 class PromptSource(Sequence):
   """A data source whose prompts read as the model will see them (instruction + chat template).
 

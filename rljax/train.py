@@ -50,14 +50,15 @@ def train(config, workdir, stop=None):
   # ------------------------------------------------------------------ task, model, evaluation
   dcfg = config.data
   model_cfg = hf.policy_config(config)
+  prompt_len, task_new_tokens, vocab_size = tasks.lengths(config)
+  max_new_tokens = config.rollout.max_new_tokens or task_new_tokens
+  config_checks.check_lengths(prompt_len, max_new_tokens, model_cfg, vocab_size)  # before building
   meta = workdir_lib.prepare(workdir, config)   # None: a fresh run
   try:
     task = tasks.make_task(config)   # tokenizer, splits, lengths, verifier of config.data.name
   except OSError as error:
     raise ValueError(f'cannot build or read the dataset: {error}') from None
   tokenizer, train_source, test_source = task.tokenizer, task.train_source, task.test_source
-  prompt_len = task.prompt_len
-  max_new_tokens = config.rollout.max_new_tokens or task.max_new_tokens
   config_checks.check_lengths(prompt_len, max_new_tokens, model_cfg, tokenizer.vocab_size)
   reward_fn = task.reward_fn
   hf_path = config.init.hf_path if 'init' in config else ''
