@@ -10,11 +10,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from configs import protocol as protocol_config
 from rljax import analysis
 from rljax import protocol
+from rljax import warmstart
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A tiny model, data set and budget: a few steps per run. Dotted config paths -> values.
@@ -23,7 +25,7 @@ TINY = {
         d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, num_experts=2,
         experts_per_token=1, expert_hidden=32, dense_hidden=64).items()},
     'arm.data.num_train': 2000, 'arm.data.num_test': 200, 'arm.train.eval_size': 64,
-    'arm.rollout.G': 4, 'arm.warmstart.min_steps': 2, 'arm.warmstart.max_steps': 2,
+    'arm.rollout.G': 4, 'arm.train.micro_batch': 4, 'arm.warmstart.min_steps': 2, 'arm.warmstart.max_steps': 2,
     'arm.warmstart.eval_every': 2, 'arm.warmstart.batch': 32,
     'protocol.sweep': (2, 4), 'protocol.base': 2, 'protocol.control': (4,),
     'protocol.throughput': (2, 4, 8), 'protocol.max_samples': 48,
@@ -100,6 +102,20 @@ def test_unknown_algo_fails_clearly():
     protocol_config.get_config('algo=sac')
 
 
+def test_pinned_warm_start_is_shared_by_all_seeds():
+  config = protocol_config.get_config('runlocal')
+  fingerprints = set()
+  for seed in range(3):
+    arm = protocol.arms(config, 'D')[0].config
+    arm.seed = seed
+    fingerprints.add(warmstart.fingerprint(arm))
+    arm.warmstart.seed = -1   # unpinned: the run's own seed
+    assert warmstart.seed(arm) == seed
+  assert len(fingerprints) == 1
+  unpinned = protocol_config.get_config('runlocal').arm
+  assert warmstart.seed(unpinned) == unpinned.seed == 0
+
+
 def test_summarise_throughput_leaves_out_the_compile_steps(tmp_path):
   rows = [dict(step=s, samples=64 * s, tokens=300 * s, step_time_s=t, rollout_time_s=t / 4,
                reward_time_s=0.0, update_time_s=3 * t / 4, response_len_mean=4.7, grad_norm=1.0)
@@ -167,6 +183,16 @@ def test_protocol_writes_runs_throughput_report_and_plots(resumed):
   for batch in (8, 16, 32):   # 32 = P8 is beyond the align sweep
     t = json.load(open(os.path.join(workdir, 'throughput', f'{batch}.json')))
     assert t['batch'] == batch and t['samples_per_s'] > 0 and t['steps_measured'] == 2
+  # noise_scale in the training rows: B_simple of the recent steps' squared-norm terms.
+  rows = [r for r in map(json.loads, open(os.path.join(workdir, 'arms', 'P4', 'seed_0',
+                                                         'metrics.jsonl'))) if not r.get('eval')]
+  small, big, bs, bb = (np.array([r[k] for r in rows]) for k in (
+      'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big'))
+  assert (bs == 4).all() and (bb == 16).all()
+  grad_sq = np.mean((bb * big - bs * small) / (bb - bs))
+  trace = np.mean((small - big) / (1 / bs - 1 / bb))
+  expected = trace / grad_sq if grad_sq > 0 else None
+  assert rows[-1]['noise_scale'] == (pytest.approx(expected) if expected else None)
   report = json.load(open(os.path.join(workdir, 'report.json')))
   assert [a['name'] for a in report['arms']] == ['P2', 'P4', 'P4_fixed_lr']
   assert report['base_arm'] == 'P2' and report['target'] == 0.47
