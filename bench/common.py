@@ -5,6 +5,7 @@ A roofline is only as good as its ceilings, so both are MEASURED here, on this m
 that reports against them: memory bandwidth from a large copy and a large reduction (the faster of
 the two counts), matmul peak from a large matmul in the benchmark's compute dtype.
 """
+import concurrent.futures
 import contextlib
 import datetime
 import json
@@ -189,3 +190,18 @@ def table(rows, columns):
 
 def gib(nbytes):
   return nbytes / 2 ** 30
+
+
+def precompile(jobs, mesh, workers=None):
+  """Compiles `(jitted, args)` jobs ahead of their first call, in parallel threads (XLA compiles
+  outside the GIL), so a sweep of many shapes pays about the longest compile, not the sum.
+  The jit cache keeps the executables: the timed calls that follow compile nothing (asserted by
+  the benchmarks). Returns each job's compile seconds (wall, under the parallel load)."""
+  def compile_one(job):
+    jitted, args = job
+    start = time.perf_counter()
+    with jax.set_mesh(mesh):
+      jitted.lower(*args).compile()
+    return time.perf_counter() - start
+  with concurrent.futures.ThreadPoolExecutor(workers or max(1, min(len(jobs), os.cpu_count()))) as pool:
+    return list(pool.map(compile_one, jobs))

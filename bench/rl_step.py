@@ -8,6 +8,7 @@ group_batch, policy_update): prompts (3-digit addition) -> sample -> decode and 
 -> advantages -> one accumulated Adam update. The first step compiles; the next `steps` are timed.
 """
 import argparse
+import concurrent.futures
 import dataclasses
 import sys
 import time
@@ -34,7 +35,8 @@ def arithmetic_prompts(num, seed):
   return [f'{x:03d}+{y:03d}=' for x, y in zip(a, b)], [str(x + y) for x, y in zip(a, b)]
 
 
-def measure(model, params, mesh, P, G, micro, max_new_tokens, steps):
+def prepare(model, params, mesh, P, G, micro, max_new_tokens):
+  """Builds the GRPO step for this P and runs it once (compiling its three jitted parts)."""
   config = train_bench.grpo_defaults()
   tokenizer = tokenizer_lib.ArithmeticTokenizer()
   prompt_len = 8
@@ -71,8 +73,22 @@ def measure(model, params, mesh, P, G, micro, max_new_tokens, steps):
     return params, opt_state, dict(rollout=t1 - t0, reward=t2 - t1, update=t3 - t2, total=t3 - t0,
                                    tokens=int(stats['tokens']), loss=float(metrics['loss']))
 
-  with common.count_compiles() as first:
-    params, opt_state, _ = grpo_step(params, opt_state, 0)
+  start = time.perf_counter()
+  params, opt_state, _ = grpo_step(params, opt_state, 0)
+  return dict(P=P, G=G, micro=micro, grpo_step=grpo_step, params=params, opt_state=opt_state,
+              compile_s=time.perf_counter() - start, sample=sample, sample_jit=sample_jit,
+              make_batch=make_batch, update_jit=update_jit, tokenizer=tokenizer,
+              prompt_len=prompt_len)
+
+
+def measure(state, mesh, steps):
+  """Times `steps` further GRPO steps (no compilation allowed) and the memory of each part."""
+  P, G, micro = state['P'], state['G'], state['micro']
+  batch_size = P * G
+  params, opt_state, grpo_step = state['params'], state['opt_state'], state['grpo_step']
+  tokenizer, prompt_len = state['tokenizer'], state['prompt_len']
+  sample, sample_jit, make_batch = state['sample'], state['sample_jit'], state['make_batch']
+  update_jit = state['update_jit']
   timings = []
   with common.count_compiles() as later:
     for step in range(1, steps + 1):
@@ -96,7 +112,7 @@ def measure(model, params, mesh, P, G, micro, max_new_tokens, steps):
               tokens=med['tokens'], update_temp_GiB=common.gib(update_mem['temp']),
               update_peak_GiB=common.gib(update_mem['peak']),
               sampler_temp_GiB=common.gib(sampler_mem.temp_size_in_bytes),
-              compile_s=first['seconds'], recompiles=later['count'],
+              compile_s=state['compile_s'], recompiles=later['count'],
               load_1min=common.load_average())
 
 
@@ -111,10 +127,16 @@ def run(preset, Ps, G, micro, max_new_tokens, steps, overrides=None, log=print):
     raise ValueError(f'preset {preset} has vocab {cfg.vocab_size}; the arithmetic task needs 16')
   model, params, mesh = sampler_bench.setup(cfg)
   record = dict(machine=common.machine(), preset=preset, model=dataclasses.asdict(cfg), rows=[])
-  for P in Ps:
-    row = measure(model, params, mesh, P, G, micro, max_new_tokens, steps)
+  # The first P alone (its first step's time is the compile time to quote), the rest in parallel.
+  states = [prepare(model, params, mesh, Ps[0], G, micro, max_new_tokens)]
+  with concurrent.futures.ThreadPoolExecutor(max(1, len(Ps) - 1)) as pool:
+    states += list(pool.map(lambda P: prepare(model, params, mesh, P, G, micro, max_new_tokens),
+                            Ps[1:]))
+  log(f"compiled {len(Ps)} GRPO steps; first alone {states[0]['compile_s']:.1f} s", flush=True)
+  for state in states:
+    row = measure(state, mesh, steps)
     record['rows'].append(row)
-    log(f"P {P}: step {row['step_s']:.3g} s (rollout {row['rollout_s']:.3g}, reward "
+    log(f"P {row['P']}: step {row['step_s']:.3g} s (rollout {row['rollout_s']:.3g}, reward "
         f"{row['reward_s']:.3g}, update {row['update_s']:.3g}), update temp "
         f"{row['update_temp_GiB']:.3f} GiB, load {row['load_1min']:.1f}", flush=True)
   return record

@@ -10,6 +10,7 @@ executable's own account (memory_analysis: arguments + outputs + temporaries - a
 GPU also the allocator's high-water mark.
 """
 import argparse
+import concurrent.futures
 import dataclasses
 import functools
 import sys
@@ -68,19 +69,36 @@ def compiled_memory(jitted, mesh, *args):
                     stats.temp_size_in_bytes - stats.alias_size_in_bytes))
 
 
-def measure(model, params, mesh, batch, micro, prompt_len, response_len, repeats, ceilings,
-            logits_chunk=0):
+def abstract(tree):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def build_point(model, params, mesh, batch, micro, prompt_len, response_len, logits_chunk=0):
+  """The jitted step for one micro-batch size, its abstract arguments and its batch."""
+  step, jitted, optimizer = make_update_step(model, batch // micro, batch, mesh, logits_chunk)
+  opt_state = abstract(sharding.init_optimizer(optimizer, params, mesh))
+  data = random_batch(model.cfg, batch, prompt_len, response_len, mesh)
+  return dict(batch=batch, micro=micro, step=step, jitted=jitted, optimizer=optimizer, data=data,
+              args=(abstract(params), opt_state, abstract(data), None), prompt_len=prompt_len,
+              response_len=response_len)
+
+
+def point_memory(point, mesh):
+  start = time.perf_counter()
+  point['memory'] = compiled_memory(point['jitted'], mesh, *point['args'])
+  point['compile_s'] = time.perf_counter() - start
+
+
+def measure(model, params, mesh, point, repeats, ceilings):
   cfg = model.cfg
-  num_micro = batch // micro
-  step, jitted, optimizer = make_update_step(model, num_micro, batch, mesh, logits_chunk)
+  batch, micro = point['batch'], point['micro']
+  step = point['step']
   params = jax.tree.map(jnp.copy, params)     # the step donates its parameters
-  opt_state = sharding.init_optimizer(optimizer, params, mesh)
-  data = random_batch(cfg, batch, prompt_len, response_len, mesh)
-  with common.count_compiles() as first:   # compiles here (the call below reuses it)
-    memory = compiled_memory(jitted, mesh, params, opt_state, data, None)
-    params, opt_state, _ = jax.block_until_ready(step(params, opt_state, data, None))
+  opt_state = sharding.init_optimizer(point['optimizer'], params, mesh)
+  data = point['data']
   times, peaks = [], []
   with common.count_compiles() as later:
+    params, opt_state, _ = jax.block_until_ready(step(params, opt_state, data, None))
     for _ in range(repeats):
       t0 = time.perf_counter()
       params, opt_state, metrics = jax.block_until_ready(step(params, opt_state, data, None))
@@ -90,13 +108,15 @@ def measure(model, params, mesh, batch, micro, prompt_len, response_len, repeats
   assert np.isfinite(float(metrics['loss']))
   seconds, spread = common.median_spread(times)
   peak, _ = common.median_spread(peaks)
-  tokens = batch * (prompt_len + response_len)
+  tokens = batch * (point['prompt_len'] + point['response_len'])
   model_flops = 6 * common.active_params_per_token(cfg) * tokens
-  row = dict(batch=batch, micro=micro, num_micro=num_micro, tokens=tokens, step_s=seconds,
+  memory = point['memory']
+  row = dict(batch=batch, micro=micro, num_micro=batch // micro, tokens=tokens, step_s=seconds,
              step_spread=spread, tok_s=tokens / seconds, model_TFLOP=model_flops / 1e12,
              peak_TFLOPs=peak / 1e12, mfu_pct=100 * model_flops / seconds / peak,
              mem_peak_GiB=common.gib(memory['peak']), mem_temp_GiB=common.gib(memory['temp']),
-             compile_s=first['seconds'], recompiles=later['count'], load_1min=common.load_average())
+             compile_s=point['compile_s'], recompiles=later['count'],
+             load_1min=common.load_average())
   device = jax.devices()[0]
   if device.platform == 'gpu':
     row['allocator_peak_GiB'] = common.gib(device.memory_stats().get('peak_bytes_in_use', 0))
@@ -115,13 +135,18 @@ def run(preset, batch, micros, prompt_len, response_len, repeats, overrides=None
   ceilings = common.Ceilings(on_gpu, cfg.dtype)
   record = dict(machine=common.machine(), preset=preset, model=dataclasses.asdict(cfg),
                 active_params=common.active_params_per_token(cfg), rows=[])
-  for micro in micros:
-    row = measure(model, params, mesh, batch, micro, prompt_len, response_len, repeats, ceilings,
-                  logits_chunk)
+  points = [build_point(model, params, mesh, batch, m, prompt_len, response_len, logits_chunk)
+            for m in micros]
+  point_memory(points[0], mesh)    # alone: the compile time to quote
+  with concurrent.futures.ThreadPoolExecutor(max(1, len(points) - 1)) as pool:
+    list(pool.map(lambda p: point_memory(p, mesh), points[1:]))
+  record['compile_s'] = points[0]['compile_s']
+  log(f"compiled {len(points)} train steps; first alone {points[0]['compile_s']:.1f} s", flush=True)
+  for point in points:
+    row = measure(model, params, mesh, point, repeats, ceilings)
     record['rows'].append(row)
-    log(f"micro {micro}: {row['tok_s']:.4g} tok/s, MFU {row['mfu_pct']:.1f}%, memory "
-        f"{row['mem_peak_GiB']:.3f} GiB, compile {row['compile_s']:.1f} s, load "
-        f"{row['load_1min']:.1f}", flush=True)
+    log(f"micro {row['micro']}: {row['tok_s']:.4g} tok/s, MFU {row['mfu_pct']:.1f}%, memory "
+        f"{row['mem_peak_GiB']:.3f} GiB, load {row['load_1min']:.1f}", flush=True)
   return record
 
 

@@ -1,0 +1,41 @@
+#!/bin/bash
+# Every benchmark for the ~1B-class MoE (configs/grpo.py's default model: 1.3B params, 0.24B
+# active, bf16 compute, f32 master weights) on one GPU, in under 8 minutes; results dated, the
+# hardware named, everything under OUTDIR.
+#
+#   bench/gpu.sh OUTDIR            (from the repository root; PYTHON=... to pick the interpreter)
+#
+# Each benchmark runs in its own process under its own time limit, so one failure still leaves
+# the others' numbers. SMOKE=1 runs the same script on the tiny preset (CPU check of the script).
+set -u
+OUTDIR=${1:-${OUT:-/tmp/rljax-bench}}
+mkdir -p "$OUTDIR"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+if [ "${SMOKE:-0}" = 1 ]; then
+  MODEL=tiny; BATCHES=1,16; LENGTHS=8,16; TRAIN="--batch=16 --micro=4,16 --prompt_len=8 --response_len=8"
+  RL="--P=2,4"; REPEATS=2
+else
+  MODEL=gpu1b; BATCHES=1,4,16,64,256,1024; LENGTHS=64,512
+  TRAIN="--batch=256 --micro=32,64,256 --prompt_len=32 --response_len=224"; RL="--P=16,64,256"
+  REPEATS=3
+fi
+LOG="$OUTDIR/all.log"
+{
+  echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) rljax $(git rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>/dev/null
+  $PY -c "import jax, sys; print('python', sys.version.split()[0], 'jax', jax.__version__, jax.devices())"
+} 2>&1 | tee "$LOG"
+run() {   # name, time limit (s), command...
+  local name=$1 limit=$2; shift 2
+  echo "== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" | tee -a "$LOG"
+  timeout "$limit" "$PY" "$@" --out="$OUTDIR/$name.json" 2>&1 | tee -a "$LOG"
+  echo "== $name exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+}
+run sampler 240 bench/sampler.py --preset=$MODEL --batches=$BATCHES --lengths=$LENGTHS \
+  --length_batch=16 --repeats=$REPEATS --dump_hlo="$OUTDIR/sampler_b1_hlo.txt"
+run sampler_bf16_params 60 bench/sampler.py --preset=$MODEL --batches=1,64 --lengths=64 \
+  --param_dtype=bfloat16 --repeats=$REPEATS
+run train_step 150 bench/train_step.py --preset=$MODEL $TRAIN --repeats=$REPEATS
+run rl_step 90 bench/rl_step.py --preset=$MODEL $RL --G=8 --micro=256 --steps=2
+echo "== done $(date -u +%H:%M:%S)" | tee -a "$LOG"
