@@ -30,6 +30,15 @@ def _token_text(value):
   return value.get('content') if isinstance(value, dict) else value
 
 
+def _generation_eos_ids(hf_dir):
+  path = os.path.join(hf_dir, 'generation_config.json')
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    ids = json.load(f).get('eos_token_id')
+  return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+
+
 class HFTokenizer:
   """encode / decode / pad_id / eos_id / vocab_size, plus `chat_prompt` for instruction models."""
 
@@ -55,6 +64,8 @@ class HFTokenizer:
     self.eos_id = self._id(self.eos_token)
     self.pad_id = self._id(pad_token)
     self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+    # Text ends at the first of any stop token: Qwen3 lists <|im_end|> and <|endoftext|>.
+    self.stop_ids = {self.eos_id} | set(_generation_eos_ids(hf_dir))
 
   def _id(self, token):
     token_id = self._tokenizer.token_to_id(token)
@@ -70,10 +81,10 @@ class HFTokenizer:
     return [e.ids for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
   def decode(self, ids) -> str:
-    """Text up to the first EOS, without special tokens."""
+    """Text up to the first stop token, without special tokens."""
     ids = [int(i) for i in ids]
-    if self.eos_id in ids:
-      ids = ids[:ids.index(self.eos_id)]
+    stops = [n for n, i in enumerate(ids) if i in self.stop_ids]
+    ids = ids[:stops[0]] if stops else ids
     return self._tokenizer.decode([i for i in ids if i != self.pad_id], skip_special_tokens=True)
 
   def chat_prompt(self, question: str) -> str:

@@ -7,6 +7,7 @@ export in transformers is skipped when they are not installed.
 """
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -23,6 +24,7 @@ from rljax import sampler as sampler_lib
 TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata')
 MODELS = ('tiny_qwen3', 'tiny_qwen3_moe')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTDATA_DIR = pathlib.Path(TESTDATA) / 'tiny_qwen3'
 
 
 def model_dir(name):
@@ -155,6 +157,16 @@ def test_tokenizer_round_trip_and_stop():
   assert tokenizer.decode(ids + [tokenizer.eos_id] + tokenizer.encode('junk')) == text
   assert tokenizer.decode([tokenizer.pad_id] + ids + [tokenizer.pad_id]) == text
   assert tokenizer.vocab_size == 512 and tokenizer.pad_id != tokenizer.eos_id
+
+
+def test_decode_stops_at_every_generation_stop_token(tmp_path):
+  for name in ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja'):
+    (tmp_path / name).write_bytes((TESTDATA_DIR / name).read_bytes())
+  (tmp_path / 'generation_config.json').write_text('{"eos_token_id": [2, 0]}')
+  tokenizer = hf_tokenizer.HFTokenizer(str(tmp_path))
+  assert tokenizer.stop_ids == {2, 0} and tokenizer.pad_id == 0
+  ids = tokenizer.encode('#### 42')
+  assert tokenizer.decode(ids + [0] + tokenizer.encode(' 99')) == '#### 42'
 
 
 def test_tokenizer_bad_dir(tmp_path):
