@@ -6,6 +6,10 @@ gradients must not depend on the micro-batch split; a shared trunk must receive 
 losses' gradients.
 """
 import math
+import os
+import re
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -422,3 +426,46 @@ def test_one_ppo_update_moves_actor_and_critic_and_logs_both_norms(share_trunk):
     assert np.abs(moved - before['critic_params']['trunk']['blocks']['attn']['w_q']).max() > 0
   else:
     assert set(state['critic_params']) == {'value_head'}
+
+
+# ------------------------------------------------------------------ configs
+
+
+@pytest.mark.parametrize('arg,overrides,message', [
+    ('runlocal', dict(rollout=dict(G=2)), 'rollout.G must be 1 for PPO'),
+    ('runlocal,B=0', {}, 'rollout.P (PPO: B) must be >= 1'),
+    ('runlocal,B=100', {}, 'train.micro_batch (64) must divide the minibatch of 100'),
+    ('B=256', dict(train=dict(num_minibatches=3)), 'train.num_minibatches (3) must divide'),
+    ('runlocal', dict(ppo=dict(lam=1.5)), 'ppo.lam must be in [0, 1]'),
+    ('runlocal', dict(ppo=dict(gamma=-0.1)), 'ppo.gamma must be in [0, 1]'),
+    ('runlocal', dict(ppo=dict(kl_reward_estimator='k9')), 'ppo.kl_reward_estimator'),
+    ('runlocal', dict(ppo=dict(kl_reward_coef=-1.0)), 'ppo.kl_reward_coef must be >= 0'),
+    ('runlocal', dict(ppo=dict(loss_agg='sum')), 'ppo.loss_agg'),
+    ('runlocal', dict(ppo=dict(share_trunk=True, vf_coef=0.0)), 'ppo.vf_coef must be > 0'),
+    ('runlocal', dict(critic_optimizer=dict(lr=0.0)), 'critic_optimizer: lr (0.0)'),
+    ('runlocal', dict(critic_optimizer=dict(lr_rule='cubic')), "critic_optimizer: unknown lr_rule"),
+])
+def test_bad_ppo_configs_name_the_field(arg, overrides, message):
+  from configs import ppo as ppo_config_file
+  from rljax import config_checks
+  config = ppo_config_file.get_config(arg)
+  for section, values in overrides.items():
+    config[section].update(values)
+  with pytest.raises(ValueError, match=re.escape(message)):
+    config_checks.check(config)
+
+
+def test_default_ppo_configs_pass_the_checks():
+  from configs import ppo as ppo_config_file
+  from rljax import config_checks
+  for arg in ('', 'runlocal', 'B=1024', 'B=64,runlocal'):
+    config_checks.check(ppo_config_file.get_config(arg))
+
+
+def test_cli_rejects_a_bad_ppo_config_with_one_line(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'rljax.main', '--config=configs/ppo.py:runlocal,B=0',
+       f'--workdir={tmp_path}'], capture_output=True, text=True, timeout=300,
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert result.returncode == 2
+  assert 'rljax: error: rollout.P (PPO: B) must be >= 1, got 0' in result.stderr
