@@ -79,37 +79,6 @@ def parse_flags(argv):
     fail(flag_error_message(error, argv), EXIT_BAD_INPUT)
 
 
-def fail(message, code):
-  print(f'rljax: error: {message}', file=sys.stderr, flush=True)
-  sys.exit(code)
-
-
-def flag_error_message(error, argv):
-  """One line naming the bad flag or config field, from whatever absl / ml_collections raised."""
-  if isinstance(error, flags.UnrecognizedFlagError) and error.flagname.startswith('config.'):
-    return f'unknown config field {error.flagname[len("config."):]!r} (--{error.flagname})'
-  if isinstance(error, (AttributeError, KeyError)):  # a top-level --config.<name> that does not exist
-    name = str(error).strip('"\'')
-    used = [arg for arg in argv
-            if arg.startswith('--config.') and name in arg.partition('=')[0].split('.')[1:]]
-    return f'unknown config field {name!r}' + (f' ({used[0]})' if used else '')
-  if '\n' not in str(error):
-    return str(error)
-  root = error   # the config file's own exception, behind absl's wrapping and traceback text
-  while root.__cause__ or (root.__context__ and not root.__suppress_context__):
-    root = root.__cause__ or root.__context__
-  lines = [line.strip() for line in str(root).splitlines() if line.strip()]
-  return lines[-1] if lines else str(error).splitlines()[0]
-
-
-def parse_flags(argv):
-  """absl flag parsing where every failure is one `rljax: error:` line and exit code 2."""
-  try:
-    return flags.FLAGS(argv)
-  except Exception as error:  # pylint: disable=broad-except
-    fail(flag_error_message(error, argv), EXIT_BAD_INPUT)
-
-
 def main(argv):
   if len(argv) > 1:
     fail(f'unexpected arguments: {argv[1:]}', EXIT_BAD_INPUT)
