@@ -148,7 +148,7 @@ def resumed(tmp_path_factory, data_dir):
   first_done = os.path.join(workdir, 'arms', 'P2', 'seed_0', 'done.json')
   proc = subprocess.Popen(_main(workdir, data_dir), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
-  deadline = time.time() + 300
+  deadline = time.time() + 1200   # generous: a loaded 2-core machine is slow to warm start
   while not os.path.exists(first_done) and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
