@@ -25,9 +25,9 @@ from bench import common
 from bench import presets
 from bench import sampler as sampler_bench
 from bench import train_step as train_bench
+from rljax import grpo
 from rljax import sampler as sampler_lib
 from rljax import sharding
-from rljax import train as train_lib
 
 TUNIX = 'google-tunix==0.1.7'
 VENV = os.path.join(os.path.dirname(os.path.abspath(__file__)), '.venv-tunix')
@@ -107,7 +107,7 @@ def rljax_grpo(model, params, mesh, P, G, max_new_tokens, prompt_len):
   batch_size = P * G
   sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=-1, pad_id=0, temperature=1.0)), mesh)
-  make_batch = sharding.on_mesh(jax.jit(lambda r, rw, p, v: train_lib.group_batch(
+  make_batch = sharding.on_mesh(jax.jit(lambda r, rw, p, v: grpo.group_batch(
       r, rw, p, v, G=G, grpo_cfg=config.grpo)), mesh)
   update, _, optimizer = train_bench.make_update_step(model, 1, batch_size, mesh)
   state = dict(params=jax.tree.map(lambda x: x.copy(), params))

@@ -22,11 +22,11 @@ from bench import sampler as sampler_bench
 from bench import train_step as train_bench
 from rljax import data
 from rljax import evaluation
+from rljax import grpo
 from rljax import rewards
 from rljax import sampler as sampler_lib
 from rljax import sharding
 from rljax import tokenizer as tokenizer_lib
-from rljax import train as train_lib
 
 
 def arithmetic_prompts(num, seed):
@@ -45,7 +45,7 @@ def prepare(model, params, mesh, P, G, micro, max_new_tokens):
                                         pad_id=tokenizer.pad_id, temperature=1.0)
   sample_jit = sampler_lib.make_sampler(model, sampling)
   sample = sharding.on_mesh(sample_jit, mesh)
-  make_batch = sharding.on_mesh(jax.jit(lambda r, rw, p, v: train_lib.group_batch(
+  make_batch = sharding.on_mesh(jax.jit(lambda r, rw, p, v: grpo.group_batch(
       r, rw, p, v, G=G, grpo_cfg=config.grpo)), mesh)
   update, update_jit, optimizer = train_bench.make_update_step(model, batch_size // min(micro, batch_size),
                                                                batch_size, mesh)
@@ -65,13 +65,13 @@ def prepare(model, params, mesh, P, G, micro, max_new_tokens):
     t1 = time.perf_counter()
     rewards_B, _ = rewards.score_batch(reward_fn, evaluation.decode_responses(tokenizer, tokens),
                                        answers)
-    batch, stats = make_batch(rollout, sharding.put_batch(rewards_B, mesh), prompt_BxT, valid_BxT)
+    batch, _ = make_batch(rollout, sharding.put_batch(rewards_B, mesh), prompt_BxT, valid_BxT)
     t2 = time.perf_counter()
     params, opt_state, metrics = update(params, opt_state, batch, None)
     metrics = jax.device_get(metrics)
     t3 = time.perf_counter()
     return params, opt_state, dict(rollout=t1 - t0, reward=t2 - t1, update=t3 - t2, total=t3 - t0,
-                                   tokens=int(stats['tokens']), loss=float(metrics['loss']))
+                                   tokens=int(jax.device_get(rollout.lengths_B).sum()), loss=float(metrics['loss']))
 
   start = time.perf_counter()
   params, opt_state, _ = grpo_step(params, opt_state, 0)

@@ -2,7 +2,7 @@
 
   PYTHONPATH=. python bench/train_step.py --preset=peer --batch=64 --micro=8,16,32,64
 
-The step is rljax's own (rljax.train.policy_update: policy loss, gradient accumulated over
+The step is rljax's own (rljax.policy_loss.policy_update: policy loss, gradient accumulated over
 micro-batches with a lax.scan, one Adam update), jitted and donated as the trainer does. MFU =
 6 x active params x tokens / step time / matmul peak, the peak measured in the same run (the
 forward recomputation of remat is work the formula does not count). Peak memory is the compiled
@@ -27,7 +27,6 @@ from configs import grpo as grpo_config
 from rljax import optim
 from rljax import policy_loss
 from rljax import sharding
-from rljax import train as train_lib
 
 
 def grpo_defaults():
@@ -35,12 +34,12 @@ def grpo_defaults():
 
 
 def make_update_step(model, num_micro, batch_size, mesh, logits_chunk=0):
-  """The trainer's jitted update (rljax.train): returns (step, optimizer)."""
+  """The trainer's jitted update (rljax.policy_loss.policy_update): returns (step, optimizer)."""
   config = grpo_defaults()
   optimizer, _ = optim.make_optimizer(config.optimizer, batch_size)
   loss_fn = policy_loss.make_policy_loss(model, config.grpo, config.rollout.temperature, num_micro,
                                          logits_chunk)
-  step = jax.jit(functools.partial(train_lib.policy_update, loss_fn, optimizer,
+  step = jax.jit(functools.partial(policy_loss.policy_update, loss_fn, optimizer,
                                    config.grpo.loss_agg, num_micro), donate_argnums=(0, 1))
   return sharding.on_mesh(step, mesh), step, optimizer
 

@@ -15,7 +15,6 @@ import flax.linen as nn
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 import numpy as np
-import optax
 
 MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
 BATCH_AXES = ('data', 'fsdp', 'expert')
@@ -103,21 +102,31 @@ def init_params(init_fn, rng, mesh):
 
 def init_optimizer(optimizer, params, mesh):
   """Optimizer state created on the shards of the parameters it mirrors (Adam's moments would
-  otherwise come out replicated: zeros carry no sharding of their own)."""
-  param_shardings = jax.tree.map(lambda p: p.sharding, params)
-  shardings = optax.tree_utils.tree_map_params(
-      optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, params), param_shardings,
-      transform_non_params=lambda _: replicated(mesh))
+  otherwise come out replicated: zeros carry no sharding of their own).
+
+  A state leaf mirrors the parameter whose key path ends its own and whose shape it has (Adam's
+  mu['blocks']['w_q'] mirrors params['blocks']['w_q']; under optax.multi_transform the moments
+  of params['policy'] sit at mu['policy']...); anything else (counts, scalars) is replicated.
+  """
+  by_path = {tuple(path): p for path, p in jax.tree_util.tree_flatten_with_path(params)[0]}
+  def sharding_of(path, leaf):
+    for start in range(len(path)):
+      param = by_path.get(tuple(path[start:]))
+      if param is not None and param.shape == leaf.shape:
+        return param.sharding
+    return replicated(mesh)
+  shardings = jax.tree_util.tree_map_with_path(sharding_of, jax.eval_shape(optimizer.init, params))
   return on_mesh(jax.jit(optimizer.init, out_shardings=shardings), mesh)(params)
 
 
 def place(tree, mesh):
-  """Arrays already laid out on `mesh` stay; any other (e.g. a new head on one device) is
-  replicated over it, so one jit can take them together."""
+  """Arrays already laid out on `mesh` stay; any other (e.g. a new head or a key on one device)
+  is replicated over it, so one jit can take them together and a multi-host checkpoint can save
+  them (it refuses host-local arrays). Every process must pass the same values."""
   def put(x):
     if isinstance(getattr(x, 'sharding', None), NamedSharding) and x.sharding.mesh == mesh:
       return x
-    return jax.device_put(x, replicated(mesh))
+    return jax.device_put(np.asarray(x), replicated(mesh))
   return jax.tree.map(put, tree)
 
 

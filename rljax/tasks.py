@@ -44,7 +44,17 @@ def lengths(config):
   dcfg = config.data
   if dcfg.get('name', 'arithmetic') == 'arithmetic':
     return (*arithmetic_lengths(dcfg), tokenizer_lib.ArithmeticTokenizer.vocab_size)
+  _tokenizer_path(config)   # the first thing to fix, before any length or model check
   return dcfg.max_prompt_len, dcfg.max_response_len, 0
+
+
+def _tokenizer_path(config):
+  hf_path = config.init.hf_path if 'init' in config else ''
+  if not hf_path:
+    raise ValueError(f'the {config.data.name} task needs a tokenizer: set '
+                     '--config.init.hf_path=DIR (a Hugging Face model directory with '
+                     'tokenizer.json)')
+  return hf_path
 
 
 class PromptSource(Sequence):
@@ -89,10 +99,7 @@ class PromptSource(Sequence):
 
 def _math_task(config, data_dir):
   dcfg = config.data
-  hf_path = config.init.hf_path if 'init' in config else ''
-  if not hf_path:
-    raise ValueError(f'the {dcfg.name} task needs a tokenizer: set --config.init.hf_path=DIR (a '
-                     f'Hugging Face model directory with tokenizer.json)')
+  hf_path = _tokenizer_path(config)
   if dcfg.max_prompt_len < 1 or dcfg.max_response_len < 2:
     raise ValueError(f'data.max_prompt_len ({dcfg.max_prompt_len}) must be >= 1 and '
                      f'data.max_response_len ({dcfg.max_response_len}) >= 2')

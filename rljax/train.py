@@ -69,6 +69,7 @@ def train(config, workdir, stop=None):
                                        prompt_len, max_new_tokens, mesh)
   rng = jax.random.PRNGKey(config.seed)
   init_rng, rollout_rng = jax.random.split(rng)
+  rollout_rng = sharding.place(rollout_rng, mesh)   # saved in checkpoints, also multi-host
   init_fn = functools.partial(model_lib.init_params, model_cfg)
   if hf_path:   # a pretrained policy, each tensor read straight onto its shards; no warm start
     shardings = sharding.param_shardings(jax.eval_shape(init_fn, init_rng), mesh)

@@ -25,6 +25,7 @@ from rljax import model as model_lib
 from rljax import policy_loss
 from rljax import ppo
 from rljax import sampler as sampler_lib
+from rljax import sharding
 from rljax import update
 
 V, T, L = 16, 5, 6
@@ -407,7 +408,9 @@ def test_shared_trunk_gets_the_sum_of_both_gradients():
 def test_one_ppo_update_moves_actor_and_critic_and_logs_both_norms(share_trunk):
   cfg, model, _, policy, _ = setup()
   config = ppo_config(share_trunk=share_trunk, kl_reward_coef=0.05, kl_coef=0.05)
-  algo = ppo.make(config, model, policy, num_micro=2, head_rng=jax.random.PRNGKey(1))
+  mesh = sharding.make_mesh(dict(data=1), devices=jax.devices()[:1])
+  policy = sharding.place(policy, mesh)
+  algo = ppo.make(config, model, policy, num_micro=2, head_rng=jax.random.PRNGKey(1), mesh=mesh)
   assert algo.needs_reference and set(algo.schedules) == {'lr', 'critic_lr'}
   prompt, valid, rollout, rewards, _ = rollout_data(16, batch=8)
   ref = jax.tree.map(jnp.copy, policy)

@@ -25,7 +25,8 @@ TINY = {
         d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, num_experts=2,
         experts_per_token=1, expert_hidden=32, dense_hidden=64).items()},
     'arm.data.num_train': 2000, 'arm.data.num_test': 200, 'arm.train.eval_size': 64,
-    'arm.rollout.G': 4, 'arm.train.micro_batch': 4, 'arm.warmstart.min_steps': 2, 'arm.warmstart.max_steps': 2,
+    'arm.rollout.G': 4, 'arm.train.micro_batch': 8,   # divisible by the 8 test devices
+    'arm.warmstart.min_steps': 2, 'arm.warmstart.max_steps': 2,
     'arm.warmstart.eval_every': 2, 'arm.warmstart.batch': 32,
     'protocol.sweep': (2, 4), 'protocol.base': 2, 'protocol.control': (4,),
     'protocol.throughput': (2, 4, 8), 'protocol.max_samples': 48,

@@ -155,6 +155,6 @@ def test_chunked_logprobs_equal_unchunked_values_and_gradients():
     (got, (logp_c, entropy_c)), grads_c = jax.value_and_grad(total, has_aux=True)(params, chunk)
     np.testing.assert_allclose(logp_c, logp, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(entropy_c, entropy, rtol=1e-6, atol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads_c, grads)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), grads_c, grads)
   with pytest.raises(ValueError, match='must divide'):
     total(params, 4)
