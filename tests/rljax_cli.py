@@ -93,7 +93,7 @@ def checkpoints(workdir):
   """({step: (state, meta)} of every readable step, {step: why} of those that fail to restore)."""
   directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
   if not os.path.isdir(directory):
-    return {}, []
+    return {}, {}
   manager = ocp.CheckpointManager(directory, item_names=('state', 'meta'),
                                   options=ocp.CheckpointManagerOptions(read_only=True))
   readable, unreadable = {}, {}
