@@ -71,7 +71,8 @@ def _clear(workdir):
 
 
 def prepare(workdir, config):
-  """Claims `workdir` for `config`; returns the latest checkpoint's meta, or None for a fresh run."""
+  """Checks that `workdir` holds no other run (or clears it on overwrite); returns the latest
+  checkpoint's meta, or None for a fresh run. Writes nothing else: see `claim`."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f'workdir {workdir} exists and is not a directory')
   try:

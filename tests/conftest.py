@@ -27,6 +27,8 @@ def tiny(tmp_path_factory):
   base = tmp_path_factory.getbasetemp()
   if os.environ.get('PYTEST_XDIST_WORKER'):  # per-worker dirs; their parent is this session's
     base = base.parent
-  root = base / 'rljax_tiny_run'
+  # Named after the xdist run too: concurrent sessions on one machine have been seen to share
+  # pytest's numbered directory.
+  root = base / f'rljax_tiny_run_{os.environ.get("PYTEST_XDIST_TESTRUNUID", "")}'
   rljax_cli.shared_reference(root)
   return root

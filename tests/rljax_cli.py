@@ -77,29 +77,35 @@ def last_step(workdir):
   return max((row['step'] for row in rows(workdir) if not row.get('eval')), default=0)
 
 
-def saving(workdir):
-  """Whether an orbax save is in flight (its temporary directory exists)."""
+def temporary(workdir):
+  """The temporary directories of orbax saves in flight (or left by a killed one)."""
   try:
-    return any('tmp' in name for name in os.listdir(os.path.join(workdir, 'checkpoints')))
+    return {name for name in os.listdir(os.path.join(workdir, 'checkpoints')) if 'tmp' in name}
   except FileNotFoundError:
-    return False
+    return set()
+
+
+def saving(workdir):
+  return bool(temporary(workdir))
 
 
 def checkpoints(workdir):
-  """({step: (state, meta)} of every readable step, [steps that fail to restore])."""
+  """({step: (state, meta)} of every readable step, {step: why} of those that fail to restore)."""
   directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
   if not os.path.isdir(directory):
-    return {}, []
+    return {}, {}
   manager = ocp.CheckpointManager(directory, item_names=('state', 'meta'),
                                   options=ocp.CheckpointManagerOptions(read_only=True))
-  readable, unreadable = {}, []
+  readable, unreadable = {}, {}
   for step in manager.all_steps():
     try:
       restored = manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
       readable[step] = (jax.device_get(restored.state), restored.meta)
-    except Exception:  # pylint: disable=broad-except
-      unreadable.append(step)
+    except Exception as error:  # pylint: disable=broad-except
+      files = sorted(str(path.relative_to(directory))
+                     for path in pathlib.Path(directory, str(step)).rglob('*'))
+      unreadable[step] = f'{type(error).__name__}: {str(error)[:300]} (files: {files[:12]})'
   manager.close()
   return readable, unreadable
 

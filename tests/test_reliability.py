@@ -60,15 +60,18 @@ def _moment(kind, workdir, rng):
 def kill_trial(tiny, workdir, kinds, rng, overrides=()):
   """Kills the tiny run at one moment per kind (restarting it after each kill), checks every
   checkpoint left behind, then lets it finish. Returns counts."""
-  counts = dict(kills=0, during_save=0, unreadable=0)
+  counts = dict(kills=0, during_save=0, unreadable=0, why=[])
   for kind in kinds:
     if kind == 'step' and cli.last_step(workdir) >= cli.MAX_STEPS - 1:
       continue
+    left_before = cli.temporary(workdir)   # by an earlier kill; the next start removes them
     process = cli.launch(tiny, workdir, *overrides)
     if _kill_when(process, _moment(kind, workdir, rng)):
       counts['kills'] += 1
-      counts['during_save'] += cli.saving(workdir)
-    counts['unreadable'] += len(cli.checkpoints(workdir)[1])
+      counts['during_save'] += bool(cli.temporary(workdir) - left_before)
+    unreadable = cli.checkpoints(workdir)[1]
+    counts['unreadable'] += len(unreadable)
+    counts['why'] += [f'after a {kind} kill: step {step}: {why}' for step, why in unreadable.items()]
   code, text = cli.run(tiny, workdir, *overrides)
   assert code == 0, text[-3000:]
   return counts
@@ -96,13 +99,14 @@ def test_reference_run_is_complete(tiny):
 
 def test_kill9_at_random_moments_then_resume_equals_uninterrupted(tiny, tmp_path):
   rng = random.Random(0)
-  totals = dict(kills=0, during_save=0, unreadable=0)
+  totals = dict(kills=0, during_save=0, unreadable=0, why=[])
   for trial, kinds in enumerate((['step', 'step'], ['save'])):
     workdir = tmp_path / f'trial{trial}'
     counts = kill_trial(tiny, workdir, kinds, rng)
-    totals = {k: totals[k] + counts[k] for k in totals}
+    for key, value in counts.items():
+      totals[key] += value
     assert same_as_reference(tiny, workdir), cli.log(workdir)[-3000:]
-  assert totals['unreadable'] == 0
+  assert totals['unreadable'] == 0, totals['why']
   assert totals['kills'] >= 2 and totals['during_save'] >= 1, totals
 
 
@@ -193,13 +197,14 @@ if __name__ == '__main__':
   cli.shared_reference(root, flags.override)
   print(f'reference run on {cli.env(root)["JAX_PLATFORMS"]}: {time.monotonic() - start:.0f} s',
         flush=True)
-  totals = dict(trials=0, kills=0, during_save=0, unreadable=0, identical=0)
+  totals = dict(trials=0, kills=0, during_save=0, unreadable=0, identical=0, why=[])
   for trial in range(flags.trials):
     kinds = rng.choices(['step', 'save', 'startup'], weights=[2, 1, 1], k=rng.randint(1, 3))
     workdir = root / f'trial{trial}'
     counts = kill_trial(root, workdir, kinds, rng, flags.override)
     identical = same_as_reference(root, workdir)
-    totals = {k: totals[k] + counts.get(k, 0) for k in totals}
+    for key, value in counts.items():
+      totals[key] += value
     totals['trials'] += 1
     totals['identical'] += identical
     print(f'trial {trial}: kinds {kinds} {counts} identical={identical}', flush=True)
