@@ -143,7 +143,9 @@ def train(config, workdir, stop=None):
     return budget_spent or target_hit
 
   # ------------------------------------------------------------------ the loop
-  noise_terms = collections.deque(maxlen=NOISE_SCALE_STEPS)
+  noise_terms = collections.deque(  # on resume the window goes on from the rows kept on disk
+      ([row[k] for k in NOISE_KEYS] for row in metrics_lib.read_jsonl(writer.path)
+       if 'grad_sq_small' in row), maxlen=NOISE_SCALE_STEPS)
   while not done():
     step += 1
     step_start = time.perf_counter()

@@ -25,7 +25,7 @@ TINY = {
         d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, num_experts=2,
         experts_per_token=1, expert_hidden=32, dense_hidden=64).items()},
     'arm.data.num_train': 2000, 'arm.data.num_test': 200, 'arm.train.eval_size': 64,
-    'arm.rollout.G': 4, 'arm.train.micro_batch': 8,   # divisible by the 8 test devices
+    'arm.rollout.G': 4, 'arm.train.micro_batch': 4,
     'arm.warmstart.min_steps': 2, 'arm.warmstart.max_steps': 2,
     'arm.warmstart.eval_every': 2, 'arm.warmstart.batch': 32,
     'protocol.sweep': (2, 4), 'protocol.base': 2, 'protocol.control': (4,),
@@ -222,6 +222,7 @@ def test_a_finished_protocol_retrains_nothing_and_refuses_a_changed_config(resum
 def test_confirm_run_is_compared_with_the_prediction(resumed, data_dir):
   """The confirmation run at a given recommended batch, in process, and its report section."""
   config, workdir = tiny_config(data_dir), resumed['workdir']
+  config.arm.train.micro_batch = 8   # in process: the batch split over this session's 8 devices
   done = protocol.confirm(config, workdir, {'recommended': {'batch': 8}})
   assert done['samples'] >= 48 or done['eval_accuracy'] >= 0.5
   spec = json.load(open(os.path.join(workdir, 'confirm', 'arm.json')))

@@ -77,14 +77,24 @@ def kill_trial(tiny, workdir, kinds, rng, overrides=()):
   return counts
 
 
-def same_as_reference(tiny, workdir):
-  """Whether `workdir` holds exactly the reference run: metrics, final meta and final state."""
+def differences_from_reference(tiny, workdir):
+  """What differs between `workdir` and the reference run (metrics, final meta, final state);
+  empty when it holds exactly the reference run."""
   reference = tiny / 'reference'
   (state, meta), (ref_state, ref_meta) = (cli.checkpoints(w)[0][cli.MAX_STEPS]
                                           for w in (workdir, reference))
   meta, ref_meta = ({k: v for k, v in m.items() if k != 'wallclock_s'} for m in (meta, ref_meta))
-  return (cli.rows(workdir) == cli.rows(reference) and meta == ref_meta and
-          cli.same_arrays(state, ref_state))
+  rows, ref_rows = cli.rows(workdir), cli.rows(reference)
+  differences = [f'metrics row {i} (step {b["step"]}): ' + ', '.join(
+      f'{k} {a.get(k)} != {b.get(k)}' for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+                 for i, (a, b) in enumerate(zip(rows, ref_rows)) if a != b][:2]
+  if len(rows) != len(ref_rows):
+    differences.append(f'{len(rows)} metrics rows, reference {len(ref_rows)}')
+  if meta != ref_meta:
+    differences.append(f'meta {meta} != {ref_meta}')
+  if not cli.same_arrays(state, ref_state):
+    differences.append('final state differs')
+  return differences
 
 
 def test_reference_run_is_complete(tiny):
@@ -105,7 +115,8 @@ def test_kill9_at_random_moments_then_resume_equals_uninterrupted(tiny, tmp_path
     counts = kill_trial(tiny, workdir, kinds, rng)
     for key, value in counts.items():
       totals[key] += value
-    assert same_as_reference(tiny, workdir), cli.log(workdir)[-3000:]
+    differences = differences_from_reference(tiny, workdir)
+    assert not differences, (differences, cli.log(workdir)[-3000:])
   assert totals['unreadable'] == 0, totals['why']
   assert totals['kills'] >= 2 and totals['during_save'] >= 1, totals
 
@@ -202,7 +213,7 @@ if __name__ == '__main__':
     kinds = rng.choices(['step', 'save', 'startup'], weights=[2, 1, 1], k=rng.randint(1, 3))
     workdir = root / f'trial{trial}'
     counts = kill_trial(root, workdir, kinds, rng, flags.override)
-    identical = same_as_reference(root, workdir)
+    identical = not differences_from_reference(root, workdir)
     for key, value in counts.items():
       totals[key] += value
     totals['trials'] += 1
