@@ -1,8 +1,10 @@
 """The RL loop: rollout -> reward -> advantages -> update, on one set of parameter arrays.
 
-One GRPO step: P prompts, G sampled responses each (the batch unit is P x G responses); rewards
-from a verifier; group z-score advantages; by default ONE global optimizer update per rollout batch
-(as in the paper), with gradients accumulated over micro-batches so memory stays flat as P grows.
+One step: P prompts, G sampled responses each (GRPO: the batch unit is P x G responses; PPO: P = B,
+G = 1); rewards from a verifier; advantages and the update from the algorithm (rljax.grpo: group
+z-scores; rljax.ppo: critic values, GAE and a critic update); by default ONE global optimizer update
+per rollout batch (as in the paper), with gradients accumulated over micro-batches so memory stays
+flat as the batch grows.
 """
 import collections
 import functools
