@@ -41,7 +41,7 @@ def get_config(arg=None):
       throughput=tuple(b // unit for b in throughput),
       num_seeds=arg.seeds,
       warmstart_seed=0,            # every arm and seed starts from this one warm start
-      target=0.47 if arg.runlocal else 0.8,   # J: held-out greedy accuracy (runlocal starts at 0.34)
+      target=0.40 if arg.runlocal else 0.8,   # J: held-out greedy accuracy (runlocal starts at 0.315)
       stop_at_target=True,
       stop_margin=0.03,            # runs go on to J + margin so the smoothed crossing is bracketed
       max_samples=32_000 if arg.runlocal else 4_000_000,   # budget of each run, in responses
@@ -60,4 +60,7 @@ def get_config(arg=None):
   config.arm = common.algo_config(arg.algo, config.protocol.arm_arg)
   if arg.runlocal:
     config.arm.train.eval_size = 1000   # all the test split: ~1.5 points std error per eval
+    # Stop the warm start right at its threshold (accuracy jumps ~0.27 -> 0.41 within 25 steps
+    # there): RL from that earlier policy climbs slowly enough for rN to be resolved (RECIPE.md).
+    config.arm.warmstart.eval_every = 5
   return config

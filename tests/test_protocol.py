@@ -196,7 +196,7 @@ def test_protocol_writes_runs_throughput_report_and_plots(resumed):
   assert rows[-1]['noise_scale'] == (pytest.approx(expected) if expected else None)
   report = json.load(open(os.path.join(workdir, 'report.json')))
   assert [a['name'] for a in report['arms']] == ['P2', 'P4', 'P4_fixed_lr']
-  assert report['base_arm'] == 'P2' and report['target'] == 0.47
+  assert report['base_arm'] == 'P2' and report['target'] == 0.40
   assert sorted(c['batch'] for c in report['candidates']) == [8, 16, 32]
   assert [c['extrapolated'] for c in report['candidates']] == [False, False, True]
   assert 'Decision' in open(os.path.join(workdir, 'report.md')).read()
