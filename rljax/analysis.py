@@ -31,6 +31,8 @@ import matplotlib
 from matplotlib.figure import Figure
 import numpy as np
 
+from rljax import metrics
+
 NOISE_DOMINATED_SLOPE = -0.5
 NOISE_DOMINATED_DOUBLING = 2**-0.5  # grad norm ratio per doubling of batch when noise dominates.
 PLOTS = ('eval_vs_samples.png', 'eval_vs_steps.png', 'eval_vs_wallclock.png',
@@ -44,20 +46,6 @@ PLOTS = ('eval_vs_samples.png', 'eval_vs_steps.png', 'eval_vs_wallclock.png',
 def _read_json(path):
   with open(path) as f:
     return json.load(f)
-
-
-def _read_jsonl(path):
-  """Rows of a JSON-lines file; a torn last line (a run killed mid-write) is dropped."""
-  with open(path) as f:
-    lines = [line for line in f.read().splitlines() if line.strip()]
-  rows = []
-  for i, line in enumerate(lines):
-    try:
-      rows.append(json.loads(line))
-    except json.JSONDecodeError:
-      if i < len(lines) - 1:
-        raise ValueError(f'{path}: line {i + 1} is not JSON') from None
-  return rows
 
 
 def _last_per_step(rows):
@@ -87,7 +75,7 @@ def load_run(run_dir):
   one row per step. eval_correct is {'step', 'samples', 'correct_TxM'} (T evals x M held-out
   prompts, bool) when eval_correct.jsonl exists, so that held-out prompts can be resampled.
   """
-  rows = _read_jsonl(os.path.join(run_dir, 'metrics.jsonl'))
+  rows = metrics.read_jsonl(os.path.join(run_dir, 'metrics.jsonl'))
   run = {
       'dir': run_dir,
       'train': _columns(_last_per_step([r for r in rows if not r.get('eval')]),
@@ -98,7 +86,7 @@ def load_run(run_dir):
   }
   path = os.path.join(run_dir, 'eval_correct.jsonl')
   if os.path.exists(path):
-    rows = _last_per_step(_read_jsonl(path))
+    rows = _last_per_step(metrics.read_jsonl(path))
     if len({len(row['correct']) for row in rows}) > 1:
       raise ValueError(f'{path}: rows score different numbers of prompts')
     if rows:

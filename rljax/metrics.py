@@ -33,9 +33,10 @@ def read_jsonl(path):
   for index, line in enumerate(lines):
     try:
       rows.append(json.loads(line))
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as error:
       if index < len(lines) - 1:
-        raise
+        raise json.JSONDecodeError(f'{path}: line {index + 1} is not JSON: {error.msg}',
+                                   error.doc, error.pos) from None
   return rows
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from rljax import model as model_lib
 
+import random_params as random_params_lib
+
 V = 16
 
 
@@ -23,21 +25,7 @@ def tiny_cfg(**overrides):
 
 
 def random_params(cfg, seed):
-  """Initialised parameters, redrawn at O(1)-logit scale (init_std=0.02 would make logits ~0)."""
-  shapes = nn.unbox(jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.PRNGKey(0))))
-  rng = np.random.default_rng(seed)
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  new = []
-  for path, leaf in leaves:
-    name = jax.tree_util.keystr(path)
-    if 'scale' in name:
-      value = 1.0 + 0.2 * rng.normal(size=leaf.shape)
-    elif 'router' in name:
-      value = rng.normal(size=leaf.shape)
-    else:
-      value = 0.3 * rng.normal(size=leaf.shape)
-    new.append(jnp.asarray(value, jnp.float32))
-  return jax.tree_util.tree_unflatten(treedef, new)
+  return random_params_lib.for_model(cfg, seed)
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,6 +28,8 @@ from rljax import sampler as sampler_lib
 from rljax import sharding
 from rljax import update
 
+import random_params as random_params_lib
+
 V, T, L = 16, 5, 6
 
 
@@ -38,16 +40,7 @@ def tiny_cfg():
 
 
 def random_tree(shapes, rng):
-  """Parameters at O(1)-output scale, so values and log-probs vary across tokens."""
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  new = []
-  for path, leaf in leaves:
-    name = jax.tree_util.keystr(path)
-    scale = 1.0 if 'router' in name or 'value_head' in name else 0.3
-    value = 1.0 + 0.2 * rng.normal(size=leaf.shape) if 'scale' in name else (
-        scale * rng.normal(size=leaf.shape))
-    new.append(jnp.asarray(value, jnp.float32))
-  return jax.tree_util.tree_unflatten(treedef, new)
+  return random_params_lib.redraw(shapes, rng, wide=('router', 'value_head'))
 
 
 def setup(seed=0):

@@ -5,7 +5,6 @@ Compiles dominate the run time on CPU, so a few samplers are built once per modu
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +13,8 @@ import pytest
 from rljax import model as model_lib
 from rljax import policy_loss
 from rljax import sampler as sampler_lib
+
+import random_params as random_params_lib
 
 V, EOS, PAD = 16, 1, 0
 PROMPT_LEN, MAX_NEW = 6, 6
@@ -25,18 +26,7 @@ MODEL = model_lib.Transformer(CFG)
 
 
 def random_params(seed):
-  """Parameters at O(1)-logit scale (the 0.02 init gives near-uniform next-token distributions)."""
-  shapes = nn.unbox(jax.eval_shape(lambda: model_lib.init_params(CFG, jax.random.PRNGKey(0))))
-  rng = np.random.default_rng(seed)
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  values = []
-  for path, leaf in leaves:
-    name = jax.tree_util.keystr(path)
-    scale = 1.0 if 'router' in name else 0.3
-    value = 1.0 + 0.2 * rng.normal(size=leaf.shape) if 'scale' in name else (
-        scale * rng.normal(size=leaf.shape))
-    values.append(jnp.asarray(value, jnp.float32))
-  return jax.tree_util.tree_unflatten(treedef, values)
+  return random_params_lib.for_model(CFG, seed)
 
 
 def prompts(seed, lengths=LENGTHS):

@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from rljax import model as model_lib
+from rljax import optim
 from rljax import policy_loss
 from rljax import sampler as sampler_lib
 from rljax import sharding
@@ -158,3 +159,31 @@ def test_chunked_logprobs_equal_unchunked_values_and_gradients():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), grads_c, grads)
   with pytest.raises(ValueError, match='must divide'):
     total(params, 4)
+
+
+def test_adam_moments_are_created_on_the_shards_of_their_parameters():
+  """Plain Adam and a multi_transform over {policy, value_head} (PPO's shared trunk): every moment
+  has its parameter's sharding; counts and other scalars are replicated."""
+  mesh = mesh_of(dict(data=2, fsdp=2, tensor=2))
+  params, _ = sharding.init_params(functools.partial(model_lib.init_params, CFG),
+                                   jax.random.PRNGKey(0), mesh)
+  opt = ml_collections.ConfigDict(dict(lr=1e-3, base_batch=8, lr_rule='sqrt', warmup_steps=0,
+                                       max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8,
+                                       weight_decay=0.0, max_bad_steps=3))
+  head = sharding.place({'w': jnp.zeros((CFG.d_model, 1))}, mesh)
+  joint, _ = optim.make_joint_optimizer(dict(policy=opt, value_head=opt), 8)
+  for tx, tree in ((optim.make_optimizer(opt, 8)[0], params),
+                   (joint, dict(policy=params, value_head=head))):
+    state = sharding.init_optimizer(tx, tree, mesh)
+    by_path = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    moments = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+      name = jax.tree_util.keystr(path)
+      mirrored = [k for k in by_path if name.endswith(k) and by_path[k].shape == leaf.shape]
+      if mirrored and ('.mu' in name or '.nu' in name):
+        moments += 1
+        assert leaf.sharding == by_path[mirrored[0]].sharding, name
+      elif not leaf.shape:
+        assert leaf.sharding.is_fully_replicated, name
+    assert moments == 2 * len(by_path)
+    assert any(not x.sharding.is_fully_replicated for x in by_path.values())

@@ -3,7 +3,6 @@ gradients and updated parameters; noise-scale metrics; a non-finite batch skips 
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -16,6 +15,8 @@ from rljax import model as model_lib
 from rljax import optim
 from rljax import policy_loss
 from rljax import update
+
+import random_params as random_params_lib
 
 V, B, PROMPT_LEN, RESP_LEN = 16, 8, 5, 6
 TEMPERATURE, CLIP_LOW, CLIP_HIGH, KL_COEF = 0.8, 0.2, 0.28, 0.3
@@ -32,16 +33,7 @@ OPT = ml_collections.ConfigDict(dict(lr=1e-2, base_batch=B, lr_rule='sqrt', warm
 
 
 def random_params(seed):
-  """Parameters at O(1)-logit scale (norm scales around 1)."""
-  shapes = nn.unbox(jax.eval_shape(lambda: model_lib.init_params(CFG, jax.random.PRNGKey(0))))
-  rng = np.random.default_rng(seed)
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  values = []
-  for path, leaf in leaves:
-    is_scale = 'scale' in jax.tree_util.keystr(path)
-    values.append(jnp.asarray((1.0 if is_scale else 0.0) + 0.3 * rng.normal(size=leaf.shape),
-                              jnp.float32))
-  return jax.tree_util.tree_unflatten(treedef, values)
+  return random_params_lib.for_model(CFG, seed, norm_std=0.3, wide=())
 
 
 def loss_cfg(kl_coef):
