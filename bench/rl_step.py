@@ -148,12 +148,14 @@ def main(argv):
   parser.add_argument('--P', default='8,16,32,64')
   parser.add_argument('--G', type=int, default=8)
   parser.add_argument('--micro', type=int, default=64, help='micro-batch (responses)')
+  parser.add_argument('--moe_impl', default='')
   parser.add_argument('--max_new_tokens', type=int, default=5, help='the task needs 5')
   parser.add_argument('--steps', type=int, default=3)
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
   record = run(args.preset, [int(p) for p in args.P.split(',')], args.G, args.micro,
-               args.max_new_tokens, args.steps)
+               args.max_new_tokens, args.steps,
+               {'moe_impl': args.moe_impl} if args.moe_impl else None)
   print(f"\n{record['machine']}\npreset {args.preset}")
   print(common.table(record['rows'], COLUMNS))
   common.write_json(args.out, record)
