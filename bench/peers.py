@@ -141,11 +141,12 @@ def main(argv):
   parser.add_argument('--G', type=int, default=4)
   parser.add_argument('--grpo_steps', type=int, default=4)
   parser.add_argument('--skip_grpo', action='store_true')
+  parser.add_argument('--moe_impl', default='', help="rljax's MoE implementation (default: the preset's)")
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
   batches = [int(b) for b in args.batches.split(',')]
 
-  cfg = presets.get('peer')
+  cfg = presets.get('peer', **({'moe_impl': args.moe_impl} if args.moe_impl else {}))
   spec = dict(model=dataclasses.asdict(cfg), prompt_len=args.prompt_len,
               max_new_tokens=args.max_new_tokens)
   tunix = TunixWorker(spec, tunix_python())

@@ -6,6 +6,7 @@ import os
 import jax
 
 from rljax import losses
+from rljax import moe
 from rljax import optim
 from rljax import rewards
 
@@ -122,8 +123,9 @@ def check(config, device_count=None, process_count=None):
     raise ValueError(f'train.checkpoint_every must be >= 0 (0: only at the end), got '
                      f'{train.checkpoint_every}')
   _check_data(config)
-  if config.model.moe_impl not in ('ragged', 'dense'):
-    raise ValueError(f"model.moe_impl must be 'ragged' or 'dense', got {config.model.moe_impl!r}")
+  if config.model.moe_impl not in moe.EXPERT_IMPLS:
+    raise ValueError(f'model.moe_impl must be one of {sorted(moe.EXPERT_IMPLS)}, got '
+                     f'{config.model.moe_impl!r}')
   if config.model.num_experts and not 0 < config.model.experts_per_token <= config.model.num_experts:
     raise ValueError(f'model.experts_per_token ({config.model.experts_per_token}) must be in '
                      f'[1, num_experts={config.model.num_experts}]')

@@ -4,7 +4,10 @@ Dropless: every token reaches all of its k experts, whatever the load. Two exact
 - 'ragged': sort the (token, expert) pairs by expert and run grouped matmuls with
   `jax.lax.ragged_dot` (FLOPs proportional to k; the choice for real models on accelerators);
 - 'dense': run every expert on every token and combine with the (mostly zero) routing weights
-  (E/k times the FLOPs, but plain matmuls: faster for tiny models on CPU, where ragged_dot is slow).
+  (E/k times the FLOPs, but plain matmuls);
+- 'blocked': sort as 'ragged', then scan over (row block, expert) work items, one expert's weights
+  per item: the grouped matmul for XLA:CPU, which lowers `ragged_dot` to a dense dot against every
+  expert (E times the FLOPs; docs/performance.md).
 - 'gather' (not a config choice): pick each token's k experts and apply them (reads T*k expert
   matrices, not all E); used automatically whenever T*k <= E, i.e. when decoding a small batch, where reading every
   expert would multiply the bytes per step, the quantity that bounds decoding, by up to E/k.
@@ -83,13 +86,78 @@ def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_
   return jnp.stack([sum(expert_out(t, j) for j in range(k)) for t in range(num_tokens)])
 
 
-EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense}   # 'gather' is chosen by size
+BLOCK_ROWS = 128   # rows of a 'blocked' work item
+
+
+def block_schedule(sorted_experts_N, num_experts, block):
+  """Work items of a blocked grouped matmul: (block, expert) for every expert present in a block.
+
+  Rows are sorted by expert, so block b holds a contiguous range of experts and there are at most
+  N / block + E - 1 items; the schedule has that static length, the unused tail marked invalid.
+  """
+  first_B = sorted_experts_N[::block]
+  last_B = jnp.minimum(sorted_experts_N.reshape(-1, block).max(axis=1), num_experts - 1)
+  count_B = jnp.where(first_B < num_experts, last_B - first_B + 1, 0)
+  ends_B = jnp.cumsum(count_B)
+  items = sorted_experts_N.shape[0] // block + num_experts - 1
+  item_W = jnp.arange(items)
+  block_W = jnp.minimum(jnp.searchsorted(ends_B, item_W, side='right'), first_B.shape[0] - 1)
+  expert_W = first_B[block_W] + item_W - (ends_B - count_B)[block_W]
+  valid_W = item_W < ends_B[-1]
+  return block_W, jnp.where(valid_W, expert_W, 0), valid_W
+
+
+def experts_blocked(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD,
+                    block=None):
+  """Sort token copies by expert, then one scan over (row block, expert) work items.
+
+  A grouped matmul for backends without one (XLA:CPU turns `ragged_dot` into one dense dot
+  against every expert, E times the FLOPs): each item multiplies a block of sorted rows by ONE
+  expert's weights and keeps the rows of that expert, so FLOPs are at most (N + E * block) / N
+  times the real work and each item reads one expert.
+  """
+  num_tokens, k = experts_TxK.shape
+  num_experts, d_model = w_gate_ExDxF.shape[:2]
+  n = num_tokens * k
+  block = min(block or BLOCK_ROWS, n)
+  padded = -(-n // block) * block
+  flat_experts_N = experts_TxK.reshape(-1)
+  order_N = jnp.argsort(flat_experts_N, stable=True)
+  sorted_experts_N = jnp.pad(flat_experts_N[order_N], (0, padded - n), constant_values=num_experts)
+  x_NxD = jnp.pad(x_TxD[order_N // k], ((0, padded - n), (0, 0)))
+  block_W, expert_W, valid_W = block_schedule(sorted_experts_N, num_experts, block)
+
+  def item(y_NxD, work):
+    b, e, valid = work
+    x_BxD = jax.lax.dynamic_slice_in_dim(x_NxD, b * block, block)
+    pick = lambda w_E: jax.lax.dynamic_index_in_dim(w_E, e, 0, keepdims=False)
+    hidden_BxF = nn.silu(x_BxD @ pick(w_gate_ExDxF)) * (x_BxD @ pick(w_up_ExDxF))
+    rows_B = (jax.lax.dynamic_slice_in_dim(sorted_experts_N, b * block, block) == e) & valid
+    out_BxD = jnp.where(rows_B[:, None], hidden_BxF @ pick(w_down_ExFxD), 0)
+    y_BxD = jax.lax.dynamic_slice_in_dim(y_NxD, b * block, block) + out_BxD
+    return jax.lax.dynamic_update_slice_in_dim(y_NxD, y_BxD, b * block, 0), None
+
+  y_NxD, _ = jax.lax.scan(item, jnp.zeros((padded, d_model), x_TxD.dtype),
+                          (block_W, expert_W, valid_W))
+  y_NxD = jnp.zeros((n, d_model), y_NxD.dtype).at[order_N].set(y_NxD[:n])
+  y_TxKxD = y_NxD.reshape(num_tokens, k, -1)
+  return jnp.einsum('tkd,tk->td', y_TxKxD, weights_TxK.astype(y_TxKxD.dtype))
+
+
+EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense, 'blocked': experts_blocked}   # 'gather' is chosen by size
 
 
 def expert_impl(cfg, num_tokens):
-  """'gather' when the tokens touch at most E expert slots (small-batch decoding), else config's."""
-  if num_tokens * cfg.experts_per_token <= cfg.num_experts:
+  """'gather' when the tokens touch at most E expert slots (small-batch decoding), else config's.
+
+  'blocked' pays one expert-weight copy per work item on CPU, so below 4 blocks of pairs (decoding
+  batches up to ~256) 'ragged' was faster there (docs/performance.md) and is used instead.
+  """
+  pairs = num_tokens * cfg.experts_per_token
+  if pairs <= cfg.num_experts:
     return experts_gather
+  if cfg.moe_impl == 'blocked' and pairs < 4 * BLOCK_ROWS:
+    return experts_ragged
   return EXPERT_IMPLS[cfg.moe_impl]
 
 

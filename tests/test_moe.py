@@ -1,5 +1,5 @@
 """rljax.moe against plain numpy: the router (top-k renormalised softmax, load-balancing loss) and
-the MoE layer for both expert implementations vs a naive per-token loop over selected experts."""
+the MoE layer for every expert implementation vs a naive per-token loop over selected experts."""
 
 import flax.linen as nn
 import jax
@@ -128,7 +128,7 @@ def random_moe_params(rng, skew):
   return {name: value.astype(np.float32) for name, value in params.items()}
 
 
-@pytest.mark.parametrize('impl', ['ragged', 'dense'])
+@pytest.mark.parametrize('impl', ['ragged', 'dense', 'blocked'])
 @pytest.mark.parametrize('k', [1, 2])
 @pytest.mark.parametrize('skew', [False, True])
 def test_moe_layer_matches_naive_loop(impl, k, skew):
@@ -164,7 +164,7 @@ def test_ragged_dense_equal_with_empty_experts():
   params['router'][:, 1] += 5.0
   variables = {'params': jax.tree.map(jnp.asarray, params)}
   outs = {impl: np.asarray(moe.MoE(moe_cfg(impl, 1)).apply(variables, jnp.asarray(x))[0])
-          for impl in ('ragged', 'dense')}
+          for impl in ('ragged', 'dense', 'blocked')}
   ref, experts = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
                         params['w_down'], 1)
   assert np.all(experts == 1)
@@ -172,7 +172,7 @@ def test_ragged_dense_equal_with_empty_experts():
     assert np.abs(out.reshape(-1, D) - ref).max() <= 1e-5, impl
 
 
-@pytest.mark.parametrize('impl', ['ragged', 'dense'])
+@pytest.mark.parametrize('impl', ['ragged', 'dense', 'blocked'])
 @pytest.mark.parametrize('num_tokens,k', [(1, 2), (2, 2), (4, 1), (3, 2)])
 def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k):
   """Few tokens (decoding): 'gather' is chosen when T*k <= E, and every path equals the loop."""
@@ -181,9 +181,40 @@ def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k):
   params = random_moe_params(rng, skew=False)
   cfg = moe_cfg(impl, k)
   chosen = moe.expert_impl(cfg, num_tokens)
-  assert chosen is (moe.experts_gather if num_tokens * k <= E else moe.EXPERT_IMPLS[impl])
+  if num_tokens * k <= E:
+    assert chosen is moe.experts_gather
+  else:   # 'blocked' leaves fewer than 4 blocks of pairs to 'ragged'
+    assert chosen is (moe.experts_ragged if impl == 'blocked' else moe.EXPERT_IMPLS[impl])
   out, _ = moe.MoE(cfg).apply({'params': jax.tree.map(jnp.asarray, params)}, jnp.asarray(x))
   ref, _ = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
                   params['w_down'], k)
   assert np.abs(ref).max() > 0.1
   np.testing.assert_array_less(np.abs(np.asarray(out).reshape(-1, D) - ref).max(), 1e-5)
+
+
+@pytest.mark.parametrize('block', [1, 4, 7, 64])
+@pytest.mark.parametrize('k', [1, 2])
+def test_blocked_across_block_boundaries(block, k):
+  """Small row blocks: experts span several blocks, blocks hold several experts, some experts get
+  no token; outputs equal the numpy loop and gradients equal those of the 'dense' path."""
+  rng = np.random.default_rng(block + 10 * k)
+  x_TxD = np.abs(rng.normal(size=(13, D))).astype(np.float32)
+  params = random_moe_params(rng, skew=False)
+  params['router'][:, 0] -= 5.0   # positive inputs: expert 0 unused
+  weights_TxK, experts_TxK, _ = moe.route(jnp.asarray(x_TxD @ params['router']), k)
+  ref, experts = np_moe(x_TxD, params['router'], params['w_gate'], params['w_up'],
+                        params['w_down'], k)
+  assert 0 not in experts
+  expert_weights = [jnp.asarray(params[n]) for n in ('w_gate', 'w_up', 'w_down')]
+  out = moe.experts_blocked(jnp.asarray(x_TxD), weights_TxK, experts_TxK, *expert_weights,
+                            block=block)
+  np.testing.assert_array_less(np.abs(np.asarray(out) - ref).max(), 1e-5)
+
+  def loss(impl, x, *ws):
+    return jnp.sum(jnp.tanh(impl(x, weights_TxK, experts_TxK, *ws)))
+  grads = jax.grad(lambda *a: loss(lambda *b: moe.experts_blocked(*b, block=block), *a),
+                   argnums=(0, 1, 2, 3))(jnp.asarray(x_TxD), *expert_weights)
+  dense_grads = jax.grad(lambda *a: loss(moe.experts_dense, *a), argnums=(0, 1, 2, 3))(
+      jnp.asarray(x_TxD), *expert_weights)
+  for g, ref_g in zip(grads, dense_grads):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(ref_g), atol=1e-5)
