@@ -5,6 +5,7 @@ A roofline is only as good as its ceilings, so both are MEASURED here, on this m
 that reports against them: memory bandwidth from a large copy and a large reduction (the faster of
 the two counts), matmul peak from a large matmul in the benchmark's compute dtype.
 """
+import argparse
 import concurrent.futures
 import contextlib
 import datetime
@@ -168,6 +169,17 @@ def decode_step_cost(cfg, batch, kv_slots, weight_itemsize):
 def roofline_seconds(nbytes, flops, ceilings):
   """(memory time, compute time): the step can be no faster than the larger."""
   return nbytes / ceilings.bandwidth, flops / ceilings.flops
+
+
+# ------------------------------------------------------------------ command lines
+
+
+def positive_int(text):
+  """argparse type: an integer >= 1 (a batch, a length, a count)."""
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'must be >= 1, got {value}')
+  return value
 
 
 # ------------------------------------------------------------------ output

@@ -26,6 +26,7 @@ from bench import presets
 from bench import sampler as sampler_bench
 from bench import train_step as train_bench
 from rljax import grpo
+from rljax import moe
 from rljax import sampler as sampler_lib
 from rljax import sharding
 
@@ -141,7 +142,8 @@ def main(argv):
   parser.add_argument('--G', type=int, default=4)
   parser.add_argument('--grpo_steps', type=int, default=4)
   parser.add_argument('--skip_grpo', action='store_true')
-  parser.add_argument('--moe_impl', default='', help="rljax's MoE implementation (default: the preset's)")
+  parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS),
+                      help="rljax's MoE implementation (default: the preset's)")
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
   batches = [int(b) for b in args.batches.split(',')]

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bench import common
 from configs import grpo as grpo_config
 from rljax import model as model_lib
 from rljax import tokenizer as tokenizer_lib
@@ -98,24 +99,29 @@ def run(kind, seed, rl_seed, args):
     tokens, _ = generate(params, jnp.asarray(test_prompts), jax.random.PRNGKey(0), True)
     return correct(tokens, test_totals).mean()
 
-  def answer_logits(p, prompts_BxT, answers_BxL):
+  def answer_logp(p, prompts_BxT, answers_BxL):
+    """Log-probs of the answer tokens, teacher-forced after the prompt: [B, ANSWER_LEN]."""
     inputs = jnp.concatenate([prompts_BxT, answers_BxL[:, :ANSWER_LEN - 1]], 1)
-    return apply(p, inputs)[:, PROMPT_LEN - 1:]
+    logp_BxLxV = jax.nn.log_softmax(apply(p, inputs)[:, PROMPT_LEN - 1:])
+    return jnp.take_along_axis(logp_BxLxV, answers_BxL[..., None], -1)[..., 0]
+
+  def adam_step(lr, loss):
+    """(jitted step(params, opt_state, *batch) -> (params, opt_state), optimizer) for `loss`."""
+    optimizer = optax.adam(lr)
+
+    @jax.jit
+    def step(params, opt_state, *batch):
+      grads = jax.grad(loss)(params, *batch)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+    return step, optimizer
 
   # Warm start: cross-entropy on answer + EOS tokens, stopped at the first eval >= threshold.
-  optimizer = optax.adam(1e-3)
+  def sft_loss(p, prompts_BxT, answers_BxL):
+    mask_BxL = (jnp.cumsum(answers_BxL == EOS, 1) - (answers_BxL == EOS)) == 0
+    return -jnp.sum(answer_logp(p, prompts_BxT, answers_BxL) * mask_BxL) / jnp.sum(mask_BxL)
+  sft_step, optimizer = adam_step(1e-3, sft_loss)
   opt_state = optimizer.init(params)
-
-  @jax.jit
-  def sft_step(params, opt_state, prompts_BxT, answers_BxL):
-    def loss(p):
-      logp = jax.nn.log_softmax(answer_logits(p, prompts_BxT, answers_BxL))
-      logp_BxL = jnp.take_along_axis(logp, answers_BxL[..., None], -1)[..., 0]
-      mask_BxL = (jnp.cumsum(answers_BxL == EOS, 1) - (answers_BxL == EOS)) == 0
-      return -jnp.sum(logp_BxL * mask_BxL) / jnp.sum(mask_BxL)
-    grads = jax.grad(loss)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
 
   start, step, accuracy = time.time(), 0, 0.0
   while step < 4000:
@@ -130,21 +136,14 @@ def run(kind, seed, rl_seed, args):
   print(f'{kind} seed {seed}: warm start {step} steps, {time.time() - start:.0f} s, '
         f'held-out {accuracy:.3f}', flush=True)
 
-  # GRPO.
+  # GRPO: token-mean policy gradient with group z-score advantages.
+  def grpo_loss(p, prompts_BxT, tokens_BxL, mask_BxL, advantages_B):
+    logp_BxL = answer_logp(p, prompts_BxT, tokens_BxL)
+    return -jnp.sum(logp_BxL * advantages_B[:, None] * mask_BxL) / jnp.sum(mask_BxL)
+  grpo_step, optimizer = adam_step(args.lr, grpo_loss)
+  opt_state = optimizer.init(params)
   P, G = args.P, 8
   rng, key = np.random.default_rng([seed, rl_seed]), jax.random.PRNGKey(rl_seed)
-  optimizer = optax.adam(args.lr)
-  opt_state = optimizer.init(params)
-
-  @jax.jit
-  def grpo_step(params, opt_state, prompts_BxT, tokens_BxL, mask_BxL, advantages_B):
-    def loss(p):
-      logp = jax.nn.log_softmax(answer_logits(p, prompts_BxT, tokens_BxL))
-      logp_BxL = jnp.take_along_axis(logp, tokens_BxL[..., None], -1)[..., 0]
-      return -jnp.sum(logp_BxL * advantages_B[:, None] * mask_BxL) / jnp.sum(mask_BxL)
-    grads = jax.grad(loss)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
 
   curve, samples, start = [(0, accuracy)], 0, time.time()
   while samples < args.samples:
@@ -165,20 +164,31 @@ def run(kind, seed, rl_seed, args):
   return gain
 
 
+def seed_list(text):
+  try:
+    return [int(s) for s in text.split(',')]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'expected comma-separated integers, got {text!r}') from None
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--model', choices=['prototype', 'rljax'], default='prototype')
-  parser.add_argument('--seeds', default='0', help='warm-start seeds, comma-separated')
-  parser.add_argument('--rl_seeds', default='0', help='RL seeds from each warm start')
+  parser.add_argument('--seeds', type=seed_list, default=[0], help='warm-start seeds, comma-separated')
+  parser.add_argument('--rl_seeds', type=seed_list, default=[0], help='RL seeds from each warm start')
   parser.add_argument('--threshold', type=float, default=0.3)
-  parser.add_argument('--min_steps', type=int, default=200, help='warm-start steps before evaluating')
+  parser.add_argument('--min_steps', type=common.positive_int, default=200,
+                      help='warm-start steps before evaluating')
   parser.add_argument('--lr', type=float, default=5e-5)
-  parser.add_argument('--P', type=int, default=16)
-  parser.add_argument('--samples', type=int, default=40960)
-  parser.add_argument('--eval_every', type=int, default=8192)
+  parser.add_argument('--P', type=common.positive_int, default=16)
+  parser.add_argument('--samples', type=common.positive_int, default=40960)
+  parser.add_argument('--eval_every', type=common.positive_int, default=8192)
   args = parser.parse_args()
-  gains = [run(args.model, int(s), int(r), args) for s in args.seeds.split(',')
-           for r in args.rl_seeds.split(',')]
+  if not 0.0 <= args.threshold <= 1.0:
+    parser.error(f'--threshold is an accuracy in [0, 1], got {args.threshold}')
+  if not args.lr > 0:
+    parser.error(f'--lr must be positive, got {args.lr}')
+  gains = [run(args.model, s, r, args) for s in args.seeds for r in args.rl_seeds]
   print(f'{args.model}: gains ' + ', '.join(f'+{100 * g:.0f}' for g in gains) +
         f' points (mean +{100 * np.mean(gains):.0f})')
 

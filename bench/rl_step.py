@@ -23,6 +23,7 @@ from bench import train_step as train_bench
 from rljax import data
 from rljax import evaluation
 from rljax import grpo
+from rljax import moe
 from rljax import rewards
 from rljax import sampler as sampler_lib
 from rljax import sharding
@@ -148,7 +149,7 @@ def main(argv):
   parser.add_argument('--P', default='8,16,32,64')
   parser.add_argument('--G', type=int, default=8)
   parser.add_argument('--micro', type=int, default=64, help='micro-batch (responses)')
-  parser.add_argument('--moe_impl', default='')
+  parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS))
   parser.add_argument('--max_new_tokens', type=int, default=5, help='the task needs 5')
   parser.add_argument('--steps', type=int, default=3)
   parser.add_argument('--out', default='')

@@ -20,6 +20,7 @@ import numpy as np
 from bench import common
 from bench import presets
 from rljax import model as model_lib
+from rljax import moe
 from rljax import sampler as sampler_lib
 from rljax import sharding
 
@@ -155,7 +156,7 @@ def main(argv):
   parser.add_argument('--length_batch', type=int, default=16)
   parser.add_argument('--prompt_len', type=int, default=16)
   parser.add_argument('--repeats', type=int, default=5)
-  parser.add_argument('--moe_impl', default='')
+  parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS))
   parser.add_argument('--dtype', default='')
   parser.add_argument('--param_dtype', default='')
   parser.add_argument('--dump_hlo', default='', help="file for the first point's compiled HLO")

@@ -24,6 +24,7 @@ from bench import common
 from bench import presets
 from bench import sampler as sampler_bench
 from configs import grpo as grpo_config
+from rljax import moe
 from rljax import optim
 from rljax import policy_loss
 from rljax import sharding
@@ -159,7 +160,7 @@ def main(argv):
   parser.add_argument('--logits_chunk', type=int, default=0)
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--remat', default='')
-  parser.add_argument('--moe_impl', default='')
+  parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS))
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
   overrides = {k: getattr(args, k) for k in ('remat', 'moe_impl') if getattr(args, k)}

@@ -20,9 +20,11 @@ import tempfile
 
 import jax
 
+from bench import common
 from bench import presets
 from bench import sampler as sampler_bench
 from bench import train_step as train_bench
+from rljax import moe
 from rljax import sharding
 
 
@@ -65,11 +67,11 @@ def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--part', default='sampler', choices=['sampler', 'update'])
   parser.add_argument('--preset', default='cpu', choices=sorted(presets.PRESETS))
-  parser.add_argument('--batch', type=int, default=1)
-  parser.add_argument('--length', type=int, default=16, help='new tokens / response tokens')
-  parser.add_argument('--moe_impl', default='')
-  parser.add_argument('--calls', type=int, default=3)
-  parser.add_argument('--top', type=int, default=15)
+  parser.add_argument('--batch', type=common.positive_int, default=1)
+  parser.add_argument('--length', type=common.positive_int, default=16, help='new tokens / response tokens')
+  parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS))
+  parser.add_argument('--calls', type=common.positive_int, default=3)
+  parser.add_argument('--top', type=common.positive_int, default=15)
   args = parser.parse_args(argv)
   cfg = presets.get(args.preset, **({'moe_impl': args.moe_impl} if args.moe_impl else {}))
   model, params, mesh = sampler_bench.setup(cfg)

@@ -1,6 +1,6 @@
 """Mixture-of-experts feed-forward layer (Qwen3-MoE style): softmax router, top-k, SwiGLU experts.
 
-Dropless: every token reaches all of its k experts, whatever the load. Two exact implementations:
+Dropless: every token reaches all of its k experts, whatever the load. Exact implementations:
 - 'ragged': sort the (token, expert) pairs by expert and run grouped matmuls with
   `jax.lax.ragged_dot` (FLOPs proportional to k; the choice for real models on accelerators);
 - 'dense': run every expert on every token and combine with the (mostly zero) routing weights
@@ -43,20 +43,30 @@ def load_balance_loss(load_stats, k):
   return num_experts * jnp.sum((assigned_E / (num_tokens * k)) * (probs_sum_E / num_tokens))
 
 
-def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
-  """Sort token copies by expert, grouped matmuls, unsort, weight and sum over k."""
-  num_tokens, k = experts_TxK.shape
-  num_experts = w_gate_ExDxF.shape[0]
+def sort_by_expert(x_TxD, experts_TxK):
+  """Token copies (one per chosen expert) in expert order: (order_N, x_NxD, sorted experts_N)."""
   flat_experts_N = experts_TxK.reshape(-1)
   order_N = jnp.argsort(flat_experts_N, stable=True)
-  x_NxD = x_TxD[order_N // k]
-  group_sizes_E = jnp.bincount(flat_experts_N, length=num_experts).astype(jnp.int32)
-  gate_NxF = jax.lax.ragged_dot(x_NxD, w_gate_ExDxF, group_sizes_E)
-  up_NxF = jax.lax.ragged_dot(x_NxD, w_up_ExDxF, group_sizes_E)
-  y_NxD = jax.lax.ragged_dot(nn.silu(gate_NxF) * up_NxF, w_down_ExFxD, group_sizes_E)
+  return order_N, x_TxD[order_N // experts_TxK.shape[1]], flat_experts_N[order_N]
+
+
+def unsort_and_combine(y_NxD, order_N, weights_TxK):
+  """Back to token order, each token's k expert outputs summed with its routing weights."""
+  num_tokens, k = weights_TxK.shape
   y_NxD = jnp.zeros_like(y_NxD).at[order_N].set(y_NxD)
   y_TxKxD = y_NxD.reshape(num_tokens, k, -1)
   return jnp.einsum('tkd,tk->td', y_TxKxD, weights_TxK.astype(y_TxKxD.dtype))
+
+
+def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
+  """Sort token copies by expert, grouped matmuls, unsort, weight and sum over k."""
+  num_experts = w_gate_ExDxF.shape[0]
+  order_N, x_NxD, _ = sort_by_expert(x_TxD, experts_TxK)
+  group_sizes_E = jnp.bincount(experts_TxK.reshape(-1), length=num_experts).astype(jnp.int32)
+  gate_NxF = jax.lax.ragged_dot(x_NxD, w_gate_ExDxF, group_sizes_E)
+  up_NxF = jax.lax.ragged_dot(x_NxD, w_up_ExDxF, group_sizes_E)
+  y_NxD = jax.lax.ragged_dot(nn.silu(gate_NxF) * up_NxF, w_down_ExFxD, group_sizes_E)
+  return unsort_and_combine(y_NxD, order_N, weights_TxK)
 
 
 def experts_dense(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
@@ -116,15 +126,13 @@ def experts_blocked(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w
   expert's weights and keeps the rows of that expert, so FLOPs are at most (N + E * block) / N
   times the real work and each item reads one expert.
   """
-  num_tokens, k = experts_TxK.shape
   num_experts, d_model = w_gate_ExDxF.shape[:2]
-  n = num_tokens * k
+  n = experts_TxK.size
   block = min(block or BLOCK_ROWS, n)
   padded = -(-n // block) * block
-  flat_experts_N = experts_TxK.reshape(-1)
-  order_N = jnp.argsort(flat_experts_N, stable=True)
-  sorted_experts_N = jnp.pad(flat_experts_N[order_N], (0, padded - n), constant_values=num_experts)
-  x_NxD = jnp.pad(x_TxD[order_N // k], ((0, padded - n), (0, 0)))
+  order_N, x_NxD, sorted_experts_N = sort_by_expert(x_TxD, experts_TxK)
+  sorted_experts_N = jnp.pad(sorted_experts_N, (0, padded - n), constant_values=num_experts)
+  x_NxD = jnp.pad(x_NxD, ((0, padded - n), (0, 0)))
   block_W, expert_W, valid_W = block_schedule(sorted_experts_N, num_experts, block)
 
   def item(y_NxD, work):
@@ -139,12 +147,11 @@ def experts_blocked(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w
 
   y_NxD, _ = jax.lax.scan(item, jnp.zeros((padded, d_model), x_TxD.dtype),
                           (block_W, expert_W, valid_W))
-  y_NxD = jnp.zeros((n, d_model), y_NxD.dtype).at[order_N].set(y_NxD[:n])
-  y_TxKxD = y_NxD.reshape(num_tokens, k, -1)
-  return jnp.einsum('tkd,tk->td', y_TxKxD, weights_TxK.astype(y_TxKxD.dtype))
+  return unsort_and_combine(y_NxD[:n], order_N, weights_TxK)
 
 
-EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense, 'blocked': experts_blocked}   # 'gather' is chosen by size
+# The config's choices; 'gather' is chosen by size (expert_impl).
+EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense, 'blocked': experts_blocked}
 
 
 def expert_impl(cfg, num_tokens):
