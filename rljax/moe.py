@@ -5,8 +5,8 @@ Dropless: every token reaches all of its k experts, whatever the load. Exact imp
   `jax.lax.ragged_dot` (FLOPs proportional to k; the choice for real models on accelerators);
 - 'dense': run every expert on every token and combine with the (mostly zero) routing weights
   (E/k times the FLOPs, but plain matmuls);
-- 'blocked': sort as 'ragged', then scan over (row block, expert) work items, one expert's weights
-  per item: the grouped matmul for XLA:CPU, which lowers `ragged_dot` to a dense dot against every
+- 'blocked': sort as 'ragged', then one batched matmul over (row block, expert) work items, one
+  expert's weights per item: the grouped matmul for XLA:CPU, which lowers `ragged_dot` to a dense dot against every
   expert (E times the FLOPs; docs/performance.md).
 - 'gather' (not a config choice): pick each token's k experts and apply them (reads T*k expert
   matrices, not all E); used automatically whenever T*k <= E, i.e. when decoding a small batch, where reading every
@@ -70,13 +70,15 @@ def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_
 
 
 def experts_dense(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
-  """Every expert on every token; non-selected experts get weight 0."""
-  num_experts = w_gate_ExDxF.shape[0]
-  combine_TxE = jnp.einsum('tk,tke->te', weights_TxK, jax.nn.one_hot(experts_TxK, num_experts))
-  gate_TxExF = jnp.einsum('td,edf->tef', x_TxD, w_gate_ExDxF)
-  up_TxExF = jnp.einsum('td,edf->tef', x_TxD, w_up_ExDxF)
-  y_TxExD = jnp.einsum('tef,efd->ted', nn.silu(gate_TxExF) * up_TxExF, w_down_ExFxD)
-  return jnp.einsum('ted,te->td', y_TxExD, combine_TxE.astype(y_TxExD.dtype))
+  """Every expert on every token, non-selected experts weighted 0: three plain matmuls against all
+  experts side by side ([D, E*F] and [E*F, D]), no sorting, no gathers."""
+  num_experts, d_model, hidden = w_gate_ExDxF.shape
+  combine_TxE = jnp.sum(weights_TxK[..., None] * jax.nn.one_hot(experts_TxK, num_experts), axis=1)
+  side_by_side = lambda w_ExDxF: jnp.transpose(w_ExDxF, (1, 0, 2)).reshape(d_model, -1)
+  gate_TxExF = (x_TxD @ side_by_side(w_gate_ExDxF)).reshape(-1, num_experts, hidden)
+  up_TxExF = (x_TxD @ side_by_side(w_up_ExDxF)).reshape(-1, num_experts, hidden)
+  hidden_TxExF = nn.silu(gate_TxExF) * up_TxExF * combine_TxE[..., None].astype(x_TxD.dtype)
+  return hidden_TxExF.reshape(x_TxD.shape[0], -1) @ w_down_ExFxD.reshape(-1, d_model)
 
 
 def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
@@ -96,7 +98,13 @@ def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_
   return jnp.stack([sum(expert_out(t, j) for j in range(k)) for t in range(num_tokens)])
 
 
-BLOCK_ROWS = 128   # rows of a 'blocked' work item
+def block_rows(pairs, num_experts):
+  """Rows of a 'blocked' work item: about two experts' shares of the pairs (a power of two from 8
+  to 128), so decoding batches pad few rows and training batches run big matmuls."""
+  rows = 8
+  while rows < 128 and 2 * rows <= 2 * pairs / num_experts:
+    rows *= 2
+  return rows
 
 
 def block_schedule(sorted_experts_N, num_experts, block):
@@ -119,35 +127,30 @@ def block_schedule(sorted_experts_N, num_experts, block):
 
 def experts_blocked(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD,
                     block=None):
-  """Sort token copies by expert, then one scan over (row block, expert) work items.
+  """Sort token copies by expert, then batched matmuls over (row block, expert) work items.
 
   A grouped matmul for backends without one (XLA:CPU turns `ragged_dot` into one dense dot
-  against every expert, E times the FLOPs): each item multiplies a block of sorted rows by ONE
+  against every expert, E times the FLOPs): item w multiplies a block of sorted rows by ONE
   expert's weights and keeps the rows of that expert, so FLOPs are at most (N + E * block) / N
-  times the real work and each item reads one expert.
+  times the real work. All items run as one batched matmul on gathered blocks and weights (no
+  loop: a scan over items copied its carry every item), which holds every item's expert weights
+  at once, (N / block + E) x D x F per matrix: the CPU path for small models, not for large E.
   """
   num_experts, d_model = w_gate_ExDxF.shape[:2]
   n = experts_TxK.size
-  block = min(block or BLOCK_ROWS, n)
-  padded = -(-n // block) * block
+  block = min(block or block_rows(n, num_experts), n)
+  blocks = -(-n // block)
   order_N, x_NxD, sorted_experts_N = sort_by_expert(x_TxD, experts_TxK)
-  sorted_experts_N = jnp.pad(sorted_experts_N, (0, padded - n), constant_values=num_experts)
-  x_NxD = jnp.pad(x_NxD, ((0, padded - n), (0, 0)))
+  sorted_experts_N = jnp.pad(sorted_experts_N, (0, blocks * block - n), constant_values=num_experts)
+  x_NxD = jnp.pad(x_NxD, ((0, blocks * block - n), (0, 0)))
   block_W, expert_W, valid_W = block_schedule(sorted_experts_N, num_experts, block)
-
-  def item(y_NxD, work):
-    b, e, valid = work
-    x_BxD = jax.lax.dynamic_slice_in_dim(x_NxD, b * block, block)
-    pick = lambda w_E: jax.lax.dynamic_index_in_dim(w_E, e, 0, keepdims=False)
-    hidden_BxF = nn.silu(x_BxD @ pick(w_gate_ExDxF)) * (x_BxD @ pick(w_up_ExDxF))
-    rows_B = (jax.lax.dynamic_slice_in_dim(sorted_experts_N, b * block, block) == e) & valid
-    out_BxD = jnp.where(rows_B[:, None], hidden_BxF @ pick(w_down_ExFxD), 0)
-    y_BxD = jax.lax.dynamic_slice_in_dim(y_NxD, b * block, block) + out_BxD
-    return jax.lax.dynamic_update_slice_in_dim(y_NxD, y_BxD, b * block, 0), None
-
-  y_NxD, _ = jax.lax.scan(item, jnp.zeros((padded, d_model), x_TxD.dtype),
-                          (block_W, expert_W, valid_W))
-  return unsort_and_combine(y_NxD[:n], order_N, weights_TxK)
+  x_WxBxD = x_NxD.reshape(blocks, block, d_model)[block_W]
+  mine_WxB = (sorted_experts_N.reshape(blocks, block)[block_W] == expert_W[:, None]) & valid_W[:, None]
+  apply = lambda x, w_ExAxB: jnp.einsum('wba,wac->wbc', x, w_ExAxB[expert_W])
+  hidden_WxBxF = nn.silu(apply(x_WxBxD, w_gate_ExDxF)) * apply(x_WxBxD, w_up_ExDxF)
+  out_WxBxD = apply(jnp.where(mine_WxB[..., None], hidden_WxBxF, 0), w_down_ExFxD)
+  y_NxD = jnp.zeros((blocks, block, d_model), out_WxBxD.dtype).at[block_W].add(out_WxBxD)
+  return unsort_and_combine(y_NxD.reshape(-1, d_model)[:n], order_N, weights_TxK)
 
 
 # The config's choices; 'gather' is chosen by size (expert_impl).
@@ -155,16 +158,9 @@ EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense, 'blocked': exp
 
 
 def expert_impl(cfg, num_tokens):
-  """'gather' when the tokens touch at most E expert slots (small-batch decoding), else config's.
-
-  'blocked' pays one expert-weight copy per work item on CPU, so below 4 blocks of pairs (decoding
-  batches up to ~256) 'ragged' was faster there (docs/performance.md) and is used instead.
-  """
-  pairs = num_tokens * cfg.experts_per_token
-  if pairs <= cfg.num_experts:
+  """'gather' when the tokens touch at most E expert slots (small-batch decoding), else config's."""
+  if num_tokens * cfg.experts_per_token <= cfg.num_experts:
     return experts_gather
-  if cfg.moe_impl == 'blocked' and pairs < 4 * BLOCK_ROWS:
-    return experts_ragged
   return EXPERT_IMPLS[cfg.moe_impl]
 
 

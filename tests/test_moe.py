@@ -183,8 +183,8 @@ def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k):
   chosen = moe.expert_impl(cfg, num_tokens)
   if num_tokens * k <= E:
     assert chosen is moe.experts_gather
-  else:   # 'blocked' leaves fewer than 4 blocks of pairs to 'ragged'
-    assert chosen is (moe.experts_ragged if impl == 'blocked' else moe.EXPERT_IMPLS[impl])
+  else:
+    assert chosen is moe.EXPERT_IMPLS[impl]
   out, _ = moe.MoE(cfg).apply({'params': jax.tree.map(jnp.asarray, params)}, jnp.asarray(x))
   ref, _ = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
                   params['w_down'], k)
@@ -225,12 +225,16 @@ def test_blocked_across_block_boundaries(block, k):
     np.testing.assert_allclose(np.asarray(g), np.asarray(ref_g), atol=1e-5)
 
 
-def test_moe_layer_uses_blocked_from_four_blocks_of_pairs():
-  """Enough tokens for 'blocked' to be chosen: the whole layer still equals the numpy loop."""
+def test_block_rows_follow_the_pairs_per_expert():
+  assert [moe.block_rows(pairs, 8) for pairs in (9, 16, 64, 128, 256, 512, 10**6)] == [
+      8, 8, 16, 32, 64, 128, 128]
+
+
+def test_moe_layer_blocked_with_training_sized_blocks():
+  """Enough tokens for 128-row blocks: the whole layer still equals the numpy loop."""
   cfg = moe_cfg('blocked', 2)
-  num_tokens = 2 * moe.BLOCK_ROWS
-  assert moe.expert_impl(cfg, num_tokens - 1) is moe.experts_ragged
-  assert moe.expert_impl(cfg, num_tokens) is moe.experts_blocked
+  num_tokens = 64 * E
+  assert moe.block_rows(num_tokens * 2, E) == 128
   rng = np.random.default_rng(3)
   x = rng.normal(size=(4, num_tokens // 4, D)).astype(np.float32)
   params = random_moe_params(rng, skew=False)
