@@ -93,28 +93,37 @@ class Attention(nn.Module):
     q_BxTxNxH = layers.rope(q_BxTxNxH, positions_BxT, cfg.rope_theta)
     k_BxTxKxH = layers.rope(k_BxTxKxH, positions_BxT, cfg.rope_theta)
 
-    if cache_k is None:  # full-sequence forward: keys are this sequence
-      keys_BxSxKxH, values_BxSxKxH = k_BxTxKxH, v_BxTxKxH
-    else:  # write this chunk's keys at [cache_index, cache_index + T) and attend over all slots
-      start = (0, cache_index, 0, 0)
-      keys_BxSxKxH = jax.lax.dynamic_update_slice(cache_k, k_BxTxKxH.astype(cache_k.dtype), start)
-      values_BxSxKxH = jax.lax.dynamic_update_slice(cache_v, v_BxTxKxH.astype(cache_v.dtype), start)
-    length, slots = x_BxTxD.shape[1], keys_BxSxKxH.shape[1]
-
-    query_slot_T = cache_index + jnp.arange(length)
-    causal_TxS = jnp.arange(slots)[None, :] <= query_slot_T[:, None]
-    mask_Bx1x1xTxS = (causal_TxS[None] & kv_valid_BxS[:, None, :])[:, None, None]
+    length = x_BxTxD.shape[1]
     q_BxTxKxGxH = q_BxTxNxH.reshape(*q_BxTxNxH.shape[:2], kv_heads, heads // kv_heads, head_dim)
-    scores_BxKxGxTxS = jnp.einsum('btkgh,bskh->bkgts', q_BxTxKxGxH, keys_BxSxKxH,
-                                  preferred_element_type=jnp.float32) * head_dim ** -0.5
-    scores_BxKxGxTxS = jnp.where(mask_Bx1x1xTxS, scores_BxKxGxTxS, jnp.finfo(jnp.float32).min)
-    probs_BxKxGxTxS = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(cfg.dtype)
-    out_BxTxKxGxH = jnp.einsum('bkgts,bskh->btkgh', probs_BxKxGxTxS, values_BxSxKxH)
+    score = lambda keys_BxSxKxH: jnp.einsum('btkgh,bskh->bkgts', q_BxTxKxGxH, keys_BxSxKxH,
+                                            preferred_element_type=jnp.float32) * head_dim ** -0.5
+    # This chunk's own keys: causal, real tokens only (their slots in kv_valid follow the cache's).
+    own_valid_BxT = jax.lax.dynamic_slice_in_dim(kv_valid_BxS, cache_index, length, axis=1)
+    causal_TxT = jnp.tril(jnp.ones((length, length), bool))
+    parts = [(score(k_BxTxKxH), (causal_TxT[None] & own_valid_BxT[:, None, :])[:, None, None],
+              v_BxTxKxH)]
+    if cache_k is not None:   # and the cached ones: the slots written before this chunk
+      cached_S = jnp.arange(cache_k.shape[1]) < cache_index
+      parts.append((score(cache_k), (cached_S & kv_valid_BxS)[:, None, None, None, :], cache_v))
+    out_BxTxKxGxH = attend(parts, cfg.dtype)
     out_BxTxNxH = out_BxTxKxGxH.reshape(q_BxTxNxH.shape)
     out_BxTxD = jnp.einsum('btnh,nhd->btd', out_BxTxNxH, w_o.astype(cfg.dtype))
-    if cache_k is None:
-      return out_BxTxD, None, None
-    return out_BxTxD, keys_BxSxKxH, values_BxSxKxH
+    # The caller writes this chunk's keys and values into the cache, all layers at once.
+    return out_BxTxD, k_BxTxKxH, v_BxTxKxH
+
+
+def attend(parts, dtype):
+  """Softmax attention over the keys of several parts (each: scores, mask, values) at once.
+
+  One softmax over the union without concatenating the parts: a decoding step attends over the
+  KV cache and its own key without copying the cache into a bigger array.
+  """
+  masked = [jnp.where(mask, scores, jnp.finfo(jnp.float32).min) for scores, mask, _ in parts]
+  top_BxKxGxTx1 = jnp.max(jnp.stack([jnp.max(m, axis=-1, keepdims=True) for m in masked]), axis=0)
+  weights = [jnp.exp(m - top_BxKxGxTx1) for m in masked]
+  total_BxKxGxTx1 = sum(jnp.sum(w, axis=-1, keepdims=True) for w in weights)
+  return sum(jnp.einsum('bkgts,bskh->btkgh', (w / total_BxKxGxTx1).astype(dtype), values_BxSxKxH)
+             for w, (_, _, values_BxSxKxH) in zip(weights, parts))
 
 
 class Block(nn.Module):
@@ -127,7 +136,7 @@ class Block(nn.Module):
     x_BxTxD, aux_loss = carry
     cache_k, cache_v = layer_cache if layer_cache is not None else (None, None)
     h_BxTxD = layers.RMSNorm(cfg, name='attn_norm')(x_BxTxD)
-    attn_BxTxD, cache_k, cache_v = Attention(cfg, name='attn')(
+    attn_BxTxD, k_BxTxKxH, v_BxTxKxH = Attention(cfg, name='attn')(
         h_BxTxD, positions_BxT, kv_valid_BxS, cache_k, cache_v, cache_index)
     x_BxTxD = x_BxTxD + attn_BxTxD
     h_BxTxD = layers.RMSNorm(cfg, name='ffn_norm')(x_BxTxD)
@@ -137,8 +146,8 @@ class Block(nn.Module):
     else:
       ffn_BxTxD = layers.SwiGLU(cfg, name='ffn')(h_BxTxD)
     x_BxTxD = sharding.constrain(x_BxTxD + ffn_BxTxD, ACTIVATION_AXES)
-    new_cache = None if layer_cache is None else (cache_k, cache_v)
-    return (x_BxTxD, aux_loss), new_cache
+    new_keys = None if layer_cache is None else (k_BxTxKxH, v_BxTxKxH)
+    return (x_BxTxD, aux_loss), new_keys
 
 
 REMAT_POLICIES = {
@@ -181,10 +190,14 @@ class Transformer(nn.Module):
     x_BxTxD = jnp.take(table_VxD, tokens_BxT, axis=0).astype(self.cfg.dtype)
     x_BxTxD = sharding.constrain(x_BxTxD, ACTIVATION_AXES)
     layer_caches = None if cache is None else (cache.k, cache.v)
-    (x_BxTxD, aux_loss), new_caches = self.blocks(
+    (x_BxTxD, aux_loss), new_keys = self.blocks(
         (x_BxTxD, jnp.zeros((), jnp.float32)), layer_caches, positions_BxT, kv_valid_BxS,
         cache_index)
-    new_cache = None if cache is None else KVCache(*new_caches)
+    new_cache = None
+    if cache is not None:   # one write of this chunk's slots, every layer (the rest of it is read only)
+      write = lambda cache_LxBxSxKxH, new_LxBxTxKxH: jax.lax.dynamic_update_slice(
+          cache_LxBxSxKxH, new_LxBxTxKxH.astype(cache_LxBxSxKxH.dtype), (0, 0, cache_index, 0, 0))
+      new_cache = KVCache(write(cache.k, new_keys[0]), write(cache.v, new_keys[1]))
     return self.final_norm(x_BxTxD), new_cache, aux_loss
 
   def logits(self, h_BxTxD):

@@ -146,7 +146,9 @@ def experts_blocked(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w
   block_W, expert_W, valid_W = block_schedule(sorted_experts_N, num_experts, block)
   x_WxBxD = x_NxD.reshape(blocks, block, d_model)[block_W]
   mine_WxB = (sorted_experts_N.reshape(blocks, block)[block_W] == expert_W[:, None]) & valid_W[:, None]
-  apply = lambda x, w_ExAxB: jnp.einsum('wba,wac->wbc', x, w_ExAxB[expert_W])
+  # Rematerialised: the backward gathers the weights again instead of keeping [W, D, F] copies
+  # (which a layer scan would stack over layers as residuals).
+  apply = jax.checkpoint(lambda x, w_ExAxB: jnp.einsum('wba,wac->wbc', x, w_ExAxB[expert_W]))
   hidden_WxBxF = nn.silu(apply(x_WxBxD, w_gate_ExDxF)) * apply(x_WxBxD, w_up_ExDxF)
   out_WxBxD = apply(jnp.where(mine_WxB[..., None], hidden_WxBxF, 0), w_down_ExFxD)
   y_NxD = jnp.zeros((blocks, block, d_model), out_WxBxD.dtype).at[block_W].add(out_WxBxD)

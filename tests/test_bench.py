@@ -107,3 +107,10 @@ def test_recipe_prototype_runs_both_policies(model):
   args = argparse.Namespace(threshold=0.0, min_steps=5, lr=5e-5, P=4, samples=64, eval_every=32)
   gain = recipe_prototype.run(model, 0, 0, args)
   assert -1.0 <= gain <= 1.0
+
+
+def test_moe_bench_checks_and_times_every_implementation():
+  from bench import moe as moe_bench   # pylint: disable=import-outside-toplevel
+  ms = moe_bench.run(tokens=40, d=8, f=8, experts=4, k=2, impls=['ragged', 'dense', 'blocked'],
+                     rounds=2)
+  assert set(ms) == {'ragged', 'dense', 'blocked'} and all(t > 0 for t in ms.values())

@@ -1,0 +1,77 @@
+"""One MoE layer's experts, forward + backward, for each expert implementation, side by side.
+
+  PYTHONPATH=. python bench/moe.py --tokens=832 --d=128 --f=128 --experts=4 --k=2     # runlocal
+  PYTHONPATH=. python bench/moe.py --tokens=1536 --d=256 --f=256 --experts=8 --k=2    # peer
+
+Random tokens routed by random router logits; each implementation's gradients are checked
+against the first one's before it is timed (a fast wrong path is no result). Rounds alternate
+the implementations, so machine load hits them alike; the median of each is printed.
+"""
+import argparse
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench import common
+from rljax import moe
+
+
+def make_case(tokens, d, f, experts, k, seed=0):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+  x_TxD = jax.random.normal(keys[0], (tokens, d))
+  weights_TxK, experts_TxK, _ = moe.route(jax.random.normal(keys[1], (tokens, experts)), k)
+  expert_weights = (jax.random.normal(keys[2], (experts, d, f)) * d ** -0.5,
+                    jax.random.normal(keys[3], (experts, d, f)) * d ** -0.5,
+                    jax.random.normal(keys[4], (experts, f, d)) * f ** -0.5)
+  return x_TxD, weights_TxK, experts_TxK, expert_weights
+
+
+def value_and_grads(impl, weights_TxK, experts_TxK):
+  """Jitted loss and gradients w.r.t. the tokens and the three expert matrices."""
+  def loss(x_TxD, *expert_weights):
+    return jnp.sum(jnp.sin(impl(x_TxD, weights_TxK, experts_TxK, *expert_weights)))
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+
+
+def run(tokens, d, f, experts, k, impls, rounds):
+  x_TxD, weights_TxK, experts_TxK, expert_weights = make_case(tokens, d, f, experts, k)
+  fns = {name: value_and_grads(moe.EXPERT_IMPLS[name], weights_TxK, experts_TxK) for name in impls}
+  reference = None
+  for name, fn in fns.items():
+    out = jax.tree.leaves(jax.block_until_ready(fn(x_TxD, *expert_weights)))
+    reference = reference or out
+    error = max(float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-30))
+                for a, b in zip(out, reference))
+    if error > 1e-4:
+      raise AssertionError(f'{name} differs from {impls[0]} by {error:.2e} (relative)')
+  seconds = {name: [] for name in impls}
+  for _ in range(rounds):
+    for name, fn in fns.items():
+      seconds[name] += common.timings(fn, x_TxD, *expert_weights, repeats=1, warmup=0)
+  return {name: 1e3 * float(np.median(s)) for name, s in seconds.items()}
+
+
+def main(argv):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--tokens', type=common.positive_int, default=832)
+  parser.add_argument('--d', type=common.positive_int, default=128)
+  parser.add_argument('--f', type=common.positive_int, default=128)
+  parser.add_argument('--experts', type=common.positive_int, default=4)
+  parser.add_argument('--k', type=common.positive_int, default=2)
+  parser.add_argument('--impls', default=','.join(moe.EXPERT_IMPLS))
+  parser.add_argument('--rounds', type=common.positive_int, default=20)
+  args = parser.parse_args(argv)
+  impls = args.impls.split(',')
+  unknown = sorted(set(impls) - set(moe.EXPERT_IMPLS))
+  if unknown or args.k > args.experts:
+    parser.error(f'unknown --impls {unknown}; choose from {sorted(moe.EXPERT_IMPLS)}' if unknown
+                 else f'--k {args.k} > --experts {args.experts}')
+  ms = run(args.tokens, args.d, args.f, args.experts, args.k, impls, args.rounds)
+  print(f'{args.tokens} tokens, d={args.d}, f={args.f}, E={args.experts}, k={args.k}: '
+        'fwd + bwd ms (median) ' + ', '.join(f'{name} {t:.2f}' for name, t in ms.items()))
+
+
+if __name__ == '__main__':
+  main(sys.argv[1:])
