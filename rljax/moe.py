@@ -6,8 +6,8 @@ Dropless: every token reaches all of its k experts, whatever the load. Exact imp
 - 'dense': run every expert on every token and combine with the (mostly zero) routing weights
   (E/k times the FLOPs, but plain matmuls);
 - 'blocked': sort as 'ragged', then one batched matmul over (row block, expert) work items, one
-  expert's weights per item: the grouped matmul for XLA:CPU, which lowers `ragged_dot` to a dense dot against every
-  expert (E times the FLOPs; docs/performance.md).
+  expert's weights per item: the grouped matmul for XLA:CPU, which lowers `ragged_dot` to a dense
+  dot against every expert (E times the FLOPs; docs/performance.md).
 - 'gather' (not a config choice): pick each token's k experts and apply them (reads T*k expert
   matrices, not all E); used automatically whenever T*k <= E, i.e. when decoding a small batch, where reading every
   expert would multiply the bytes per step, the quantity that bounds decoding, by up to E/k.
@@ -102,7 +102,7 @@ def block_rows(pairs, num_experts):
   """Rows of a 'blocked' work item: about two experts' shares of the pairs (a power of two from 8
   to 128), so decoding batches pad few rows and training batches run big matmuls."""
   rows = 8
-  while rows < 128 and 2 * rows <= 2 * pairs / num_experts:
+  while rows < 128 and rows * num_experts <= pairs:
     rows *= 2
   return rows
 
