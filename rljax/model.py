@@ -10,6 +10,7 @@ Sequences are LEFT-padded prompts followed by responses. `kv_valid_BxS` marks re
 positions count real tokens only, so a prompt's position ids do not depend on its padding.
 """
 import dataclasses
+import functools
 from typing import Any, NamedTuple, Optional
 
 import flax.linen as nn
@@ -119,7 +120,7 @@ def attend(parts, dtype):
   KV cache and its own key without copying the cache into a bigger array.
   """
   masked = [jnp.where(mask, scores, jnp.finfo(jnp.float32).min) for scores, mask, _ in parts]
-  top_BxKxGxTx1 = jnp.max(jnp.stack([jnp.max(m, axis=-1, keepdims=True) for m in masked]), axis=0)
+  top_BxKxGxTx1 = functools.reduce(jnp.maximum, [jnp.max(m, axis=-1, keepdims=True) for m in masked])
   weights = [jnp.exp(m - top_BxKxGxTx1) for m in masked]
   total_BxKxGxTx1 = sum(jnp.sum(w, axis=-1, keepdims=True) for w in weights)
   return sum(jnp.einsum('bkgts,bskh->btkgh', (w / total_BxKxGxTx1).astype(dtype), values_BxSxKxH)

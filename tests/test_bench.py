@@ -114,3 +114,12 @@ def test_moe_bench_checks_and_times_every_implementation():
   ms = moe_bench.run(tokens=40, d=8, f=8, experts=4, k=2, impls=['ragged', 'dense', 'blocked'],
                      rounds=2)
   assert set(ms) == {'ragged', 'dense', 'blocked'} and all(t > 0 for t in ms.values())
+
+
+def test_moe_bench_refuses_to_time_a_wrong_implementation(monkeypatch):
+  from bench import moe as moe_bench   # pylint: disable=import-outside-toplevel
+  from rljax import moe   # pylint: disable=import-outside-toplevel
+  off_by_one_percent = lambda *args: 1.01 * moe.experts_ragged(*args)
+  monkeypatch.setitem(moe.EXPERT_IMPLS, 'dense', off_by_one_percent)
+  with pytest.raises(AssertionError, match='dense differs from ragged'):
+    moe_bench.run(tokens=40, d=8, f=8, experts=4, k=2, impls=['ragged', 'dense'], rounds=1)
