@@ -1,7 +1,7 @@
 #!/bin/bash
-# Every benchmark for the ~1B-class MoE (configs/grpo.py's default model: 1.3B params, 0.24B
-# active, bf16 compute, f32 master weights) on one GPU, in under 8 minutes; results dated, the
-# hardware named, everything under OUTDIR.
+# The numerical tests that need no mesh, then every benchmark for the ~1B-class MoE
+# (configs/grpo.py's default model: 1.3B params, 0.24B active, bf16 compute, f32 master weights)
+# on one GPU, in under 10 minutes; results dated, the hardware named, everything under OUTDIR.
 #
 #   bench/gpu.sh OUTDIR            (from the repository root; PYTHON=... to pick the interpreter)
 #
@@ -10,7 +10,7 @@
 set -u
 OUTDIR=${1:-${OUT:-/tmp/rljax-bench}}
 mkdir -p "$OUTDIR"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 if [ "${SMOKE:-0}" = 1 ]; then
   MODEL=tiny; BATCHES=1,16; LENGTHS=8,16; TRAIN="--batch=16 --micro=4,16 --prompt_len=8 --response_len=8"
@@ -32,10 +32,15 @@ run() {   # name, time limit (s), command...
   timeout "$limit" "$PY" "$@" --out="$OUTDIR/$name.json" 2>&1 | tee -a "$LOG"
   echo "== $name exit ${PIPESTATUS[0]}" | tee -a "$LOG"
 }
-run sampler 240 bench/sampler.py --preset=$MODEL --batches=$BATCHES --lengths=$LENGTHS \
+# The KV-cache decode vs full forward, MoE implementations and losses against their numpy
+# references, on the accelerator, in f32 at full matmul precision (the tests' tolerances are f32's).
+echo "== tests ($(date -u +%H:%M:%S))" | tee -a "$LOG"
+JAX_DEFAULT_MATMUL_PRECISION=highest timeout 110 "$PY" -m pytest -q tests/test_model.py \
+  tests/test_moe.py tests/test_losses.py tests/test_sampler.py 2>&1 | tail -30 | tee -a "$LOG"
+run sampler 200 bench/sampler.py --preset=$MODEL --batches=$BATCHES --lengths=$LENGTHS \
   --length_batch=16 --repeats=$REPEATS --dump_hlo="$OUTDIR/sampler_b1_hlo.txt"
-run sampler_bf16_params 60 bench/sampler.py --preset=$MODEL --batches=1,64 --lengths=64 \
+run sampler_bf16_params 50 bench/sampler.py --preset=$MODEL --batches=1,64 --lengths=64 \
   --param_dtype=bfloat16 --repeats=$REPEATS
-run train_step 150 bench/train_step.py --preset=$MODEL $TRAIN --repeats=$REPEATS
-run rl_step 90 bench/rl_step.py --preset=$MODEL $RL --G=8 --micro=256 --steps=2
+run train_step 120 bench/train_step.py --preset=$MODEL $TRAIN --repeats=$REPEATS
+run rl_step 80 bench/rl_step.py --preset=$MODEL $RL --G=8 --micro=256 --steps=2
 echo "== done $(date -u +%H:%M:%S)" | tee -a "$LOG"
