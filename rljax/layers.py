@@ -30,12 +30,16 @@ class RMSNorm(nn.Module):
     return (x32 * scale.astype(jnp.float32)).astype(self.cfg.dtype)
 
 
-def rope(x_BxTxNxH, positions_BxT, theta):
+def rope_tables(positions_BxT, head_dim, theta):
+  """(sin, cos) of the rotary angles, [B, T, 1, head_dim / 2]: computed once for all layers."""
+  inv_freq_F = 1.0 / (theta ** (np.arange(head_dim // 2, dtype=np.float32) * 2.0 / head_dim))
+  angles_BxTx1xF = (positions_BxT[..., None].astype(jnp.float32) * inv_freq_F)[:, :, None, :]
+  return jnp.sin(angles_BxTx1xF), jnp.cos(angles_BxTx1xF)
+
+
+def rope(x_BxTxNxH, tables):
   """Rotary position embedding, rotate-half convention (as Qwen3 in Hugging Face)."""
-  half = x_BxTxNxH.shape[-1] // 2
-  inv_freq_F = 1.0 / (theta ** (np.arange(half, dtype=np.float32) * 2.0 / x_BxTxNxH.shape[-1]))
-  angles_BxTxF = positions_BxT[..., None].astype(jnp.float32) * inv_freq_F
-  sin, cos = jnp.sin(angles_BxTxF)[:, :, None, :], jnp.cos(angles_BxTxF)[:, :, None, :]
+  sin, cos = tables
   x1, x2 = jnp.split(x_BxTxNxH.astype(jnp.float32), 2, axis=-1)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return rotated.astype(x_BxTxNxH.dtype)

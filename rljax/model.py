@@ -78,7 +78,7 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, positions_BxT, kv_valid_BxS, cache_k, cache_v, cache_index):
+  def __call__(self, x_BxTxD, rope_tables, kv_valid_BxS, cache_k, cache_v, cache_index):
     cfg = self.cfg
     d_model = x_BxTxD.shape[-1]
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -91,8 +91,8 @@ class Attention(nn.Module):
     v_BxTxKxH = jnp.einsum('btd,dkh->btkh', x_BxTxD, w_v.astype(cfg.dtype))
     q_BxTxNxH = layers.RMSNorm(cfg, 'head_dim', name='q_norm')(q_BxTxNxH)
     k_BxTxKxH = layers.RMSNorm(cfg, 'head_dim', name='k_norm')(k_BxTxKxH)
-    q_BxTxNxH = layers.rope(q_BxTxNxH, positions_BxT, cfg.rope_theta)
-    k_BxTxKxH = layers.rope(k_BxTxKxH, positions_BxT, cfg.rope_theta)
+    q_BxTxNxH = layers.rope(q_BxTxNxH, rope_tables)
+    k_BxTxKxH = layers.rope(k_BxTxKxH, rope_tables)
 
     length = x_BxTxD.shape[1]
     q_BxTxKxGxH = q_BxTxNxH.reshape(*q_BxTxNxH.shape[:2], kv_heads, heads // kv_heads, head_dim)
@@ -103,7 +103,10 @@ class Attention(nn.Module):
     causal_TxT = jnp.tril(jnp.ones((length, length), bool))
     parts = [(score(k_BxTxKxH), (causal_TxT[None] & own_valid_BxT[:, None, :])[:, None, None],
               v_BxTxKxH)]
-    if cache_k is not None:   # and the cached ones: the slots written before this chunk
+    # And the cached ones, the slots written before this chunk: none when it starts at slot 0
+    # (prefill), where scoring the empty cache is wasted work that XLA also spends seconds
+    # constant-folding.
+    if cache_k is not None and not (isinstance(cache_index, int) and cache_index == 0):
       cached_S = jnp.arange(cache_k.shape[1]) < cache_index
       parts.append((score(cache_k), (cached_S & kv_valid_BxS)[:, None, None, None, :], cache_v))
     out_BxTxKxGxH = attend(parts, cfg.dtype)
@@ -132,13 +135,13 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, carry, layer_cache, positions_BxT, kv_valid_BxS, cache_index):
+  def __call__(self, carry, layer_cache, rope_tables, kv_valid_BxS, cache_index):
     cfg = self.cfg
     x_BxTxD, aux_loss = carry
     cache_k, cache_v = layer_cache if layer_cache is not None else (None, None)
     h_BxTxD = layers.RMSNorm(cfg, name='attn_norm')(x_BxTxD)
     attn_BxTxD, k_BxTxKxH, v_BxTxKxH = Attention(cfg, name='attn')(
-        h_BxTxD, positions_BxT, kv_valid_BxS, cache_k, cache_v, cache_index)
+        h_BxTxD, rope_tables, kv_valid_BxS, cache_k, cache_v, cache_index)
     x_BxTxD = x_BxTxD + attn_BxTxD
     h_BxTxD = layers.RMSNorm(cfg, name='ffn_norm')(x_BxTxD)
     if cfg.num_experts:
@@ -191,8 +194,9 @@ class Transformer(nn.Module):
     x_BxTxD = jnp.take(table_VxD, tokens_BxT, axis=0).astype(self.cfg.dtype)
     x_BxTxD = sharding.constrain(x_BxTxD, ACTIVATION_AXES)
     layer_caches = None if cache is None else (cache.k, cache.v)
+    rope_tables = layers.rope_tables(positions_BxT, self.cfg.head_dim, self.cfg.rope_theta)
     (x_BxTxD, aux_loss), new_keys = self.blocks(
-        (x_BxTxD, jnp.zeros((), jnp.float32)), layer_caches, positions_BxT, kv_valid_BxS,
+        (x_BxTxD, jnp.zeros((), jnp.float32)), layer_caches, rope_tables, kv_valid_BxS,
         cache_index)
     new_cache = None
     if cache is not None:   # one write of this chunk's slots, every layer (the rest of it is read only)
