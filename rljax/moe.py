@@ -84,18 +84,21 @@ def experts_dense(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_d
 def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
   """Each token's k experts picked out and applied: only the experts in use are read.
 
-  One dynamic slice per (token, expert) pair, unrolled (T*k <= E when chosen): on XLA:CPU a
-  `jnp.take` of whole expert matrices ran ~10x slower than these contiguous slices.
+  The picks are dynamic slices (one per (token, expert) pair, T*k <= E when chosen; on XLA:CPU a
+  `jnp.take` of whole expert matrices ran ~10x slower), stacked so that each matrix is applied
+  to all pairs by ONE batched product: 3 launches per layer on a GPU instead of 3 per pair.
   """
   num_tokens, k = experts_TxK.shape
-
-  def expert_out(t, j):
-    pick = lambda w_E: jax.lax.dynamic_index_in_dim(w_E, experts_TxK[t, j], 0, keepdims=False)
-    x_D = x_TxD[t]
-    hidden_F = nn.silu(x_D @ pick(w_gate_ExDxF)) * (x_D @ pick(w_up_ExDxF))
-    return weights_TxK[t, j].astype(x_TxD.dtype) * (hidden_F @ pick(w_down_ExFxD))
-
-  return jnp.stack([sum(expert_out(t, j) for j in range(k)) for t in range(num_tokens)])
+  experts_N = experts_TxK.reshape(-1)
+  pick = lambda w_ExAxB: jnp.stack(
+      [jax.lax.dynamic_index_in_dim(w_ExAxB, experts_N[n], 0, keepdims=False)
+       for n in range(experts_N.shape[0])])
+  x_NxD = jnp.repeat(x_TxD, k, axis=0)
+  hidden_NxF = (nn.silu(jnp.einsum('nd,ndf->nf', x_NxD, pick(w_gate_ExDxF)))
+                * jnp.einsum('nd,ndf->nf', x_NxD, pick(w_up_ExDxF)))
+  y_NxD = jnp.einsum('nf,nfd->nd', hidden_NxF, pick(w_down_ExFxD))
+  y_TxKxD = y_NxD.reshape(num_tokens, k, -1)
+  return jnp.einsum('tkd,tk->td', y_TxKxD, weights_TxK.astype(y_TxKxD.dtype))
 
 
 def block_rows(pairs, num_experts):
