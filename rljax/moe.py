@@ -86,7 +86,8 @@ def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_
 
   The picks are dynamic slices (one per (token, expert) pair, T*k <= E when chosen; on XLA:CPU a
   `jnp.take` of whole expert matrices ran ~10x slower), stacked so that each matrix is applied
-  to all pairs by ONE batched product: 3 launches per layer on a GPU instead of 3 per pair.
+  to all pairs by ONE batched product: 3 products per layer instead of 3 per pair (each product
+  was a kernel launch of its own in the H200 decode profile, docs/performance.md).
   """
   num_tokens, k = experts_TxK.shape
   experts_N = experts_TxK.reshape(-1)
