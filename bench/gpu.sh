@@ -6,7 +6,8 @@
 #   bench/gpu.sh OUTDIR            (from the repository root; PYTHON=... to pick the interpreter)
 #
 # Each benchmark runs in its own process under its own time limit, so one failure still leaves
-# the others' numbers; at most 8 files, as the device tool brings back. SMOKE=1 runs the same script on the tiny preset (CPU check of the script).
+# the others' numbers. At the end all records but the log go into OUTDIR/results.tgz (the device
+# tool brings back at most 8 files). SMOKE=1 runs the same script on the tiny preset (CPU check of the script).
 # On a machine without ml_collections or tensorflow_datasets, bench/gpu_wheels.sh fetches them.
 #
 # Besides the defaults it measures the two open questions of the first H200 run (docs/performance.md):
@@ -45,7 +46,7 @@ echo "== tests ($(date -u +%H:%M:%S))" | tee -a "$LOG"
 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest timeout 120 "$PY" -m pytest -q -n 4 tests/test_model.py \
   tests/test_moe.py tests/test_losses.py tests/test_sampler.py 2>&1 | tail -30 | tee -a "$LOG"
 run sampler 150 bench/sampler.py --preset=$MODEL --batches=$BATCHES --lengths=$LENGTHS \
-  --length_batch=16 --repeats=$REPEATS
+  --length_batch=16 --repeats=$REPEATS --dump_hlo="$OUTDIR/sampler_b1_hlo.txt"
 XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL \
   run sampler_graphs 60 bench/sampler.py --preset=$MODEL --batches=1,64 --lengths=64 --repeats=$REPEATS
 for impl in ragged blocked dense; do
@@ -55,3 +56,4 @@ XLA_FLAGS=--xla_gpu_experimental_use_ragged_dot_fusion=true \
   run train_ragged_cudnn 60 bench/train_step.py --preset=$MODEL $TRAIN --moe_impl=ragged --repeats=$REPEATS
 run rl_step 80 bench/rl_step.py --preset=$MODEL $RL --G=8 --micro=256 --steps=2
 echo "== done $(date -u +%H:%M:%S)" | tee -a "$LOG"
+(cd "$OUTDIR" && tar czf results.tgz --remove-files ./*.json ./*.txt)
