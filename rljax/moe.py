@@ -50,12 +50,16 @@ def sort_by_expert(x_TxD, experts_TxK):
   return order_N, x_TxD[order_N // experts_TxK.shape[1]], flat_experts_N[order_N]
 
 
-def unsort_and_combine(y_NxD, order_N, weights_TxK):
-  """Back to token order, each token's k expert outputs summed with its routing weights."""
-  num_tokens, k = weights_TxK.shape
-  y_NxD = jnp.zeros_like(y_NxD).at[order_N].set(y_NxD)
-  y_TxKxD = y_NxD.reshape(num_tokens, k, -1)
+def combine(y_NxD, weights_TxK):
+  """Each token's k expert outputs (rows in token order, k per token) summed with its routing
+  weights."""
+  y_TxKxD = y_NxD.reshape(*weights_TxK.shape, -1)
   return jnp.einsum('tkd,tk->td', y_TxKxD, weights_TxK.astype(y_TxKxD.dtype))
+
+
+def unsort_and_combine(y_NxD, order_N, weights_TxK):
+  """Back to token order, then `combine`."""
+  return combine(jnp.zeros_like(y_NxD).at[order_N].set(y_NxD), weights_TxK)
 
 
 def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
@@ -89,17 +93,14 @@ def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_
   to all pairs by ONE batched product: 3 products per layer instead of 3 per pair (each product
   was a kernel launch of its own in the H200 decode profile, docs/performance.md).
   """
-  num_tokens, k = experts_TxK.shape
   experts_N = experts_TxK.reshape(-1)
   pick = lambda w_ExAxB: jnp.stack(
       [jax.lax.dynamic_index_in_dim(w_ExAxB, experts_N[n], 0, keepdims=False)
        for n in range(experts_N.shape[0])])
-  x_NxD = jnp.repeat(x_TxD, k, axis=0)
+  x_NxD = jnp.repeat(x_TxD, experts_TxK.shape[1], axis=0)
   hidden_NxF = (nn.silu(jnp.einsum('nd,ndf->nf', x_NxD, pick(w_gate_ExDxF)))
                 * jnp.einsum('nd,ndf->nf', x_NxD, pick(w_up_ExDxF)))
-  y_NxD = jnp.einsum('nf,nfd->nd', hidden_NxF, pick(w_down_ExFxD))
-  y_TxKxD = y_NxD.reshape(num_tokens, k, -1)
-  return jnp.einsum('tkd,tk->td', y_TxKxD, weights_TxK.astype(y_TxKxD.dtype))
+  return combine(jnp.einsum('nf,nfd->nd', hidden_NxF, pick(w_down_ExFxD)), weights_TxK)
 
 
 def block_rows(pairs, num_experts):
