@@ -7,7 +7,8 @@
 #
 # Each benchmark runs in its own process under its own time limit, so one failure still leaves
 # the others' numbers. At the end all records but the log go into OUTDIR/results.tgz (the device
-# tool brings back at most 8 files). SMOKE=1 runs the same script on the tiny preset (CPU check of the script).
+# tool brings back at most 8 files). SMOKE=1 runs the same script on the tiny preset (a CPU check
+# of the script).
 # On a machine without ml_collections or tensorflow_datasets, bench/gpu_wheels.sh fetches them.
 #
 # Besides the defaults it measures the two open questions of the first H200 run (docs/performance.md):
@@ -43,8 +44,9 @@ run() {   # name, time limit (s), command...   (XLA_FLAGS from the caller's envi
 # references, on the accelerator, in f32 at full matmul precision (the tests' tolerances are f32's);
 # four workers share the GPU, so none takes most of its memory up front.
 echo "== tests ($(date -u +%H:%M:%S))" | tee -a "$LOG"
-XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest timeout 120 "$PY" -m pytest -q -n 4 tests/test_model.py \
-  tests/test_moe.py tests/test_losses.py tests/test_sampler.py 2>&1 | tail -30 | tee -a "$LOG"
+XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest timeout 120 \
+  "$PY" -m pytest -q -n 4 tests/test_model.py tests/test_moe.py tests/test_losses.py \
+  tests/test_sampler.py 2>&1 | tail -30 | tee -a "$LOG"
 run sampler 150 bench/sampler.py --preset=$MODEL --batches=$BATCHES --lengths=$LENGTHS \
   --length_batch=16 --repeats=$REPEATS --dump_hlo="$OUTDIR/sampler_b1_hlo.txt"
 XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL \
