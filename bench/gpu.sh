@@ -51,7 +51,7 @@ run sampler 150 bench/sampler.py --preset=$MODEL --batches=$BATCHES --lengths=$L
   --length_batch=16 --repeats=$REPEATS --dump_hlo="$OUTDIR/sampler_b1_hlo.txt"
 XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL \
   run sampler_graphs 60 bench/sampler.py --preset=$MODEL --batches=1,64 --lengths=64 --repeats=$REPEATS
-for impl in ragged blocked dense; do
+for impl in ragged bucketed dense; do
   run train_$impl 60 bench/train_step.py --preset=$MODEL $TRAIN --moe_impl=$impl --repeats=$REPEATS
 done
 XLA_FLAGS=--xla_gpu_experimental_use_ragged_dot_fusion=true \

@@ -2,6 +2,8 @@
 
   PYTHONPATH=. python bench/moe.py --tokens=832 --d=128 --f=128 --experts=4 --k=2     # runlocal
   PYTHONPATH=. python bench/moe.py --tokens=1536 --d=256 --f=256 --experts=8 --k=2    # peer
+  PYTHONPATH=. python bench/moe.py --tokens=64 --d=256 --f=256 --experts=8 --k=2 --forward_only
+                                                                  # peer, one decode step at batch 64
 
 Random tokens routed by random router logits; each implementation's gradients are checked
 against the first one's before it is timed (a fast wrong path is no result). Rounds alternate
@@ -28,16 +30,19 @@ def make_case(tokens, d, f, experts, k, seed=0):
   return x_TxD, weights_TxK, experts_TxK, expert_weights
 
 
-def value_and_grads(impl, weights_TxK, experts_TxK):
-  """Jitted loss and gradients w.r.t. the tokens and the three expert matrices."""
+def value_and_grads(impl, weights_TxK, experts_TxK, forward_only=False):
+  """Jitted loss and gradients w.r.t. the tokens and the three expert matrices (or the output)."""
   def loss(x_TxD, *expert_weights):
     return jnp.sum(jnp.sin(impl(x_TxD, weights_TxK, experts_TxK, *expert_weights)))
+  if forward_only:
+    return jax.jit(lambda *args: impl(args[0], weights_TxK, experts_TxK, *args[1:]))
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
 
 
-def run(tokens, d, f, experts, k, impls, rounds):
+def run(tokens, d, f, experts, k, impls, rounds, forward_only=False):
   x_TxD, weights_TxK, experts_TxK, expert_weights = make_case(tokens, d, f, experts, k)
-  fns = {name: value_and_grads(moe.EXPERT_IMPLS[name], weights_TxK, experts_TxK) for name in impls}
+  fns = {name: value_and_grads(moe.EXPERT_IMPLS[name], weights_TxK, experts_TxK, forward_only)
+         for name in impls}
   reference = None
   for name, fn in fns.items():
     out = jax.tree.leaves(jax.block_until_ready(fn(x_TxD, *expert_weights)))
@@ -62,15 +67,17 @@ def main(argv):
   parser.add_argument('--k', type=common.positive_int, default=2)
   parser.add_argument('--impls', default=','.join(moe.EXPERT_IMPLS))
   parser.add_argument('--rounds', type=common.positive_int, default=20)
+  parser.add_argument('--forward_only', action='store_true', help='time the output alone')
   args = parser.parse_args(argv)
   impls = args.impls.split(',')
   unknown = sorted(set(impls) - set(moe.EXPERT_IMPLS))
   if unknown or args.k > args.experts:
     parser.error(f'unknown --impls {unknown}; choose from {sorted(moe.EXPERT_IMPLS)}' if unknown
                  else f'--k {args.k} > --experts {args.experts}')
-  ms = run(args.tokens, args.d, args.f, args.experts, args.k, impls, args.rounds)
+  ms = run(args.tokens, args.d, args.f, args.experts, args.k, impls, args.rounds,
+           args.forward_only)
   print(f'{args.tokens} tokens, d={args.d}, f={args.f}, E={args.experts}, k={args.k}: '
-        'fwd + bwd ms (median) ' + ', '.join(f'{name} {t:.2f}' for name, t in ms.items()))
+        f'{"fwd" if args.forward_only else "fwd + bwd"} ms (median) ' + ', '.join(f'{name} {t:.2f}' for name, t in ms.items()))
 
 
 if __name__ == '__main__':

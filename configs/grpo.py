@@ -16,7 +16,7 @@ def model_preset(runlocal):
   if runlocal:
     return dict(vocab_size=16, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
                 num_experts=4, experts_per_token=2, expert_hidden=128, dense_hidden=512,
-                moe_impl='blocked', tie_embeddings=False, rope_theta=10000.0, norm_eps=1e-6, init_std=0.02,
+                moe_impl='bucketed', tie_embeddings=False, rope_theta=10000.0, norm_eps=1e-6, init_std=0.02,
                 dtype='float32', param_dtype='float32', remat='none', max_seq_len=64)
   return dict(vocab_size=16, d_model=1024, num_layers=16, num_heads=16, num_kv_heads=4, head_dim=128,
               num_experts=32, experts_per_token=4, expert_hidden=768, dense_hidden=3072,

@@ -34,7 +34,7 @@ class ModelConfig:
   experts_per_token: int = 2
   expert_hidden: int = 256
   dense_hidden: int = 512
-  moe_impl: str = 'dense'       # 'ragged' | 'dense' | 'blocked' (see rljax.moe)
+  moe_impl: str = 'dense'       # 'ragged' | 'dense' | 'bucketed' (see rljax.moe)
   tie_embeddings: bool = False
   rope_theta: float = 10000.0
   norm_eps: float = 1e-6

@@ -5,14 +5,17 @@ Dropless: every token reaches all of its k experts, whatever the load. Exact imp
   `jax.lax.ragged_dot` (FLOPs proportional to k; the choice for real models on accelerators);
 - 'dense': run every expert on every token and combine with the (mostly zero) routing weights
   (E/k times the FLOPs, but plain matmuls);
-- 'blocked': sort as 'ragged', then one batched matmul over (row block, expert) work items, one
-  expert's weights per item: the grouped matmul for XLA:CPU, which lowers `ragged_dot` to a dense
-  dot against every expert (E times the FLOPs; docs/performance.md).
+- 'bucketed': sort as 'ragged', lay the pairs out as [E, C] slots, C the smallest of a few static
+  capacities that holds the busiest expert (chosen at run time), and run one batched matmul against
+  the expert weights in place: the grouped matmul for XLA:CPU, which lowers `ragged_dot` to a dense
+  dot against every expert (E times the FLOPs; docs/performance.md);
 - 'gather' (not a config choice): pick each token's k experts and apply them (reads T*k expert
   matrices, not all E); used automatically whenever T*k <= E, i.e. when decoding a small batch, where reading every
   expert would multiply the bytes per step, the quantity that bounds decoding, by up to E/k.
 All equal a naive per-token loop (tests/test_moe.py).
 """
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -103,65 +106,55 @@ def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_
   return combine(jnp.einsum('nf,nfd->nd', hidden_NxF, pick(w_down_ExFxD)), weights_TxK)
 
 
-def block_rows(pairs, num_experts):
-  """Rows of a 'blocked' work item: about two experts' shares of the pairs (a power of two from 8
-  to 128), so decoding batches pad few rows and training batches run big matmuls."""
-  rows = 8
-  while rows < 128 and rows * num_experts <= pairs:
-    rows *= 2
-  return rows
+def capacities(pairs, tokens, num_experts):
+  """The static per-expert capacities 'bucketed' picks from: from the balanced share of the pairs,
+  each GROWTH times the last (in rows of 8), up to `tokens`, the most one expert can get (a token
+  picks an expert at most once): the last bucket holds any load, so nothing is ever dropped."""
+  round_up = lambda rows: min(tokens, -(-rows // 8) * 8)
+  buckets = [round_up(-(-pairs // num_experts))]
+  while buckets[-1] < tokens:
+    buckets.append(round_up(int(buckets[-1] * GROWTH) + 1))
+  return buckets
+
+GROWTH = 1.25   # a finer ladder pads fewer rows but compiles more branches
 
 
-def block_schedule(sorted_experts_N, num_experts, block):
-  """Work items of a blocked grouped matmul: (block, expert) for every expert present in a block.
+def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
+  """Token copies laid out by expert as [E, C] slots, then ONE batched matmul per matrix against
+  the weights in place (no per-item copies of expert weights, which made the 'blocked' path
+  this replaced 1.4-4x slower at decoding).
 
-  Rows are sorted by expert, so block b holds a contiguous range of experts and there are at most
-  N / block + E - 1 items; the schedule has that static length, the unused tail marked invalid.
+  C is the smallest capacity of `capacities` that holds the busiest expert, chosen at run time
+  by `lax.switch`: dropless, and FLOPs E * C / (T * k) times the real work. Each branch is
+  rematerialised: a switch's backward otherwise keeps every branch's residuals (zeros for the
+  branches not taken), which made a 4-branch backward 2.5x slower. Expert indices >= E (the
+  expert-parallel path's pairs of other devices, weight 0) take no slot.
   """
-  first_B = sorted_experts_N[::block]
-  last_B = jnp.minimum(sorted_experts_N.reshape(-1, block).max(axis=1), num_experts - 1)
-  count_B = jnp.where(first_B < num_experts, last_B - first_B + 1, 0)
-  ends_B = jnp.cumsum(count_B)
-  items = sorted_experts_N.shape[0] // block + num_experts - 1
-  item_W = jnp.arange(items)
-  block_W = jnp.minimum(jnp.searchsorted(ends_B, item_W, side='right'), first_B.shape[0] - 1)
-  expert_W = first_B[block_W] + item_W - (ends_B - count_B)[block_W]
-  valid_W = item_W < ends_B[-1]
-  return block_W, jnp.where(valid_W, expert_W, 0), valid_W
+  num_experts = w_gate_ExDxF.shape[0]
+  tokens, k = experts_TxK.shape
+  experts_N = experts_TxK.reshape(-1)
+  order_N = jnp.argsort(experts_N, stable=True)
+  counts_E = jnp.bincount(experts_N, length=num_experts)
+  starts_E = jnp.cumsum(counts_E) - counts_E
+  sorted_position_N = jnp.zeros_like(order_N).at[order_N].set(jnp.arange(order_N.shape[0]))
+  rank_N = sorted_position_N - starts_E[jnp.minimum(experts_N, num_experts - 1)]
 
+  def run(capacity, x_TxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
+    sorted_ExC = jnp.minimum(starts_E[:, None] + jnp.arange(capacity), order_N.shape[0] - 1)
+    x_ExCxD = x_TxD[order_N[sorted_ExC] // k]   # slots past an expert's count: rows never read
+    hidden_ExCxF = (nn.silu(jnp.einsum('ecd,edf->ecf', x_ExCxD, w_gate_ExDxF))
+                    * jnp.einsum('ecd,edf->ecf', x_ExCxD, w_up_ExDxF))
+    y_ExCxD = jnp.einsum('ecf,efd->ecd', hidden_ExCxF, w_down_ExFxD)
+    return y_ExCxD[experts_N, jnp.minimum(rank_N, capacity - 1)]
 
-def experts_blocked(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD,
-                    block=None):
-  """Sort token copies by expert, then batched matmuls over (row block, expert) work items.
-
-  A grouped matmul for backends without one (XLA:CPU turns `ragged_dot` into one dense dot
-  against every expert, E times the FLOPs): item w multiplies a block of sorted rows by ONE
-  expert's weights and keeps the rows of that expert, so FLOPs are at most (N + E * block) / N
-  times the real work. All items run as one batched matmul on gathered blocks and weights (no
-  loop: a scan over items copied its carry every item), which holds every item's expert weights
-  at once, (N / block + E) x D x F per matrix: the CPU path for small models, not for large E.
-  """
-  num_experts, d_model = w_gate_ExDxF.shape[:2]
-  n = experts_TxK.size
-  block = min(block or block_rows(n, num_experts), n)
-  blocks = -(-n // block)
-  order_N, x_NxD, sorted_experts_N = sort_by_expert(x_TxD, experts_TxK)
-  sorted_experts_N = jnp.pad(sorted_experts_N, (0, blocks * block - n), constant_values=num_experts)
-  x_NxD = jnp.pad(x_NxD, ((0, blocks * block - n), (0, 0)))
-  block_W, expert_W, valid_W = block_schedule(sorted_experts_N, num_experts, block)
-  x_WxBxD = x_NxD.reshape(blocks, block, d_model)[block_W]
-  mine_WxB = (sorted_experts_N.reshape(blocks, block)[block_W] == expert_W[:, None]) & valid_W[:, None]
-  # Rematerialised: the backward gathers the weights again instead of keeping [W, D, F] copies
-  # (which a layer scan would stack over layers as residuals).
-  apply = jax.checkpoint(lambda x, w_ExAxB: jnp.einsum('wba,wac->wbc', x, w_ExAxB[expert_W]))
-  hidden_WxBxF = nn.silu(apply(x_WxBxD, w_gate_ExDxF)) * apply(x_WxBxD, w_up_ExDxF)
-  out_WxBxD = apply(jnp.where(mine_WxB[..., None], hidden_WxBxF, 0), w_down_ExFxD)
-  y_NxD = jnp.zeros((blocks, block, d_model), out_WxBxD.dtype).at[block_W].add(out_WxBxD)
-  return unsort_and_combine(y_NxD.reshape(-1, d_model)[:n], order_N, weights_TxK)
-
+  buckets = capacities(experts_N.shape[0], tokens, num_experts)
+  branches = [jax.checkpoint(functools.partial(run, capacity)) for capacity in buckets]
+  index = jnp.searchsorted(jnp.array(buckets), jnp.max(counts_E))
+  y_NxD = jax.lax.switch(index, branches, x_TxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD)
+  return combine(y_NxD, weights_TxK)
 
 # The config's choices; 'gather' is chosen by size (expert_impl).
-EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense, 'blocked': experts_blocked}
+EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense, 'bucketed': experts_bucketed}
 
 
 def expert_impl(cfg, num_tokens):

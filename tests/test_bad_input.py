@@ -37,7 +37,7 @@ CASES = [
     ('G-below-2', CONFIG, ['--config.rollout.G=1'],
      r'rollout.G must be >= 2 for GRPO \(group z-scores need 2 responses\), got 1', None),
     ('unknown-moe-impl', CONFIG, ['--config.model.moe_impl=sparse'],
-     r"model.moe_impl must be one of \['blocked', 'dense', 'ragged'\], got 'sparse'", None),
+     r"model.moe_impl must be one of \['bucketed', 'dense', 'ragged'\], got 'sparse'", None),
     ('lr-zero', CONFIG, ['--config.optimizer.lr=0'],
      r'optimizer.lr must be a positive number, got 0', None),
     ('lr-nan', CONFIG, ['--config.optimizer.lr=nan'],

@@ -109,11 +109,12 @@ def test_recipe_prototype_runs_both_policies(model):
   assert -1.0 <= gain <= 1.0
 
 
-def test_moe_bench_checks_and_times_every_implementation():
+@pytest.mark.parametrize('forward_only', [False, True])
+def test_moe_bench_checks_and_times_every_implementation(forward_only):
   from bench import moe as moe_bench   # pylint: disable=import-outside-toplevel
-  ms = moe_bench.run(tokens=40, d=8, f=8, experts=4, k=2, impls=['ragged', 'dense', 'blocked'],
-                     rounds=2)
-  assert set(ms) == {'ragged', 'dense', 'blocked'} and all(t > 0 for t in ms.values())
+  ms = moe_bench.run(tokens=40, d=8, f=8, experts=4, k=2, impls=['ragged', 'dense', 'bucketed'],
+                     rounds=2, forward_only=forward_only)
+  assert set(ms) == {'ragged', 'dense', 'bucketed'} and all(t > 0 for t in ms.values())
 
 
 def test_moe_bench_refuses_to_time_a_wrong_implementation(monkeypatch):

@@ -1,6 +1,8 @@
 """rljax.moe against plain numpy: the router (top-k renormalised softmax, load-balancing loss) and
 the MoE layer for every expert implementation vs a naive per-token loop over selected experts."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -128,7 +130,7 @@ def random_moe_params(rng, skew):
   return {name: value.astype(np.float32) for name, value in params.items()}
 
 
-@pytest.mark.parametrize('impl', ['ragged', 'dense', 'blocked'])
+@pytest.mark.parametrize('impl', ['ragged', 'dense', 'bucketed'])
 @pytest.mark.parametrize('k', [1, 2])
 @pytest.mark.parametrize('skew', [False, True])
 def test_moe_layer_matches_naive_loop(impl, k, skew):
@@ -156,7 +158,7 @@ def test_moe_layer_matches_naive_loop(impl, k, skew):
   np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
 
 
-def test_ragged_dense_equal_with_empty_experts():
+def test_every_impl_with_empty_experts():
   """All tokens to one expert (k=1): the other experts' groups are empty; nothing is dropped."""
   rng = np.random.default_rng(7)
   x = np.abs(rng.normal(size=(3, 11, D))).astype(np.float32)
@@ -164,7 +166,7 @@ def test_ragged_dense_equal_with_empty_experts():
   params['router'][:, 1] += 5.0
   variables = {'params': jax.tree.map(jnp.asarray, params)}
   outs = {impl: np.asarray(moe.MoE(moe_cfg(impl, 1)).apply(variables, jnp.asarray(x))[0])
-          for impl in ('ragged', 'dense', 'blocked')}
+          for impl in ('ragged', 'dense', 'bucketed')}
   ref, experts = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
                         params['w_down'], 1)
   assert np.all(experts == 1)
@@ -172,7 +174,7 @@ def test_ragged_dense_equal_with_empty_experts():
     assert np.abs(out.reshape(-1, D) - ref).max() <= 1e-5, impl
 
 
-@pytest.mark.parametrize('impl', ['ragged', 'dense', 'blocked'])
+@pytest.mark.parametrize('impl', ['ragged', 'dense', 'bucketed'])
 @pytest.mark.parametrize('num_tokens,k', [(1, 2), (2, 2), (4, 1), (3, 2)])
 def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k):
   """Few tokens (decoding): 'gather' is chosen when T*k <= E, and every path equals the loop."""
@@ -192,49 +194,11 @@ def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k):
   np.testing.assert_array_less(np.abs(np.asarray(out).reshape(-1, D) - ref).max(), 1e-5)
 
 
-@pytest.mark.parametrize('block', [1, 4, 7, 64])
-@pytest.mark.parametrize('k', [1, 2])
-def test_blocked_across_block_boundaries(block, k):
-  """Small row blocks: experts span several blocks, blocks hold several experts, the last expert
-  gets no token (so the schedule has unused items, which point at expert 0: a double count would
-  show); outputs equal a numpy loop and gradients equal those of the 'dense' path."""
-  rng = np.random.default_rng(block + 10 * k)
-  num_tokens = 13
-  x_TxD = rng.normal(size=(num_tokens, D)).astype(np.float32)
-  experts_TxK = (np.arange(num_tokens)[:, None] + np.arange(k)) % (E - 1)   # never E - 1
-  weights_TxK = rng.random((num_tokens, k)).astype(np.float32)
-  params = random_moe_params(rng, skew=False)
-  ref = np.zeros((num_tokens, D))
-  for t in range(num_tokens):
-    for j in range(k):
-      e = experts_TxK[t, j]
-      hidden = np_silu(x_TxD[t] @ params['w_gate'][e]) * (x_TxD[t] @ params['w_up'][e])
-      ref[t] += weights_TxK[t, j] * (hidden @ params['w_down'][e])
-  expert_weights = [jnp.asarray(params[n]) for n in ('w_gate', 'w_up', 'w_down')]
-  routing = (jnp.asarray(weights_TxK), jnp.asarray(experts_TxK))
-  out = moe.experts_blocked(jnp.asarray(x_TxD), *routing, *expert_weights, block=block)
-  np.testing.assert_array_less(np.abs(np.asarray(out) - ref).max(), 1e-5)
-
-  def loss(impl, x, *ws):
-    return jnp.sum(jnp.tanh(impl(x, *routing, *ws)))
-  grads = jax.grad(lambda *a: loss(lambda *b: moe.experts_blocked(*b, block=block), *a),
-                   argnums=(0, 1, 2, 3))(jnp.asarray(x_TxD), *expert_weights)
-  dense_grads = jax.grad(lambda *a: loss(moe.experts_dense, *a), argnums=(0, 1, 2, 3))(
-      jnp.asarray(x_TxD), *expert_weights)
-  for g, ref_g in zip(grads, dense_grads):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(ref_g), atol=1e-5)
-
-
-def test_block_rows_follow_the_pairs_per_expert():
-  assert [moe.block_rows(pairs, 8) for pairs in (9, 16, 64, 128, 256, 512, 10**6)] == [
-      8, 8, 16, 32, 64, 128, 128]
-
-
-def test_moe_layer_blocked_with_training_sized_blocks():
-  """Enough tokens for 128-row blocks: the whole layer still equals the numpy loop."""
-  cfg = moe_cfg('blocked', 2)
+def test_moe_layer_bucketed_with_training_sized_batches():
+  """Training-sized inputs (a ladder of 4 capacities): the whole layer still equals the numpy loop."""
+  cfg = moe_cfg('bucketed', 2)
   num_tokens = 64 * E
-  assert moe.block_rows(num_tokens * 2, E) == 128
+  assert moe.capacities(num_tokens * 2, num_tokens, E) == [128, 168, 216, 256]
   rng = np.random.default_rng(3)
   x = rng.normal(size=(4, num_tokens // 4, D)).astype(np.float32)
   params = random_moe_params(rng, skew=False)
@@ -242,3 +206,70 @@ def test_moe_layer_blocked_with_training_sized_blocks():
   ref, _ = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
                   params['w_down'], 2)
   np.testing.assert_array_less(np.abs(np.asarray(out).reshape(-1, D) - ref).max(), 1e-5)
+
+
+def test_capacities_start_at_the_balanced_share_and_end_at_every_token():
+  assert moe.capacities(pairs=128, tokens=64, num_experts=8) == [16, 24, 32, 48, 64]
+  assert moe.capacities(pairs=3, tokens=3, num_experts=4) == [3]
+  for pairs, tokens, experts in [(1664, 832, 4), (26, 13, 4), (10**4, 5000, 64)]:
+    buckets = moe.capacities(pairs, tokens, experts)
+    assert buckets[0] * experts >= pairs and buckets[-1] == tokens   # the last holds any load
+    assert buckets == sorted(set(buckets))
+
+
+def np_experts(x_TxD, weights_TxK, experts_TxK, params):
+  """Each token's k experts applied one by one; an expert index past the last is no expert."""
+  y_TxD = np.zeros(x_TxD.shape)
+  for t, (weights, experts) in enumerate(zip(weights_TxK, experts_TxK)):
+    for weight, e in zip(weights, experts):
+      if e < E:
+        hidden = np_silu(x_TxD[t] @ params['w_gate'][e]) * (x_TxD[t] @ params['w_up'][e])
+        y_TxD[t] += weight * (hidden @ params['w_down'][e])
+  return y_TxD
+
+
+@pytest.mark.parametrize('load', ['balanced', 'one_busy', 'all_on_one', 'off_device'])
+def test_bucketed_picks_a_capacity_that_holds_every_token(load):
+  """The capacity is chosen at run time from the busiest expert: each load lands in a different
+  bucket, and outputs and gradients equal the numpy loop's (gradients: directional derivatives
+  of it by central differences). 'off_device': the expert-parallel path's
+  index E for pairs routed to other devices, with weight 0."""
+  rng = np.random.default_rng(5)
+  num_tokens, k = 64, 2
+  experts_TxK = (np.arange(num_tokens)[:, None] + np.arange(k)) % E          # 32 pairs per expert
+  alternating = 2 + np.arange(num_tokens) % 2                                 # experts 2 and 3
+  if load == 'one_busy':                                                      # 40 on expert 1
+    experts_TxK = np.stack([np.where(np.arange(num_tokens) < 40, 1, 0), alternating], axis=1)
+  elif load == 'all_on_one':                                                  # 64 on expert 2
+    experts_TxK = np.stack([np.full(num_tokens, 2), alternating - 2], axis=1)
+  weights_TxK = rng.random((num_tokens, k)).astype(np.float32)
+  if load == 'off_device':
+    experts_TxK[::3, 1] = E
+    weights_TxK[::3, 1] = 0.0
+  buckets = moe.capacities(experts_TxK.size, num_tokens, E)
+  busiest = np.bincount(experts_TxK.reshape(-1), minlength=E + 1)[:E].max()
+  chosen = min(b for b in buckets if b >= busiest)
+  assert buckets == [32, 48, 64]
+  assert buckets.index(chosen) == {'balanced': 0, 'one_busy': 1, 'all_on_one': 2, 'off_device': 0}[load]
+  x_TxD = rng.normal(size=(num_tokens, D)).astype(np.float32)
+  params = random_moe_params(rng, skew=False)
+  expert_weights = [jnp.asarray(params[n]) for n in ('w_gate', 'w_up', 'w_down')]
+  routing = (jnp.asarray(weights_TxK), jnp.asarray(experts_TxK))
+  out = jax.jit(moe.experts_bucketed)(jnp.asarray(x_TxD), *routing, *expert_weights)
+  np.testing.assert_array_less(
+      np.abs(np.asarray(out) - np_experts(x_TxD, weights_TxK, experts_TxK, params)).max(), 1e-5)
+
+  def loss(impl, x, *ws):
+    return jnp.sum(jnp.tanh(impl(x, *routing, *ws)))
+  grads = jax.jit(jax.grad(functools.partial(loss, moe.experts_bucketed), argnums=(0, 1, 2, 3)))(
+      jnp.asarray(x_TxD), *expert_weights)
+  eps = 1e-3
+  for probe in range(3):   # directional derivatives of the numpy loop along random directions
+    directions = [rng.normal(size=g.shape) for g in grads]
+    shifted = lambda sign: np_experts(
+        x_TxD + sign * eps * directions[0], weights_TxK, experts_TxK,
+        {n: params[n].astype(np.float64) + sign * eps * d
+         for n, d in zip(('w_gate', 'w_up', 'w_down'), directions[1:])})
+    numeric = np.sum(np.tanh(shifted(1)) - np.tanh(shifted(-1))) / (2 * eps)
+    analytic = sum(float(np.sum(np.asarray(g) * d)) for g, d in zip(grads, directions))
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-3, atol=1e-3)
