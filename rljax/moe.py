@@ -116,6 +116,7 @@ def capacities(pairs, tokens, num_experts):
     buckets.append(round_up(int(buckets[-1] * GROWTH) + 1))
   return buckets
 
+
 GROWTH = 1.25   # a finer ladder pads fewer rows but compiles more branches
 
 
@@ -128,7 +129,7 @@ def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, 
   by `lax.switch`: dropless, and FLOPs E * C / (T * k) times the real work. Each branch is
   rematerialised: a switch's backward otherwise keeps every branch's residuals (zeros for the
   branches not taken), which made a 4-branch backward 2.5x slower. Expert indices >= E (the
-  expert-parallel path's pairs of other devices, weight 0) take no slot.
+  expert-parallel path's pairs of other devices, weight 0) take no slot and read a clamped one.
   """
   num_experts = w_gate_ExDxF.shape[0]
   tokens, k = experts_TxK.shape
@@ -137,7 +138,8 @@ def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, 
   counts_E = jnp.bincount(experts_N, length=num_experts)
   starts_E = jnp.cumsum(counts_E) - counts_E
   sorted_position_N = jnp.zeros_like(order_N).at[order_N].set(jnp.arange(order_N.shape[0]))
-  rank_N = sorted_position_N - starts_E[jnp.minimum(experts_N, num_experts - 1)]
+  slot_expert_N = jnp.minimum(experts_N, num_experts - 1)   # an off-device pair reads any slot
+  rank_N = sorted_position_N - starts_E[slot_expert_N]
 
   def run(capacity, x_TxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
     sorted_ExC = jnp.minimum(starts_E[:, None] + jnp.arange(capacity), order_N.shape[0] - 1)
@@ -145,7 +147,7 @@ def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, 
     hidden_ExCxF = (nn.silu(jnp.einsum('ecd,edf->ecf', x_ExCxD, w_gate_ExDxF))
                     * jnp.einsum('ecd,edf->ecf', x_ExCxD, w_up_ExDxF))
     y_ExCxD = jnp.einsum('ecf,efd->ecd', hidden_ExCxF, w_down_ExFxD)
-    return y_ExCxD[experts_N, jnp.minimum(rank_N, capacity - 1)]
+    return y_ExCxD[slot_expert_N, jnp.clip(rank_N, 0, capacity - 1)]
 
   buckets = capacities(experts_N.shape[0], tokens, num_experts)
   branches = [jax.checkpoint(functools.partial(run, capacity)) for capacity in buckets]
