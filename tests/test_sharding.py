@@ -1,6 +1,7 @@
 """Real meshes on 8 fake CPU devices (tests/conftest.py): the sharded forward, sampler and train
 step equal the single-device ones (f32; only the reduction order differs, tolerance 2e-5
 relative), and every parameter lives where the logical-axis rules say."""
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -48,10 +49,10 @@ def policy_batch(rollout, prompt_BxT, valid_BxT):
                                  np.zeros_like(mask_BxL))
 
 
-def run_everything(mesh):
+def run_everything(mesh, cfg=CFG):
   """Forward logits, greedy tokens, sampled tokens and one train step on `mesh`."""
-  model = model_lib.Transformer(CFG)
-  params, _ = sharding.init_params(functools.partial(model_lib.init_params, CFG),
+  model = model_lib.Transformer(cfg)
+  params, _ = sharding.init_params(functools.partial(model_lib.init_params, cfg),
                                    jax.random.PRNGKey(0), mesh)
   prompt_BxT, valid_BxT = inputs()
   placed = sharding.put_batch((prompt_BxT, valid_BxT), mesh)
@@ -78,10 +79,7 @@ def single_device():
                                                           jax.devices()[:1])))
 
 
-@pytest.mark.parametrize('sizes', MESHES, ids=lambda s: 'x'.join(f'{k}{v}' for k, v in s.items()))
-def test_sharded_equals_single_device(sizes, single_device):
-  got = run_everything(mesh_of(sizes))
-  want = single_device
+def assert_same_run(got, want):
   np.testing.assert_allclose(got['logits'], want['logits'], rtol=2e-5, atol=2e-5)
   np.testing.assert_array_equal(got['greedy'], want['greedy'])
   np.testing.assert_allclose(got['loss'], want['loss'], rtol=2e-5, atol=1e-7)
@@ -92,6 +90,20 @@ def test_sharded_equals_single_device(sizes, single_device):
                jax.device_get(got['new_params']), want['new_params'])
   assert np.abs(np.asarray(want['new_params']['lm_head']) -
                 np.asarray(want['params']['lm_head'])).max() > 0   # the step did move the params
+
+
+@pytest.mark.parametrize('sizes', MESHES, ids=lambda s: 'x'.join(f'{k}{v}' for k, v in s.items()))
+def test_sharded_equals_single_device(sizes, single_device):
+  assert_same_run(run_everything(mesh_of(sizes)), single_device)
+
+
+def test_bucketed_experts_split_over_devices_equal_single_device():
+  """The 'bucketed' experts inside the expert-parallel shard_map (each device's pairs of other
+  devices' experts in no slot) equal the same model on one device."""
+  cfg = dataclasses.replace(CFG, moe_impl='bucketed')
+  want = jax.device_get(run_everything(
+      sharding.make_mesh(ml_collections.ConfigDict({}), jax.devices()[:1]), cfg))
+  assert_same_run(run_everything(mesh_of(dict(data=2, expert=4)), cfg), want)
 
 
 def test_params_live_where_the_rules_say():
