@@ -13,8 +13,9 @@
 #
 # Besides the defaults it measures the two open questions of the first H200 run (docs/performance.md):
 # whether CUDA graphs over the decode loop's control flow lift the launch-bound decode step, and
-# which expert implementation trains fastest (XLA:GPU rewrites `ragged_dot` into a dense dot over
-# every expert unless its cuDNN ragged-dot fusion is switched on).
+# which expert implementation decodes and trains fastest (XLA:GPU rewrites `ragged_dot` into a
+# dense dot over every expert unless its cuDNN ragged-dot fusion is switched on; 'bucketed' runs
+# batched matmuls on the expert weights in place).
 set -u
 OUTDIR=${1:-${OUT:-/tmp/rljax-bench}}
 mkdir -p "$OUTDIR"
@@ -51,7 +52,9 @@ run sampler 150 bench/sampler.py --preset=$MODEL --batches=$BATCHES --lengths=$L
   --length_batch=16 --repeats=$REPEATS --dump_hlo="$OUTDIR/sampler_b1_hlo.txt"
 XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL \
   run sampler_graphs 60 bench/sampler.py --preset=$MODEL --batches=1,64 --lengths=64 --repeats=$REPEATS
-for impl in ragged bucketed dense; do
+run sampler_bucketed 60 bench/sampler.py --preset=$MODEL --batches=${BATCHES#1,4,} --lengths=64 \
+  --repeats=$REPEATS --moe_impl=bucketed
+for impl in ragged bucketed; do   # 'dense' was the same dot as 'ragged' in the first run
   run train_$impl 60 bench/train_step.py --preset=$MODEL $TRAIN --moe_impl=$impl --repeats=$REPEATS
 done
 XLA_FLAGS=--xla_gpu_experimental_use_ragged_dot_fusion=true \
