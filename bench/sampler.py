@@ -46,8 +46,9 @@ def make_prefill(model, max_new_tokens):
     batch, prompt_len = prompt_BxT.shape
     cache = model_lib.KVCache.zeros(model.cfg, batch, prompt_len + max_new_tokens)
     kv_valid_BxS = jnp.concatenate([valid_BxT, jnp.ones((batch, max_new_tokens), bool)], axis=1)
-    logits, cache, _ = model.apply({'params': params}, prompt_BxT, kv_valid_BxS, cache, 0,
-                                   model_lib.positions_from_valid(valid_BxT))
+    logits, cache, _ = model_lib.Transformer(model.cfg, unrolled=True).apply(
+        {'params': model_lib.unstack_layers(params, model.cfg.num_layers)}, prompt_BxT,
+        kv_valid_BxS, cache, 0, model_lib.positions_from_valid(valid_BxT))
     return logits[:, -1], cache
   return jax.jit(prefill)
 

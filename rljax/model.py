@@ -2,9 +2,9 @@
 
 Pre-norm blocks (RMSNorm), rotary positions, grouped-query attention with RMSNorm on q and k,
 SwiGLU feed-forward that is either dense or a routed mixture of experts (rljax.moe). Layers are
-stacked and scanned (compile time flat in depth). The same module serves training (full
-sequences) and sampling (an explicit KV cache passed in and out), so sampler and trainer compute
-the same function of the same parameter arrays.
+stacked and scanned for training (compile time flat in depth); the same module, `unrolled`, serves
+sampling (an explicit KV cache passed in and out) on those same parameter arrays split by layer
+(`unstack_layers`), so sampler and trainer compute the same function.
 
 Sequences are LEFT-padded prompts followed by responses. `kv_valid_BxS` marks real tokens;
 positions count real tokens only, so a prompt's position ids do not depend on its padding.
@@ -59,14 +59,17 @@ ACTIVATION_AXES = ('batch', 'length', 'activation_embed')
 
 
 class KVCache(NamedTuple):
-  """Keys and values of every layer: [layers, batch, slots, kv_heads, head_dim]."""
-  k: jax.Array
-  v: jax.Array
+  """Keys and values, one [batch, kv_heads, slots, head_dim] array per layer: a layer's slice of a
+  stacked array is copied out of it at every decoding step, and with the slots ahead of the kv
+  heads XLA:CPU transposed each layer's cache before its attention products."""
+  k: tuple
+  v: tuple
 
   @classmethod
   def zeros(cls, cfg, batch, slots):
-    shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim)
-    return cls(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
+    shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
+    per_layer = lambda: tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.num_layers))
+    return cls(per_layer(), per_layer())
 
 
 def positions_from_valid(valid_BxS):
@@ -96,19 +99,20 @@ class Attention(nn.Module):
 
     length = x_BxTxD.shape[1]
     q_BxTxKxGxH = q_BxTxNxH.reshape(*q_BxTxNxH.shape[:2], kv_heads, heads // kv_heads, head_dim)
-    score = lambda keys_BxSxKxH: jnp.einsum('btkgh,bskh->bkgts', q_BxTxKxGxH, keys_BxSxKxH,
+    score = lambda keys, layout: jnp.einsum(f'btkgh,{layout}->bkgts', q_BxTxKxGxH, keys,
                                             preferred_element_type=jnp.float32) * head_dim ** -0.5
     # This chunk's own keys: causal, real tokens only (their slots in kv_valid follow the cache's).
     own_valid_BxT = jax.lax.dynamic_slice_in_dim(kv_valid_BxS, cache_index, length, axis=1)
     causal_TxT = jnp.tril(jnp.ones((length, length), bool))
-    parts = [(score(k_BxTxKxH), (causal_TxT[None] & own_valid_BxT[:, None, :])[:, None, None],
-              v_BxTxKxH)]
+    parts = [(score(k_BxTxKxH, 'bskh'),
+              (causal_TxT[None] & own_valid_BxT[:, None, :])[:, None, None], v_BxTxKxH, 'bskh')]
     # And the cached ones, the slots written before this chunk: none when it starts at slot 0
     # (prefill), where scoring the empty cache is wasted work that XLA also spends seconds
     # constant-folding.
     if cache_k is not None and not (isinstance(cache_index, int) and cache_index == 0):
-      cached_S = jnp.arange(cache_k.shape[1]) < cache_index
-      parts.append((score(cache_k), (cached_S & kv_valid_BxS)[:, None, None, None, :], cache_v))
+      cached_S = jnp.arange(cache_k.shape[2]) < cache_index
+      parts.append((score(cache_k, 'bksh'), (cached_S & kv_valid_BxS)[:, None, None, None, :],
+                    cache_v, 'bksh'))
     out_BxTxKxGxH = attend(parts, cfg.dtype)
     out_BxTxNxH = out_BxTxKxGxH.reshape(q_BxTxNxH.shape)
     out_BxTxD = jnp.einsum('btnh,nhd->btd', out_BxTxNxH, w_o.astype(cfg.dtype))
@@ -117,17 +121,21 @@ class Attention(nn.Module):
 
 
 def attend(parts, dtype):
-  """Softmax attention over the keys of several parts (each: scores, mask, values) at once.
+  """Softmax attention over the keys of several parts (each: scores, mask, values and their
+  einsum layout) at once.
 
   One softmax over the union without concatenating the parts: a decoding step attends over the
   KV cache and its own key without copying the cache into a bigger array.
   """
-  masked = [jnp.where(mask, scores, jnp.finfo(jnp.float32).min) for scores, mask, _ in parts]
+  masked = [jnp.where(mask, scores, jnp.finfo(jnp.float32).min) for scores, mask, _, _ in parts]
   top_BxKxGxTx1 = functools.reduce(jnp.maximum, [jnp.max(m, axis=-1, keepdims=True) for m in masked])
   weights = [jnp.exp(m - top_BxKxGxTx1) for m in masked]
   total_BxKxGxTx1 = sum(jnp.sum(w, axis=-1, keepdims=True) for w in weights)
-  return sum(jnp.einsum('bkgts,bskh->btkgh', (w / total_BxKxGxTx1).astype(dtype), values_BxSxKxH)
-             for w, (_, _, values_BxSxKxH) in zip(weights, parts))
+  # Heads-major output, one transpose after the sum: a token-major output made XLA:CPU run the
+  # product against a [batch, kv_heads, slots, head_dim] cache as a plain (slow) dot.
+  out_BxKxGxTxH = sum(jnp.einsum(f'bkgts,{layout}->bkgth', (w / total_BxKxGxTx1).astype(dtype),
+                                 values) for w, (_, _, values, layout) in zip(weights, parts))
+  return jnp.transpose(out_BxKxGxTxH, (0, 3, 1, 2, 4))
 
 
 class Block(nn.Module):
@@ -161,21 +169,30 @@ REMAT_POLICIES = {
 
 
 class Transformer(nn.Module):
-  """Returns (logits or hidden states, updated KV cache or None, MoE load-balancing loss)."""
+  """Returns (logits or hidden states, updated KV cache or None, MoE load-balancing loss).
+
+  `unrolled`: one module per layer (parameters 'blocks_0', 'blocks_1', ...: `unstack_layers`), the
+  decoding form: inside a scan each step copies every layer's weights and cache out of the stacked
+  arrays before a matmul reads them. Only the unrolled model takes a KV cache.
+  """
   cfg: ModelConfig
+  unrolled: bool = False
 
   def setup(self):
     cfg = self.cfg
     self.embed = nn.Embed(
         cfg.vocab_size, cfg.d_model, param_dtype=cfg.param_dtype, dtype=cfg.dtype,
         embedding_init=nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ('vocab', 'embed')))
-    block = Block
-    if cfg.remat != 'none':
-      block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
-    self.blocks = nn.scan(
-        block, variable_axes={'params': 0}, split_rngs={'params': True},
-        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
-        metadata_params={nn.PARTITION_NAME: 'layers'})(cfg, name='blocks')
+    if self.unrolled:
+      self.blocks = [Block(cfg) for _ in range(cfg.num_layers)]
+    else:
+      block = Block
+      if cfg.remat != 'none':
+        block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
+      self.blocks = nn.scan(
+          block, variable_axes={'params': 0}, split_rngs={'params': True},
+          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+          metadata_params={nn.PARTITION_NAME: 'layers'})(cfg, name='blocks')
     self.final_norm = layers.RMSNorm(cfg)
     if not cfg.tie_embeddings:
       self.lm_head = self.param(
@@ -193,16 +210,26 @@ class Transformer(nn.Module):
     table_VxD = sharding.constrain(self.embed.embedding, ('replicated', 'replicated'))
     x_BxTxD = jnp.take(table_VxD, tokens_BxT, axis=0).astype(self.cfg.dtype)
     x_BxTxD = sharding.constrain(x_BxTxD, ACTIVATION_AXES)
-    layer_caches = None if cache is None else (cache.k, cache.v)
     rope_tables = layers.rope_tables(positions_BxT, self.cfg.head_dim, self.cfg.rope_theta)
-    (x_BxTxD, aux_loss), new_keys = self.blocks(
-        (x_BxTxD, jnp.zeros((), jnp.float32)), layer_caches, rope_tables, kv_valid_BxS,
-        cache_index)
-    new_cache = None
-    if cache is not None:   # one write of this chunk's slots, every layer (the rest of it is read only)
-      write = lambda cache_LxBxSxKxH, new_LxBxTxKxH: jax.lax.dynamic_update_slice(
-          cache_LxBxSxKxH, new_LxBxTxKxH.astype(cache_LxBxSxKxH.dtype), (0, 0, cache_index, 0, 0))
-      new_cache = KVCache(write(cache.k, new_keys[0]), write(cache.v, new_keys[1]))
+    carry = (x_BxTxD, jnp.zeros((), jnp.float32))
+    if not self.unrolled:
+      if cache is not None:
+        raise ValueError('a KV cache needs the unrolled model: Transformer(cfg, unrolled=True)')
+      (x_BxTxD, aux_loss), _ = self.blocks(carry, None, rope_tables, kv_valid_BxS, cache_index)
+      return self.final_norm(x_BxTxD), None, aux_loss
+    # This chunk's slots written into each layer's cache; the rest of the cache is read only.
+    write = lambda cache_BxKxSxH, new_BxTxKxH: jax.lax.dynamic_update_slice(
+        cache_BxKxSxH, jnp.swapaxes(new_BxTxKxH, 1, 2).astype(cache_BxKxSxH.dtype),
+        (0, 0, cache_index, 0))
+    new_k, new_v = [], []
+    for layer, block in enumerate(self.blocks):
+      layer_cache = None if cache is None else (cache.k[layer], cache.v[layer])
+      carry, new_keys = block(carry, layer_cache, rope_tables, kv_valid_BxS, cache_index)
+      if cache is not None:
+        new_k.append(write(cache.k[layer], new_keys[0]))
+        new_v.append(write(cache.v[layer], new_keys[1]))
+    x_BxTxD, aux_loss = carry
+    new_cache = None if cache is None else KVCache(tuple(new_k), tuple(new_v))
     return self.final_norm(x_BxTxD), new_cache, aux_loss
 
   def logits(self, h_BxTxD):
@@ -216,6 +243,15 @@ class Transformer(nn.Module):
     h_BxTxD, new_cache, aux_loss = self.hidden(tokens_BxT, kv_valid_BxS, cache, cache_index,
                                                positions_BxT)
     return self.logits(h_BxTxD), new_cache, aux_loss
+
+
+def unstack_layers(params, num_layers):
+  """The parameters of `Transformer(cfg, unrolled=True)`: the stacked 'blocks' split by layer."""
+  params = dict(params)
+  blocks = params.pop('blocks')
+  for layer in range(num_layers):
+    params[f'blocks_{layer}'] = jax.tree.map(lambda x, layer=layer: x[layer], blocks)
+  return params
 
 
 def init_params(cfg: ModelConfig, rng):

@@ -65,50 +65,47 @@ def shard_cache(cache):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return cache
-  spec = sharding.spec_for(cache.k.shape, ('layers', 'batch', 'length', 'kv_heads', 'head_dim'),
-                           mesh)
-  return jax.lax.with_sharding_constraint(cache, model_lib.KVCache(spec, spec))
+  spec = sharding.spec_for(cache.k[0].shape, ('batch', 'kv_heads', 'length', 'head_dim'), mesh)
+  return jax.lax.with_sharding_constraint(cache, jax.tree.map(lambda _: spec, cache))
 
 
 def generate(model, params, prompt_BxT, prompt_valid_BxT, rng, cfg: SamplingConfig) -> Rollout:
-  """Samples up to `cfg.max_new_tokens` tokens for every prompt. Jit with model and cfg static."""
+  """Samples up to `cfg.max_new_tokens` tokens for every prompt. Jit with model and cfg static.
+
+  The prefill writes all prompt columns but the last into the KV cache; each loop step then feeds
+  one token (the last prompt column first: a real token in every row, prompts are left-padded)
+  and samples the next, so there is exactly one decode per sampled token and no branch in the
+  loop. The layers run unrolled on the parameters split by layer once per call (rljax.model).
+  """
   batch, prompt_len = prompt_BxT.shape
   max_len = cfg.max_new_tokens
-  variables = {'params': params}
+  decoder = model_lib.Transformer(model.cfg, unrolled=True)
+  variables = {'params': model_lib.unstack_layers(params, model.cfg.num_layers)}
   cache = shard_cache(model_lib.KVCache.zeros(model.cfg, batch, prompt_len + max_len))
   kv_valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones((batch, max_len), bool)], axis=1)
-  prompt_positions_BxT = model_lib.positions_from_valid(prompt_valid_BxT)
-  logits_BxTxV, cache, _ = model.apply(variables, prompt_BxT, kv_valid_BxS, cache, 0,
-                                       prompt_positions_BxT)
-  next_position_B = jnp.sum(prompt_valid_BxT, axis=-1).astype(jnp.int32)
-
-  def decode_one(token_B, t, cache):
-    logits_Bx1xV, cache, _ = model.apply(variables, token_B[:, None], kv_valid_BxS, cache,
-                                         prompt_len + t, (next_position_B + t)[:, None])
-    return logits_Bx1xV[:, 0], cache
-
-  def keep(token_B, t, cache):
-    del token_B, t
-    return jnp.zeros(logits_BxTxV.shape[::2], jnp.float32), cache
+  positions_BxT = model_lib.positions_from_valid(prompt_valid_BxT)
+  if prompt_len > 1:
+    _, cache, _ = decoder.apply(variables, prompt_BxT[:, :-1], kv_valid_BxS, cache, 0,
+                                positions_BxT[:, :-1], method='hidden')
 
   def body(state):
-    t, cache, logits_BxV, tokens_BxL, logp_BxL, mask_BxL, done_B, rng = state
+    t, cache, token_B, tokens_BxL, logp_BxL, mask_BxL, done_B, rng = state
+    logits_Bx1xV, cache, _ = decoder.apply(variables, token_B[:, None], kv_valid_BxS, cache,
+                                           prompt_len - 1 + t, (positions_BxT[:, -1] + t)[:, None])
     rng, key = jax.random.split(rng)
-    token_B, logp_B = sample_token(logits_BxV, key, cfg)
+    token_B, logp_B = sample_token(logits_Bx1xV[:, 0], key, cfg)
     token_B = jnp.where(done_B, cfg.pad_id, token_B)
     tokens_BxL = tokens_BxL.at[:, t].set(token_B)
     logp_BxL = logp_BxL.at[:, t].set(jnp.where(done_B, 0.0, logp_B))
     mask_BxL = mask_BxL.at[:, t].set(~done_B)
     done_B = done_B | (token_B == cfg.eos_id)
-    go_on = (t + 1 < max_len) & ~jnp.all(done_B)
-    logits_BxV, cache = jax.lax.cond(go_on, decode_one, keep, token_B, t, cache)
-    return t + 1, cache, logits_BxV, tokens_BxL, logp_BxL, mask_BxL, done_B, rng
+    return t + 1, cache, token_B, tokens_BxL, logp_BxL, mask_BxL, done_B, rng
 
   def cond(state):
     t, done_B = state[0], state[6]
     return (t < max_len) & ~jnp.all(done_B)
 
-  state = (jnp.int32(0), cache, logits_BxTxV[:, -1], jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
+  state = (jnp.int32(0), cache, prompt_BxT[:, -1], jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
            jnp.zeros((batch, max_len), jnp.float32), jnp.zeros((batch, max_len), bool),
            jnp.zeros((batch,), bool), rng)
   _, _, _, tokens_BxL, logp_BxL, mask_BxL, _, _ = jax.lax.while_loop(cond, body, state)

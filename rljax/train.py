@@ -243,8 +243,8 @@ def memory_line(model_cfg, state, rollout_batch, seq_len, mesh):
   """Start-up summary of what one device holds: parameters, optimizer state, the rollout KV cache."""
   params = state['params']
   opt_state = {k: v for k, v in state.items() if k.endswith('opt_state')}
-  kv_spec = sharding.spec_for((model_cfg.num_layers, rollout_batch, seq_len, model_cfg.num_kv_heads,
-                               model_cfg.head_dim), ('layers', 'batch', 'length', 'kv_heads',
+  kv_spec = sharding.spec_for((model_cfg.num_layers, rollout_batch, model_cfg.num_kv_heads, seq_len,
+                               model_cfg.head_dim), ('layers', 'batch', 'kv_heads', 'length',
                                                      'head_dim'), mesh)
   kv_shards = np.prod([np.prod([mesh.shape[a] for a in np.atleast_1d(axes)])
                        for axes in kv_spec if axes is not None] or [1])

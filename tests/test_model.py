@@ -164,7 +164,8 @@ def test_left_padding_invariance():
 
 
 def test_kv_cache_decode_matches_full_forward():
-  """Prefill + one-token decode steps (as sampler.generate does them) == full-sequence forward."""
+  """Prefill + one-token decode steps of the unrolled model on the parameters split by layer (as
+  sampler.generate runs them) == the scanned model's full-sequence forward."""
   cfg = tiny_cfg(num_layers=2)
   params = random_params(cfg, seed=5)
   variables = {'params': params}
@@ -179,19 +180,29 @@ def test_kv_cache_decode_matches_full_forward():
   apply = jitted_apply(cfg)
   full_logits = np.asarray(apply(variables, jnp.asarray(full_tokens), jnp.asarray(full_valid))[0])
 
+  decode = jax.jit(model_lib.Transformer(cfg, unrolled=True).apply)
+  variables = {'params': model_lib.unstack_layers(params, cfg.num_layers)}
   cache = model_lib.KVCache.zeros(cfg, batch, prompt_len + steps)
   kv_valid = jnp.asarray(np.concatenate([prompt_valid, np.ones((batch, steps), bool)], axis=1))
   positions = np.maximum(np.cumsum(prompt_valid, axis=1) - 1, 0).astype(np.int32)
-  logits, cache, _ = apply(variables, jnp.asarray(prompt), kv_valid, cache, 0,
-                           jnp.asarray(positions))
+  logits, cache, _ = decode(variables, jnp.asarray(prompt), kv_valid, cache, 0,
+                            jnp.asarray(positions))
   logits = np.asarray(logits)
   assert np.abs(logits[prompt_valid] - full_logits[:, :prompt_len][prompt_valid]).max() <= 1e-5
   next_position = np.asarray(lengths, np.int32)
   for t in range(steps):
-    step_logits, cache, _ = apply(variables, jnp.asarray(generated[:, t:t + 1]), kv_valid, cache,
-                                  prompt_len + t, jnp.asarray(next_position[:, None] + t))
+    step_logits, cache, _ = decode(variables, jnp.asarray(generated[:, t:t + 1]), kv_valid, cache,
+                                   prompt_len + t, jnp.asarray(next_position[:, None] + t))
     diff = np.abs(np.asarray(step_logits)[:, 0] - full_logits[:, prompt_len + t]).max()
     assert diff <= 1e-5, (t, diff)
+
+
+def test_only_the_unrolled_model_takes_a_kv_cache():
+  cfg = tiny_cfg(num_layers=2)
+  tokens, valid = jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 3), bool)
+  with pytest.raises(ValueError, match='unrolled'):
+    model_lib.Transformer(cfg).apply({'params': random_params(cfg, seed=1)}, tokens, valid,
+                                     model_lib.KVCache.zeros(cfg, 1, 3))
 
 
 def test_scanned_params_have_layer_axis_and_names():
