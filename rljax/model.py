@@ -246,7 +246,12 @@ class Transformer(nn.Module):
 
 
 def unstack_layers(params, num_layers):
-  """The parameters of `Transformer(cfg, unrolled=True)`: the stacked 'blocks' split by layer."""
+  """The parameters of `Transformer(cfg, unrolled=True)`: the stacked 'blocks' split by layer.
+
+  Inside a jitted sampler this is a transient copy of the block weights for one call (the same
+  values, so no sampler/trainer mismatch), below the update's peak of parameters, gradients and two
+  Adam moments; what it buys is measured in docs/performance.md.
+  """
   params = dict(params)
   blocks = params.pop('blocks')
   for layer in range(num_layers):
