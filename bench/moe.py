@@ -77,7 +77,8 @@ def main(argv):
   ms = run(args.tokens, args.d, args.f, args.experts, args.k, impls, args.rounds,
            args.forward_only)
   print(f'{args.tokens} tokens, d={args.d}, f={args.f}, E={args.experts}, k={args.k}: '
-        f'{"fwd" if args.forward_only else "fwd + bwd"} ms (median) ' + ', '.join(f'{name} {t:.2f}' for name, t in ms.items()))
+        f'{"fwd" if args.forward_only else "fwd + bwd"} ms (median) '
+        + ', '.join(f'{name} {t:.2f}' for name, t in ms.items()))
 
 
 if __name__ == '__main__':

@@ -3,9 +3,9 @@ the roofline measured in the same run; prefill tokens/s; compile time; no recomp
 
   PYTHONPATH=. python bench/sampler.py --preset=cpu --batches=1,4,16,64,256 --lengths=16
 
-Decode time per step = (generate - prefill) / (L - 1): `generate` runs one prefill, L samples and
-L - 1 decode steps (no row stops: the stop id is unreachable), `prefill` is the same prompt
-forward alone. Each repeat times generate, prefill, the bandwidth probe and the matmul probe back
+Decode time per step = (generate - prefill) / L: `generate` runs `sampler.prefill` (every prompt
+column but the last) and then L decode steps, each sampling one token (no row stops: the stop id
+is unreachable); `prefill` is that same `sampler.prefill` alone. Each repeat times generate, prefill, the bandwidth probe and the matmul probe back
 to back, so a row's % of roofline compares numbers taken under the same machine load.
 """
 import argparse
@@ -14,7 +14,6 @@ import functools
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bench import common
@@ -41,16 +40,9 @@ def random_prompts(cfg, batch, prompt_len, mesh, seed=1):
 
 
 def make_prefill(model, max_new_tokens):
-  """The prompt forward of `sampler.generate` on its own (same cache size, same positions)."""
-  def prefill(params, prompt_BxT, valid_BxT):
-    batch, prompt_len = prompt_BxT.shape
-    cache = model_lib.KVCache.zeros(model.cfg, batch, prompt_len + max_new_tokens)
-    kv_valid_BxS = jnp.concatenate([valid_BxT, jnp.ones((batch, max_new_tokens), bool)], axis=1)
-    logits, cache, _ = model_lib.Transformer(model.cfg, unrolled=True).apply(
-        {'params': model_lib.unstack_layers(params, model.cfg.num_layers)}, prompt_BxT,
-        kv_valid_BxS, cache, 0, model_lib.positions_from_valid(valid_BxT))
-    return logits[:, -1], cache
-  return jax.jit(prefill)
+  """`sampler.prefill` on its own (the same call `sampler.generate` starts with)."""
+  return jax.jit(lambda params, prompt_BxT, valid_BxT: sampler_lib.prefill(
+      model, params, prompt_BxT, valid_BxT, max_new_tokens)[2])
 
 
 def build_point(model, mesh, batch, prompt_len, length):
@@ -92,14 +84,14 @@ def measure_point(model, params, mesh, point, repeats, ceilings):
   pre, _ = common.median_spread(pre_s)
   bandwidth, bw_spread = common.median_spread(bws)
   peak, peak_spread = common.median_spread(peaks)
-  step_s = np.median([(g - p) / (length - 1) for g, p in zip(gen_s, pre_s)])
+  step_s = np.median([(g - p) / length for g, p in zip(gen_s, pre_s)])
   weight_itemsize = np.dtype(cfg.dtype).itemsize   # ideal: weights read in the compute dtype
   nbytes, flops = common.decode_step_cost(cfg, batch, prompt_len + length / 2, weight_itemsize)
   mem_s, compute_s = nbytes / bandwidth, flops / peak
   return dict(
       batch=batch, length=length, prompt_len=prompt_len,
       decode_step_ms=1e3 * step_s, decode_tok_s=batch / step_s,
-      prefill_tok_s=batch * prompt_len / pre, generate_s=gen, generate_spread=gen_spread,
+      prefill_tok_s=batch * (prompt_len - 1) / pre, generate_s=gen, generate_spread=gen_spread,
       step_MB=nbytes / 1e6, step_GFLOP=flops / 1e9,
       mem_roof_ms=1e3 * mem_s, compute_roof_ms=1e3 * compute_s,
       pct_mem_roof=100 * mem_s / step_s, pct_roof=100 * max(mem_s, compute_s) / step_s,

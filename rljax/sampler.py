@@ -69,24 +69,34 @@ def shard_cache(cache):
   return jax.lax.with_sharding_constraint(cache, jax.tree.map(lambda _: spec, cache))
 
 
-def generate(model, params, prompt_BxT, prompt_valid_BxT, rng, cfg: SamplingConfig) -> Rollout:
-  """Samples up to `cfg.max_new_tokens` tokens for every prompt. Jit with model and cfg static.
-
-  The prefill writes all prompt columns but the last into the KV cache; each loop step then feeds
-  one token (the last prompt column first: a real token in every row, prompts are left-padded)
-  and samples the next, so there is exactly one decode per sampled token and no branch in the
-  loop. The layers run unrolled on the parameters split by layer once per call (rljax.model).
-  """
+def prefill(model, params, prompt_BxT, prompt_valid_BxT, max_new_tokens):
+  """The decoding setup of `generate`: the unrolled model, its parameters split by layer (once per
+  call, rljax.model), and the KV cache holding every prompt column but the last, which the decode
+  loop feeds first. Returns (decoder, variables, cache, kv_valid_BxS, positions_BxT)."""
   batch, prompt_len = prompt_BxT.shape
-  max_len = cfg.max_new_tokens
   decoder = model_lib.Transformer(model.cfg, unrolled=True)
   variables = {'params': model_lib.unstack_layers(params, model.cfg.num_layers)}
-  cache = shard_cache(model_lib.KVCache.zeros(model.cfg, batch, prompt_len + max_len))
-  kv_valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones((batch, max_len), bool)], axis=1)
+  cache = shard_cache(model_lib.KVCache.zeros(model.cfg, batch, prompt_len + max_new_tokens))
+  kv_valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones((batch, max_new_tokens), bool)],
+                                 axis=1)
   positions_BxT = model_lib.positions_from_valid(prompt_valid_BxT)
   if prompt_len > 1:
     _, cache, _ = decoder.apply(variables, prompt_BxT[:, :-1], kv_valid_BxS, cache, 0,
                                 positions_BxT[:, :-1], method='hidden')
+  return decoder, variables, cache, kv_valid_BxS, positions_BxT
+
+
+def generate(model, params, prompt_BxT, prompt_valid_BxT, rng, cfg: SamplingConfig) -> Rollout:
+  """Samples up to `cfg.max_new_tokens` tokens for every prompt. Jit with model and cfg static.
+
+  After `prefill`, each loop step feeds one token (the last prompt column first: a real token in
+  every row, prompts are left-padded) and samples the next, so there is exactly one decode per
+  sampled token and no branch in the loop.
+  """
+  batch, prompt_len = prompt_BxT.shape
+  max_len = cfg.max_new_tokens
+  decoder, variables, cache, kv_valid_BxS, positions_BxT = prefill(
+      model, params, prompt_BxT, prompt_valid_BxT, max_len)
 
   def body(state):
     t, cache, token_B, tokens_BxL, logp_BxL, mask_BxL, done_B, rng = state

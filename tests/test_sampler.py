@@ -65,7 +65,8 @@ def full_logits(params, prompt, valid, response):
   tokens = jnp.concatenate([prompt, jnp.asarray(response, jnp.int32)], axis=1)
   kv_valid = jnp.concatenate([valid, jnp.ones(np.shape(response), bool)], axis=1)
   logits = np.asarray(full_forward()({'params': params}, tokens, kv_valid)[0])
-  return logits[:, PROMPT_LEN - 1:PROMPT_LEN - 1 + np.shape(response)[1]]
+  width = prompt.shape[1]
+  return logits[:, width - 1:width - 1 + np.shape(response)[1]]
 
 
 # ------------------------------------------------------------------ shared, instrumented samplers
@@ -194,6 +195,21 @@ def test_greedy_matches_numpy_argmax_loop(samplers):
     np.testing.assert_array_equal(top1.tokens_BxL, ref_tokens)
     np.testing.assert_array_equal(top1.mask_BxL, ref_mask)
     np.testing.assert_allclose(top1.logp_BxL, ref_logp, rtol=0, atol=1e-5)
+
+
+def test_one_column_prompts_skip_the_prefill():
+  """Prompts of width 1: no prefill at all, the loop's first step feeds the prompt token; greedy
+  tokens and log-probs still equal the numpy argmax loop over the full forward."""
+  params = random_params(11)
+  prompt = jnp.asarray(np.arange(2, 2 + 8).reshape(8, 1), jnp.int32)
+  valid = jnp.ones((8, 1), bool)
+  greedy = jax.jit(sampler_lib.make_sampler(MODEL, sampler_lib.SamplingConfig(
+      MAX_NEW, EOS, PAD, greedy=True)), compiler_options=FAST_COMPILE)
+  rollout = run(greedy, params, prompt, valid, seed=0)
+  ref_tokens, ref_logp, ref_mask = np_greedy_reference(params, prompt, valid)
+  np.testing.assert_array_equal(rollout.tokens_BxL, ref_tokens)
+  np.testing.assert_array_equal(rollout.mask_BxL, ref_mask)
+  np.testing.assert_allclose(rollout.logp_BxL, ref_logp, rtol=0, atol=1e-5)
 
 
 def test_stop_tokens_pad_and_mask(samplers):
