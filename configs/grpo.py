@@ -56,11 +56,16 @@ def get_config(arg=None):
                      kl_coef=0.0, kl_estimator='k3', loss_agg='token-mean', moe_aux_coef=1e-3)
 
   # lr = lr * sqrt(P*G / base_batch): 5e-5 at P=16, G=8 is what RECIPE.md measured to work.
-  config.optimizer = dict(lr=5e-5, base_batch=128, lr_rule='sqrt', warmup_steps=0, max_grad_norm=1.0,
-                          b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=5)
+  # decay: the lr after warmup, held ('constant') or annealed to 0 at the budget's end ('linear',
+  # 'cosine'); the protocol holds it constant.
+  config.optimizer = dict(lr=5e-5, base_batch=128, lr_rule='sqrt', warmup_steps=0, decay='constant',
+                          max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
+                          max_bad_steps=5)
+  if arg.runlocal:   # the README demo, one fixed budget: a higher lr annealed to 0 (docs/grpo.md)
+    config.optimizer.update(lr=1e-4, decay='linear')
 
   # Budget in retained training responses (compare runs by samples, never by steps).
-  config.train = dict(max_samples=100_000 if arg.runlocal else 2_000_000, max_steps=0,
+  config.train = dict(max_samples=250_000 if arg.runlocal else 2_000_000, max_steps=0,
                       micro_batch=64 if arg.runlocal else min(256, arg.P * arg.G), num_minibatches=1, num_epochs=1,
                       logits_chunk=0 if arg.runlocal else 128, eval_every=25, eval_size=500,
                       log_every=10, checkpoint_every=100, keep_checkpoints=2, target=0.0,

@@ -58,6 +58,8 @@ def get_config(arg=None):
   )
   # Every arm's training config; the protocol sets only its batch-dependent fields (P for GRPO).
   config.arm = common.algo_config(arg.algo, config.protocol.arm_arg)
+  if arg.algo == 'grpo':   # arms hold RECIPE.md's lr (the runlocal demo anneals a higher one over
+    config.arm.optimizer.update(lr=5e-5, decay='constant')   # its fixed budget; arms stop at J)
   if arg.runlocal:
     config.arm.train.eval_size = 1000   # all the test split: ~1.5 points std error per eval
     # Stop the warm start right at its threshold (accuracy jumps ~0.27 -> 0.41 within 25 steps

@@ -79,6 +79,26 @@ def _check_ppo(config):
     optim.scaled_lr(copt.lr, rollout.P, copt.base_batch, copt.lr_rule)
   except ValueError as error:
     raise ValueError(f'critic_optimizer: {error}') from None
+  _check_decay('critic_optimizer', copt, config, rollout.P)
+
+
+def _check_decay(name, opt, config, batch):
+  """A decaying lr ends at the run's last planned update, which must be known and after warmup."""
+  decay, train = opt.get('decay', 'constant'), config.train
+  if decay not in optim.DECAYS:
+    raise ValueError(f'{name}.decay must be one of {sorted(optim.DECAYS)}, got {decay!r}')
+  if decay == 'constant' or train.max_samples <= 0 and train.max_steps <= 0:
+    return
+  if config.algo == 'grpo' and config.grpo.filter_zero_variance and not train.max_steps:
+    raise ValueError(f'{name}.decay={decay!r} anneals to 0 at the last planned update, which '
+                     'grpo.filter_zero_variance leaves unknown under a samples budget: set '
+                     'train.max_steps')
+  if train.num_minibatches < 1 or train.num_epochs < 1:
+    return   # reported by the loop checks
+  updates = optim.planned_updates(train, batch)
+  if updates <= opt.warmup_steps:
+    raise ValueError(f'{name}.decay={decay!r}: the run has {updates} updates, not more than '
+                     f'warmup_steps ({opt.warmup_steps})')
 
 
 def check(config, device_count=None, process_count=None):
@@ -101,6 +121,7 @@ def check(config, device_count=None, process_count=None):
   optim.scaled_lr(opt.lr, batch, opt.base_batch, opt.lr_rule)  # raises on a bad rule
   if opt.max_bad_steps < 1:
     raise ValueError(f'optimizer.max_bad_steps must be >= 1, got {opt.max_bad_steps}')
+  _check_decay('optimizer', opt, config, batch)
   _positive('rollout.temperature', rollout.temperature)
   if not 0 < rollout.top_p <= 1:
     raise ValueError(f'rollout.top_p must be in (0, 1], got {rollout.top_p}')

@@ -34,7 +34,9 @@ def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
 def make(config, model, params, num_micro, mesh):
   """The GRPO Algorithm for `config`, starting from policy `params`."""
   G = config.rollout.G
-  optimizer, schedule = optim.make_optimizer(config.optimizer, config.rollout.P * G)
+  batch_size = config.rollout.P * G
+  optimizer, schedule = optim.make_optimizer(config.optimizer, batch_size,
+                                             optim.planned_updates(config.train, batch_size))
   make_batch = sharding.on_mesh(jax.jit(lambda state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params:
                        group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, config.grpo)),
                                 mesh)

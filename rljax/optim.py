@@ -1,10 +1,14 @@
 """optax Adam(W) whose learning rate is a function of the GLOBAL batch (the paper's "align" step).
 
 lr(B) = lr0 * f(B / B0), f = sqrt (Malladi et al.; the default), linear (Goyal et al.) or constant,
-with B counted in training responses (GRPO: P x G; PPO: B). Linear warmup, global-norm clipping,
-and non-finite updates skipped (counted by optax.apply_if_finite) so one bad batch cannot poison
-the weights.
+with B counted in training responses (GRPO: P x G; PPO: B). Linear warmup, then the peak held
+(`decay='constant'`) or annealed to 0 at the run's last update ('linear', as TRL's default, or
+'cosine'): on a fixed budget the anneal turns late, noisy updates into gains (docs/grpo.md).
+Global-norm clipping, and non-finite updates skipped (counted by optax.apply_if_finite) so one bad
+batch cannot poison the weights.
 """
+import math
+
 import jax
 import optax
 
@@ -24,12 +28,43 @@ def scaled_lr(lr0, batch, base_batch, rule):
   return lr0 * LR_RULES[rule](batch / base_batch)
 
 
-def _adam(opt_cfg, batch):
+DECAYS = {
+    'constant': lambda peak, updates: optax.constant_schedule(peak),
+    'linear': lambda peak, updates: optax.linear_schedule(peak, 0.0, updates),
+    'cosine': lambda peak, updates: optax.cosine_decay_schedule(peak, updates),
+}
+
+
+def planned_updates(train_cfg, batch):
+  """The optimizer updates a run's budget allows (steps x minibatches x epochs): the decay horizon.
+
+  GRPO's filter_zero_variance retains fewer than `batch` responses per step, so a samples budget
+  then takes more steps than this: config_checks asks for train.max_steps there.
+  """
+  budgets = [train_cfg.max_steps, math.ceil(train_cfg.max_samples / batch)]
+  return min(b for b in budgets if b > 0) * train_cfg.num_minibatches * train_cfg.num_epochs
+
+
+def schedule_for(opt_cfg, peak, total_updates):
+  """Linear warmup to `peak`, then opt_cfg.decay until update `total_updates`."""
+  decay = opt_cfg.get('decay', 'constant')
+  if decay not in DECAYS:
+    raise ValueError(f'unknown optimizer.decay {decay!r}; choose one of {sorted(DECAYS)}')
+  warmup = max(int(opt_cfg.warmup_steps), 0)
+  if decay != 'constant' and total_updates <= warmup:
+    raise ValueError(f'optimizer.decay {decay!r} needs more updates ({total_updates}) than '
+                     f'warmup_steps ({warmup})')
+  after = DECAYS[decay](peak, total_updates - warmup)
+  if not warmup:
+    return after
+  return optax.join_schedules([optax.linear_schedule(peak / (warmup + 1), peak, warmup), after],
+                              [warmup])
+
+
+def _adam(opt_cfg, batch, total_updates):
   """(clipped Adam(W) with the lr rule, its schedule); no non-finite guard."""
   peak = scaled_lr(opt_cfg.lr, batch, opt_cfg.base_batch, opt_cfg.lr_rule)
-  warmup = max(int(opt_cfg.warmup_steps), 0)
-  schedule = optax.linear_schedule(peak / (warmup + 1), peak, warmup) if warmup else (
-      optax.constant_schedule(peak))
+  schedule = schedule_for(opt_cfg, peak, total_updates)
   chain = []
   if opt_cfg.max_grad_norm:
     chain.append(optax.clip_by_global_norm(opt_cfg.max_grad_norm))
@@ -38,19 +73,22 @@ def _adam(opt_cfg, batch):
   return optax.chain(*chain), schedule
 
 
-def make_optimizer(opt_cfg, batch):
-  """Returns (optax transformation, schedule: update count -> lr) for a global batch."""
-  tx, schedule = _adam(opt_cfg, batch)
+def make_optimizer(opt_cfg, batch, total_updates=0):
+  """Returns (optax transformation, schedule: update count -> lr) for a global batch.
+
+  total_updates: the run's length in updates, which a decaying schedule ends at (planned_updates).
+  """
+  tx, schedule = _adam(opt_cfg, batch, total_updates)
   return optax.apply_if_finite(tx, max_consecutive_errors=opt_cfg.max_bad_steps), schedule
 
 
-def make_joint_optimizer(opt_cfgs, batch):
+def make_joint_optimizer(opt_cfgs, batch, total_updates=0):
   """One transformation over a dict of parameter trees, each top-level key with its own Adam, lr
   rule and clipping (e.g. a policy and a value head that share a trunk); one non-finite guard.
 
   Returns (transformation, {key: schedule}).
   """
-  parts = {name: _adam(cfg, batch) for name, cfg in opt_cfgs.items()}
+  parts = {name: _adam(cfg, batch, total_updates) for name, cfg in opt_cfgs.items()}
   labels = lambda params: {name: jax.tree.map(lambda _, n=name: n, tree)
                            for name, tree in params.items()}
   tx = optax.multi_transform({name: part[0] for name, part in parts.items()}, labels)

@@ -159,6 +159,7 @@ def shared_update(state, batch, ref_params, *, actor_loss, critic_loss, tx, loss
 def make(config, model, params, num_micro, head_rng, mesh):
   """The PPO Algorithm for `config`, starting from policy `params` (the critic from its trunk)."""
   cfg, batch_size = config.ppo, config.rollout.P * config.rollout.G
+  total_updates = optim.planned_updates(config.train, batch_size)
   critic = critic_lib.Critic(model.cfg)
   critic_opt_cfg = ml_collections.ConfigDict(dict(
       config.critic_optimizer.to_dict(), max_bad_steps=config.optimizer.max_bad_steps))
@@ -168,7 +169,7 @@ def make(config, model, params, num_micro, head_rng, mesh):
   critic_params = sharding.place(critic_lib.from_policy(params, head_rng, model.cfg), mesh)
   if cfg.share_trunk:
     tx, schedules = optim.make_joint_optimizer(
-        dict(policy=config.optimizer, value_head=critic_opt_cfg), batch_size)
+        dict(policy=config.optimizer, value_head=critic_opt_cfg), batch_size, total_updates)
     critic_params = dict(value_head=critic_params['value_head'])
     state = dict(params=params,
                  opt_state=sharding.init_optimizer(tx, dict(policy=params, **critic_params), mesh),
@@ -178,8 +179,8 @@ def make(config, model, params, num_micro, head_rng, mesh):
         loss_agg=cfg.loss_agg, vf_coef=cfg.vf_coef, num_micro=num_micro)
     schedules = dict(lr=schedules['policy'], critic_lr=schedules['value_head'])
   else:
-    actor_tx, actor_schedule = optim.make_optimizer(config.optimizer, batch_size)
-    critic_tx, critic_schedule = optim.make_optimizer(critic_opt_cfg, batch_size)
+    actor_tx, actor_schedule = optim.make_optimizer(config.optimizer, batch_size, total_updates)
+    critic_tx, critic_schedule = optim.make_optimizer(critic_opt_cfg, batch_size, total_updates)
     state = dict(params=params, opt_state=sharding.init_optimizer(actor_tx, params, mesh),
                  critic_params=critic_params,
                  critic_opt_state=sharding.init_optimizer(critic_tx, critic_params, mesh))

@@ -90,6 +90,10 @@ def _broken(edit):
     (lambda c: setattr(c.grpo, 'kl_estimator', 'k4'), 'kl_estimator'),
     (lambda c: setattr(c.rollout, 'temperature', 0.0), 'temperature'),
     (lambda c: setattr(c.rollout, 'top_p', 1.5), 'top_p'),
+    (lambda c: setattr(c.optimizer, 'decay', 'step'), 'optimizer.decay must be one of'),
+    (lambda c: (c.optimizer.update(decay='linear'), c.grpo.update(filter_zero_variance=True)),
+     'set train.max_steps'),
+    (lambda c: c.optimizer.update(decay='cosine', warmup_steps=2000), 'warmup_steps'),  # 1954 updates
 ])
 def test_check_rejects(edit, match):
   with pytest.raises(ValueError, match=match):

@@ -89,3 +89,55 @@ def test_optimizer_steps_by_the_scaled_lr(rule, batch, grad, lr):
 def test_optimizer_first_step_uses_warmup_lr():
   delta = adam_first_step(opt_cfg(lr=1e-3, lr_rule='sqrt', warmup_steps=3), 512, 1.0)
   assert delta == pytest.approx(-2e-3 / 4, rel=1e-4)   # peak 2e-3, first warmup value peak / 4
+
+
+def reference_lr(decay, peak, warmup, total, update):
+  """Warmup then decay to 0 at `total`, written out by hand (numpy)."""
+  if update < warmup:
+    return peak * (update + 1) / (warmup + 1)
+  frac = min((update - warmup) / (total - warmup), 1.0)
+  return {'constant': peak, 'linear': peak * (1 - frac),
+          'cosine': peak * 0.5 * (1 + np.cos(np.pi * frac))}[decay]
+
+
+@pytest.mark.parametrize('decay', ['constant', 'linear', 'cosine'])
+@pytest.mark.parametrize('warmup', [0, 3])
+def test_decay_schedules(decay, warmup):
+  total = 20   # peak 2e-3 (sqrt rule at 512), annealed over updates warmup .. 20
+  _, schedule = optim.make_optimizer(opt_cfg(lr=1e-3, warmup_steps=warmup, decay=decay), 512, total)
+  got = [float(schedule(update)) for update in range(total + 5)]
+  expected = [reference_lr(decay, 2e-3, warmup, total, update) for update in range(total + 5)]
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-12)
+  if decay != 'constant':
+    assert got[total] == 0 and got[total - 1] > 0
+
+
+def test_optimizer_steps_by_the_decayed_lr():
+  """Adam on a constant gradient moves each update by exactly that update's lr: the displacement
+  after n updates is the sum of the schedule's first n values."""
+  tx, _ = optim.make_optimizer(opt_cfg(lr=1e-3, lr_rule='constant', decay='linear'), 128, 10)
+  params = {'w': jnp.array([0.5], jnp.float32)}
+  state = tx.init(params)
+  for _ in range(6):
+    updates, state = tx.update({'w': jnp.array([0.3], jnp.float32)}, state, params)
+    params = optax.apply_updates(params, updates)
+  expected = sum(reference_lr('linear', 1e-3, 0, 10, update) for update in range(6))
+  assert 0.5 - float(params['w'][0]) == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize('train,batch,expected', [
+    (dict(max_samples=100_000, max_steps=0), 128, 782),            # ceil(100000 / 128)
+    (dict(max_samples=100_000, max_steps=500), 128, 500),          # the smaller budget ends the run
+    (dict(max_samples=0, max_steps=40), 128, 40),
+    (dict(max_samples=1024, max_steps=0, num_minibatches=4, num_epochs=2), 128, 64),
+])
+def test_planned_updates(train, batch, expected):
+  cfg = ml_collections.ConfigDict(dict(dict(num_minibatches=1, num_epochs=1), **train))
+  assert optim.planned_updates(cfg, batch) == expected
+
+
+def test_decay_rejects_bad_input():
+  with pytest.raises(ValueError, match='decay'):
+    optim.make_optimizer(opt_cfg(decay='step'), 128, 100)
+  with pytest.raises(ValueError, match='warmup_steps'):
+    optim.make_optimizer(opt_cfg(decay='linear', warmup_steps=10), 128, 10)

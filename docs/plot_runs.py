@@ -1,7 +1,8 @@
-"""Draws PPO runs from their metrics.jsonl: held-out accuracy against samples and wall-clock, the
-critic's explained variance, and the actor and critic gradient norms.
+"""Draws runs from their metrics.jsonl: held-out accuracy against samples and against wall-clock,
+with a line at the first run's warm start + GAIN points; for PPO runs also the critic's explained
+variance and the actor and critic gradient norms.
 
-  python docs/plot_ppo.py OUT.png LABEL=WORKDIR [LABEL=WORKDIR ...]
+  python docs/plot_runs.py OUT.png GAIN LABEL=WORKDIR [LABEL=WORKDIR ...]
 """
 import sys
 
@@ -20,12 +21,15 @@ def smooth(y, window=10):
   return np.convolve(y, np.ones(window) / window, mode='valid')
 
 
-def main(out, runs):
-  fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
-  for label, workdir in runs:
-    rows = metrics.read_jsonl(f'{workdir}/metrics.jsonl')
+def main(out, gain, runs):
+  logs = {label: metrics.read_jsonl(f'{workdir}/metrics.jsonl') for label, workdir in runs}
+  ppo = any('explained_variance' in row for rows in logs.values() for row in rows)
+  fig, axes = plt.subplots(1, 4 if ppo else 2, figsize=(20 if ppo else 10, 4.2))
+  first_evals = None
+  for label, rows in logs.items():
     evals = [r for r in rows if r.get('eval')]
     train = [r for r in rows if not r.get('eval')]
+    first_evals = first_evals or evals
     axes[0].plot([r['samples'] for r in evals], [r['eval_accuracy'] for r in evals], 'o-', ms=3,
                  label=label)
     axes[1].plot([r['wallclock_s'] / 60 for r in evals], [r['eval_accuracy'] for r in evals], 'o-',
@@ -38,19 +42,16 @@ def main(out, runs):
         axes[3].plot(steps[9:] if len(steps) >= 10 else steps,
                      smooth([r[key] for r in train]), style,
                      label=f'{label}: {"actor" if key == "grad_norm" else "critic"}')
-  base = evals[0]['eval_accuracy'] if evals else None
-  for ax in axes[:2]:
-    if base is not None:
-      ax.axhline(base + 0.3, color='gray', ls=':', lw=1, label='warm start + 30 points')
+  if first_evals:
+    for ax in axes[:2]:
+      ax.axhline(first_evals[0]['eval_accuracy'] + gain / 100, color='gray', ls=':', lw=1,
+                 label=f'warm start + {gain:g} points')
   axes[0].set(xlabel='training responses (samples)', ylabel='held-out accuracy (greedy)',
               title='accuracy vs samples')
   axes[1].set(xlabel='wall-clock of the RL loop (min)', ylabel='held-out accuracy',
               title='accuracy vs wall-clock')
-  axes[2].axhline(0.0, color='gray', lw=1)
-  axes[2].set(xlabel='samples', ylabel='explained variance (10-step mean)',
-              title='critic explained variance')
-  axes[3].set(xlabel='samples', ylabel='global grad norm (10-step mean)', yscale='log',
-              title='actor vs critic gradient norm')
+  if ppo:
+    label_critic_panels(axes)
   for ax in axes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -58,5 +59,13 @@ def main(out, runs):
   fig.savefig(out, dpi=110)
 
 
+def label_critic_panels(axes):
+  axes[2].axhline(0.0, color='gray', lw=1)
+  axes[2].set(xlabel='samples', ylabel='explained variance (10-step mean)',
+              title='critic explained variance')
+  axes[3].set(xlabel='samples', ylabel='global grad norm (10-step mean)', yscale='log',
+              title='actor vs critic gradient norm')
+
+
 if __name__ == '__main__':
-  main(sys.argv[1], [arg.split('=', 1) for arg in sys.argv[2:]])
+  main(sys.argv[1], float(sys.argv[2]), [arg.split('=', 1) for arg in sys.argv[3:]])
