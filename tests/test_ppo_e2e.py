@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from rljax import metrics
 
@@ -45,4 +46,5 @@ def test_ppo_raises_held_out_accuracy_and_the_critic_learns(tmp_path):
   for key in ('value_loss', 'critic_grad_norm', 'explained_variance', 'value_mean', 'clipfrac',
               'approx_kl', 'grad_norm', 'critic_lr', 'lr'):
     assert all(np.isfinite(row[key]) for row in steps), key
-  assert steps[-1]['samples'] == B * STEPS and steps[-1]['critic_lr'] == 1e-3 * (B / 256) ** 0.5
+  assert steps[-1]['samples'] == B * STEPS   # and the critic's lr is its rule's, in float32:
+  assert steps[-1]['critic_lr'] == pytest.approx(1e-3 * (B / 256) ** 0.5, rel=1e-7)

@@ -103,6 +103,10 @@ def test_reference_run_is_complete(tiny):
   assert [row['step'] for row in train_rows] == list(range(1, cli.MAX_STEPS + 1))
   assert [row['step'] for row in rows if row.get('eval')] == [0, 3, 6, 8]
   assert 0 < sum(row['reward_mean'] for row in train_rows) < cli.MAX_STEPS  # rewards vary
+  # runlocal anneals lr 1e-4 * sqrt(P*G / 128) linearly to 0 at the run's last update.
+  peak = 1e-4 * (16 / 128) ** 0.5
+  assert [row['lr'] for row in train_rows] == pytest.approx(
+      [peak * (1 - i / cli.MAX_STEPS) for i in range(cli.MAX_STEPS)], rel=1e-6)
   readable, unreadable = cli.checkpoints(tiny / 'reference')
   assert sorted(readable) == [6, 7, 8] and not unreadable   # keep_checkpoints=3
 
