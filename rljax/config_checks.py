@@ -87,8 +87,8 @@ def _check_decay(name, opt, config, batch):
   decay, train = opt.get('decay', 'constant'), config.train
   if decay not in optim.DECAYS:
     raise ValueError(f'{name}.decay must be one of {sorted(optim.DECAYS)}, got {decay!r}')
-  if decay == 'constant' or train.max_samples <= 0 and train.max_steps <= 0:
-    return
+  if decay == 'constant' or (train.max_samples <= 0 and train.max_steps <= 0):
+    return   # a missing budget is reported by check()
   if config.algo == 'grpo' and config.grpo.filter_zero_variance and not train.max_steps:
     raise ValueError(f'{name}.decay={decay!r} anneals to 0 at the last planned update, which '
                      'grpo.filter_zero_variance leaves unknown under a samples budget: set '

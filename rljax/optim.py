@@ -41,8 +41,8 @@ def planned_updates(train_cfg, batch):
   GRPO's filter_zero_variance retains fewer than `batch` responses per step, so a samples budget
   then takes more steps than this: config_checks asks for train.max_steps there.
   """
-  budgets = [train_cfg.max_steps, math.ceil(train_cfg.max_samples / batch)]
-  return min(b for b in budgets if b > 0) * train_cfg.num_minibatches * train_cfg.num_epochs
+  budgets = [b for b in (train_cfg.max_steps, math.ceil(train_cfg.max_samples / batch)) if b > 0]
+  return min(budgets, default=0) * train_cfg.num_minibatches * train_cfg.num_epochs
 
 
 def schedule_for(opt_cfg, peak, total_updates):
