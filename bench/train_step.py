@@ -31,7 +31,10 @@ from rljax import sharding
 
 
 def grpo_defaults():
-  return grpo_config.get_config('runlocal')
+  """runlocal's GRPO settings at a held lr: benchmarks time steady steps, with no run to anneal over."""
+  config = grpo_config.get_config('runlocal')
+  config.optimizer.decay = 'constant'
+  return config
 
 
 def make_update_step(model, num_micro, batch_size, mesh, logits_chunk=0):
