@@ -5,8 +5,9 @@ the roofline measured in the same run; prefill tokens/s; compile time; no recomp
 
 Decode time per step = (generate - prefill) / L: `generate` runs `sampler.prefill` (every prompt
 column but the last) and then L decode steps, each sampling one token (no row stops: the stop id
-is unreachable); `prefill` is that same `sampler.prefill` alone. Each repeat times generate, prefill, the bandwidth probe and the matmul probe back
-to back, so a row's % of roofline compares numbers taken under the same machine load.
+is unreachable); `prefill` is that same `sampler.prefill` alone. Each repeat times generate,
+prefill, the bandwidth probe and the matmul probe back to back, so a row's % of roofline compares
+numbers taken under the same machine load.
 """
 import argparse
 import dataclasses

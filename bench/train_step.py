@@ -31,7 +31,7 @@ from rljax import sharding
 
 
 def grpo_defaults():
-  """runlocal's GRPO settings at a held lr: benchmarks time steady steps, with no run to anneal over."""
+  """runlocal's GRPO settings at a held lr: benchmarks time steady steps, no run to anneal over."""
   config = grpo_config.get_config('runlocal')
   config.optimizer.decay = 'constant'
   return config

@@ -83,22 +83,20 @@ def _check_ppo(config):
 
 
 def _check_decay(name, opt, config, batch):
-  """A decaying lr ends at the run's last planned update, which must be known and after warmup."""
+  """A decaying lr ends at the run's last planned update, which must be known and after warmup
+  (optim.schedule_for checks the name and the warmup; this adds what only the config knows)."""
   decay, train = opt.get('decay', 'constant'), config.train
-  if decay not in optim.DECAYS:
-    raise ValueError(f'{name}.decay must be one of {sorted(optim.DECAYS)}, got {decay!r}')
-  if decay == 'constant' or (train.max_samples <= 0 and train.max_steps <= 0):
-    return   # a missing budget is reported by check()
-  if config.algo == 'grpo' and config.grpo.filter_zero_variance and not train.max_steps:
+  if (decay != 'constant' and config.algo == 'grpo' and config.grpo.filter_zero_variance
+      and not train.max_steps):
     raise ValueError(f'{name}.decay={decay!r} anneals to 0 at the last planned update, which '
                      'grpo.filter_zero_variance leaves unknown under a samples budget: set '
                      'train.max_steps')
-  if train.num_minibatches < 1 or train.num_epochs < 1:
-    return   # reported by the loop checks
-  updates = optim.planned_updates(train, batch)
-  if updates <= opt.warmup_steps:
-    raise ValueError(f'{name}.decay={decay!r}: the run has {updates} updates, not more than '
-                     f'warmup_steps ({opt.warmup_steps})')
+  budget = (train.max_samples > 0 or train.max_steps > 0) and min(train.num_minibatches,
+                                                                    train.num_epochs) >= 1
+  try:   # without a budget or with bad loop settings: reported by check() itself
+    optim.schedule_for(opt, 1.0, optim.planned_updates(train, batch) if budget else 1 << 30)
+  except ValueError as error:
+    raise ValueError(f'{name}.{error}') from None
 
 
 def check(config, device_count=None, process_count=None):

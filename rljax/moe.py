@@ -106,6 +106,9 @@ def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_
   return combine(jnp.einsum('nf,nfd->nd', hidden_NxF, pick(w_down_ExFxD)), weights_TxK)
 
 
+GROWTH = 1.25   # a finer ladder pads fewer rows but compiles more branches
+
+
 def capacities(pairs, tokens, num_experts):
   """The static per-expert capacities 'bucketed' picks from: from the balanced share of the pairs,
   each GROWTH times the last (in rows of 8), up to `tokens`, the most one expert can get (a token
@@ -115,9 +118,6 @@ def capacities(pairs, tokens, num_experts):
   while buckets[-1] < tokens:
     buckets.append(round_up(int(buckets[-1] * GROWTH) + 1))
   return buckets
-
-
-GROWTH = 1.25   # a finer ladder pads fewer rows but compiles more branches
 
 
 def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):

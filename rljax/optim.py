@@ -49,10 +49,10 @@ def schedule_for(opt_cfg, peak, total_updates):
   """Linear warmup to `peak`, then opt_cfg.decay until update `total_updates`."""
   decay = opt_cfg.get('decay', 'constant')
   if decay not in DECAYS:
-    raise ValueError(f'unknown optimizer.decay {decay!r}; choose one of {sorted(DECAYS)}')
+    raise ValueError(f'decay must be one of {sorted(DECAYS)}, got {decay!r}')
   warmup = max(int(opt_cfg.warmup_steps), 0)
   if decay != 'constant' and total_updates <= warmup:
-    raise ValueError(f'optimizer.decay {decay!r} needs more updates ({total_updates}) than '
+    raise ValueError(f'decay={decay!r}: the run has {total_updates} updates, not more than '
                      f'warmup_steps ({warmup})')
   after = DECAYS[decay](peak, total_updates - warmup)
   if not warmup:

@@ -208,8 +208,8 @@ def train(config, workdir, stop=None):
                update_time_s=update_time, wallclock_s=wallclock, samples_per_s=batch_size / step_time,
                logprob_mismatch=first['logprob_mismatch'], entropy=first['entropy'],
                clipfrac=first['clipfrac'], pg_loss=first['pg_loss'], approx_kl=first['approx_kl'],
-               moe_aux_loss=first['moe_aux_loss'], response_len_mean=float(stats['response_len_mean']),
-               retained=retained,
+               moe_aux_loss=first['moe_aux_loss'],
+               response_len_mean=float(stats['response_len_mean']), retained=retained,
                reward_failures=reward_failures, skipped_updates=int(sum(m['skipped'] for m in step_metrics)),
                data_skipped=iterator.skipped)
     for key, schedule in schedules.items():

@@ -64,6 +64,8 @@ CASES = [
     ('temperature-zero', CONFIG, ['--config.rollout.temperature=0'],
      r'rollout.temperature must be a positive number, got 0', None),
     ('unknown-reward', CONFIG, ['--config.reward=fuzzy'], r"unknown reward 'fuzzy'", None),
+    ('unknown-lr-decay', CONFIG, ['--config.optimizer.decay=step'],
+     r"optimizer.decay must be one of \['constant', 'cosine', 'linear'\], got 'step'", None),
     ('unknown-algo', CONFIG, ['--config.algo=dqn'], r"algo must be 'grpo' or 'ppo', got 'dqn'",
      None),
 ]

@@ -93,7 +93,8 @@ def _broken(edit):
     (lambda c: setattr(c.optimizer, 'decay', 'step'), 'optimizer.decay must be one of'),
     (lambda c: (c.optimizer.update(decay='linear'), c.grpo.update(filter_zero_variance=True)),
      'set train.max_steps'),
-    (lambda c: c.optimizer.update(decay='cosine', warmup_steps=2000), 'warmup_steps'),  # 1954 updates
+    # runlocal plans 1954 updates:
+    (lambda c: c.optimizer.update(decay='cosine', warmup_steps=2000), 'warmup_steps'),
 ])
 def test_check_rejects(edit, match):
   with pytest.raises(ValueError, match=match):
