@@ -1,5 +1,5 @@
-"""rljax.train's own numbers (the loop itself runs end to end in test_reliability.py, test_ppo_e2e.py
-and test_train_math.py): the rollout statistics logged every step, against numpy."""
+"""rljax.train's own numbers, the rollout statistics logged every step, against numpy (the loop
+itself runs end to end in test_reliability.py, test_ppo_e2e.py and test_train_math.py)."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
