@@ -10,7 +10,6 @@ Sequences are LEFT-padded prompts followed by responses. `kv_valid_BxS` marks re
 positions count real tokens only, so a prompt's position ids do not depend on its padding.
 """
 import dataclasses
-import functools
 from typing import Any, NamedTuple, Optional
 
 import flax.linen as nn
@@ -98,44 +97,42 @@ class Attention(nn.Module):
     k_BxTxKxH = layers.rope(k_BxTxKxH, rope_tables)
 
     length = x_BxTxD.shape[1]
+    if cache_k is not None:
+      # Into the cache first, and attention reads the updated cache: with the old cache read
+      # too, XLA copied every layer's keys and values twice per decoding step.
+      write = lambda cache_BxKxSxH, new_BxTxKxH: jax.lax.dynamic_update_slice(
+          cache_BxKxSxH, jnp.swapaxes(new_BxTxKxH, 1, 2).astype(cache_BxKxSxH.dtype),
+          (0, 0, cache_index, 0))
+      cache_k, cache_v = write(cache_k, k_BxTxKxH), write(cache_v, v_BxTxKxH)
+    if cache_k is None or (isinstance(cache_index, int) and cache_index == 0):
+      # This chunk's own keys (training, prefill): causal, real tokens only. A prefill starting at
+      # slot 0 does not score the rest of the cache: wasted work that XLA also spends seconds
+      # constant-folding.
+      own_valid_BxT = jax.lax.dynamic_slice_in_dim(kv_valid_BxS, cache_index, length, axis=1)
+      causal_TxT = jnp.tril(jnp.ones((length, length), bool))
+      visible_BxTxS = causal_TxT[None] & own_valid_BxT[:, None, :]
+      keys, values, layout = k_BxTxKxH, v_BxTxKxH, 'bskh'
+    else:
+      # Decoding: the whole cache, this chunk's slots included, up to each query's own slot.
+      slots_S = jnp.arange(cache_k.shape[2])
+      causal_TxS = slots_S[None, :] <= cache_index + jnp.arange(length)[:, None]
+      visible_BxTxS = causal_TxS[None] & kv_valid_BxS[:, None, :]
+      keys, values, layout = cache_k, cache_v, 'bksh'
     q_BxTxKxGxH = q_BxTxNxH.reshape(*q_BxTxNxH.shape[:2], kv_heads, heads // kv_heads, head_dim)
-    score = lambda keys, layout: jnp.einsum(f'btkgh,{layout}->bkgts', q_BxTxKxGxH, keys,
-                                            preferred_element_type=jnp.float32) * head_dim ** -0.5
-    # This chunk's own keys: causal, real tokens only (their slots in kv_valid follow the cache's).
-    own_valid_BxT = jax.lax.dynamic_slice_in_dim(kv_valid_BxS, cache_index, length, axis=1)
-    causal_TxT = jnp.tril(jnp.ones((length, length), bool))
-    parts = [(score(k_BxTxKxH, 'bskh'),
-              (causal_TxT[None] & own_valid_BxT[:, None, :])[:, None, None], v_BxTxKxH, 'bskh')]
-    # And the cached ones, the slots written before this chunk: none when it starts at slot 0
-    # (prefill), where scoring the empty cache is wasted work that XLA also spends seconds
-    # constant-folding.
-    if cache_k is not None and not (isinstance(cache_index, int) and cache_index == 0):
-      cached_S = jnp.arange(cache_k.shape[2]) < cache_index
-      parts.append((score(cache_k, 'bksh'), (cached_S & kv_valid_BxS)[:, None, None, None, :],
-                    cache_v, 'bksh'))
-    out_BxTxKxGxH = attend(parts, cfg.dtype)
-    out_BxTxNxH = out_BxTxKxGxH.reshape(q_BxTxNxH.shape)
+    scores_BxKxGxTxS = jnp.einsum(f'btkgh,{layout}->bkgts', q_BxTxKxGxH, keys,
+                                  preferred_element_type=jnp.float32) * head_dim ** -0.5
+    scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], scores_BxKxGxTxS,
+                                 jnp.finfo(jnp.float32).min)
+    weights_BxKxGxTxS = jnp.exp(scores_BxKxGxTxS - jnp.max(scores_BxKxGxTxS, -1, keepdims=True))
+    weights_BxKxGxTxS = (weights_BxKxGxTxS / jnp.sum(weights_BxKxGxTxS, -1, keepdims=True)
+                         ).astype(cfg.dtype)
+    # Heads-major output, one transpose after: a token-major output made XLA:CPU run the product
+    # against a [batch, kv_heads, slots, head_dim] cache as a plain (slow) dot.
+    out_BxKxGxTxH = jnp.einsum(f'bkgts,{layout}->bkgth', weights_BxKxGxTxS, values)
+    out_BxTxNxH = jnp.transpose(out_BxKxGxTxH, (0, 3, 1, 2, 4)).reshape(q_BxTxNxH.shape)
     out_BxTxD = jnp.einsum('btnh,nhd->btd', out_BxTxNxH, w_o.astype(cfg.dtype))
-    # The caller writes this chunk's keys and values into the cache, all layers at once.
-    return out_BxTxD, k_BxTxKxH, v_BxTxKxH
-
-
-def attend(parts, dtype):
-  """Softmax attention over the keys of several parts (each: scores, mask, values and their
-  einsum layout) at once.
-
-  One softmax over the union without concatenating the parts: a decoding step attends over the
-  KV cache and its own key without copying the cache into a bigger array.
-  """
-  masked = [jnp.where(mask, scores, jnp.finfo(jnp.float32).min) for scores, mask, _, _ in parts]
-  top_BxKxGxTx1 = functools.reduce(jnp.maximum, [jnp.max(m, axis=-1, keepdims=True) for m in masked])
-  weights = [jnp.exp(m - top_BxKxGxTx1) for m in masked]
-  total_BxKxGxTx1 = sum(jnp.sum(w, axis=-1, keepdims=True) for w in weights)
-  # Heads-major output, one transpose after the sum: a token-major output made XLA:CPU run the
-  # product against a [batch, kv_heads, slots, head_dim] cache as a plain (slow) dot.
-  out_BxKxGxTxH = sum(jnp.einsum(f'bkgts,{layout}->bkgth', (w / total_BxKxGxTx1).astype(dtype),
-                                 values) for w, (_, _, values, layout) in zip(weights, parts))
-  return jnp.transpose(out_BxKxGxTxH, (0, 3, 1, 2, 4))
+    new_cache = None if cache_k is None else (cache_k, cache_v)
+    return out_BxTxD, new_cache
 
 
 class Block(nn.Module):
@@ -148,7 +145,7 @@ class Block(nn.Module):
     x_BxTxD, aux_loss = carry
     cache_k, cache_v = layer_cache if layer_cache is not None else (None, None)
     h_BxTxD = layers.RMSNorm(cfg, name='attn_norm')(x_BxTxD)
-    attn_BxTxD, k_BxTxKxH, v_BxTxKxH = Attention(cfg, name='attn')(
+    attn_BxTxD, layer_cache = Attention(cfg, name='attn')(
         h_BxTxD, rope_tables, kv_valid_BxS, cache_k, cache_v, cache_index)
     x_BxTxD = x_BxTxD + attn_BxTxD
     h_BxTxD = layers.RMSNorm(cfg, name='ffn_norm')(x_BxTxD)
@@ -158,8 +155,7 @@ class Block(nn.Module):
     else:
       ffn_BxTxD = layers.SwiGLU(cfg, name='ffn')(h_BxTxD)
     x_BxTxD = sharding.constrain(x_BxTxD + ffn_BxTxD, ACTIVATION_AXES)
-    new_keys = None if layer_cache is None else (k_BxTxKxH, v_BxTxKxH)
-    return (x_BxTxD, aux_loss), new_keys
+    return (x_BxTxD, aux_loss), layer_cache
 
 
 REMAT_POLICIES = {
@@ -217,19 +213,13 @@ class Transformer(nn.Module):
         raise ValueError('a KV cache needs the unrolled model: Transformer(cfg, unrolled=True)')
       (x_BxTxD, aux_loss), _ = self.blocks(carry, None, rope_tables, kv_valid_BxS, cache_index)
       return self.final_norm(x_BxTxD), None, aux_loss
-    # This chunk's slots written into each layer's cache; the rest of the cache is read only.
-    write = lambda cache_BxKxSxH, new_BxTxKxH: jax.lax.dynamic_update_slice(
-        cache_BxKxSxH, jnp.swapaxes(new_BxTxKxH, 1, 2).astype(cache_BxKxSxH.dtype),
-        (0, 0, cache_index, 0))
-    new_k, new_v = [], []
+    new_layer_caches = []
     for layer, block in enumerate(self.blocks):
       layer_cache = None if cache is None else (cache.k[layer], cache.v[layer])
-      carry, new_keys = block(carry, layer_cache, rope_tables, kv_valid_BxS, cache_index)
-      if cache is not None:
-        new_k.append(write(cache.k[layer], new_keys[0]))
-        new_v.append(write(cache.v[layer], new_keys[1]))
+      carry, layer_cache = block(carry, layer_cache, rope_tables, kv_valid_BxS, cache_index)
+      new_layer_caches.append(layer_cache)
     x_BxTxD, aux_loss = carry
-    new_cache = None if cache is None else KVCache(tuple(new_k), tuple(new_v))
+    new_cache = None if cache is None else KVCache(*map(tuple, zip(*new_layer_caches)))
     return self.final_norm(x_BxTxD), new_cache, aux_loss
 
   def logits(self, h_BxTxD):

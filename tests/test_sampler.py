@@ -3,7 +3,9 @@ stop tokens and early exit, top-k / top-p filters vs numpy, sampling frequencies
 
 Compiles dominate the run time on CPU, so a few samplers are built once per module and shared."""
 
+import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -270,6 +272,22 @@ def test_compiles_once_per_shape(samplers):
   assert TRACES[cfg] == traces
   if hasattr(sampler, '_cache_size'):
     assert sampler._cache_size() == 1
+
+
+def test_decoding_writes_the_kv_cache_in_place():
+  """No copy of any layer's KV cache in the compiled sampler: each step writes its slot in place.
+  With the cache read before the write, XLA copied every layer's keys and values twice per
+  decoding step, the whole cache each time (docs/performance.md)."""
+  cfg = dataclasses.replace(CFG, num_layers=2)
+  prompt, valid = prompts(1)
+  sampler = jax.jit(sampler_lib.make_sampler(model_lib.Transformer(cfg),
+                                             sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD)))
+  hlo = sampler.lower(random_params_lib.for_model(cfg, 0), prompt, valid,
+                      jax.random.PRNGKey(0)).compile().as_text()
+  cache = re.escape(f'f32[{len(LENGTHS)},{cfg.num_kv_heads},{PROMPT_LEN + MAX_NEW},{cfg.head_dim}]')
+  updates = re.findall(rf'= {cache}\S* fusion\(.*dynamic.update.slice', hlo)
+  assert len(updates) >= 2 * cfg.num_layers   # the cache's shape is the one searched for
+  assert not re.findall(rf'= {cache}\S* copy\(', hlo)
 
 
 # ------------------------------------------------------------------ filters
