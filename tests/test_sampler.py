@@ -345,6 +345,23 @@ def chi2_quantile(dof, z=3.29):
   return dof * (1.0 - 2.0 / (9 * dof) + z * np.sqrt(2.0 / (9 * dof))) ** 3
 
 
+def test_categorical_frequencies_match_softmax():
+  """`sampler.categorical` (inverse CDF) against the numpy softmax by a chi-square test, with
+  tokens of probability 0 (the last one among them) never drawn."""
+  logits_V = np.random.default_rng(0).normal(size=V).astype(np.float32) * 2
+  impossible = [3, 7, V - 1]
+  logits_V[impossible] = -np.inf
+  draws = 20000
+  tokens = np.asarray(jax.jit(sampler_lib.categorical)(
+      jax.random.PRNGKey(0), jnp.broadcast_to(jnp.asarray(logits_V), (draws, V))))
+  counts = np.bincount(tokens, minlength=V)
+  assert counts.sum() == draws and counts[impossible].sum() == 0
+  possible = np.isfinite(logits_V)
+  expected = np.exp(np_log_softmax(logits_V[possible])) * draws
+  chi2 = np.sum((counts[possible] - expected) ** 2 / expected)
+  assert chi2 < chi2_quantile(possible.sum() - 1), (chi2, counts, expected)
+
+
 @pytest.mark.parametrize('name,temperature', [('t1', 1.0), ('t07', 0.7)])
 def test_first_token_frequencies_match_softmax(samplers, name, temperature):
   sampler = samplers[name][0]
