@@ -21,29 +21,36 @@ def parse_shape(text):
   return rows, vocab
 
 
+def run(rows, vocab, rounds):
+  """{name: median ms per draw} of both draws on [rows, vocab] logits, after checking them equal."""
+  draws = {'jax.random.categorical': jax.jit(lambda key, x: jax.random.categorical(key, x)),
+           'rljax sampler.categorical': jax.jit(sampler.categorical)}
+  key = jax.random.PRNGKey(0)
+  logits_BxV = jax.random.normal(jax.random.PRNGKey(1), (rows, vocab)) * 3
+  (reference_name, reference), *others = [(name, np.asarray(draw(key, logits_BxV)))
+                                          for name, draw in draws.items()]
+  for name, tokens in others:
+    assert np.array_equal(tokens, reference), f'{name} draws other tokens than {reference_name}'
+  calls = max(1, min(3000 // rows, 2_000_000 // (rows * vocab)))
+  ms = {name: [] for name in draws}
+  for _ in range(rounds):
+    for name, draw in draws.items():
+      seconds = common.timings(lambda draw=draw: [draw(key, logits_BxV) for _ in range(calls)][-1],
+                               repeats=1)[0]
+      ms[name].append(seconds / calls * 1e3)
+  return {name: float(np.median(values)) for name, values in ms.items()}
+
+
 def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--shapes', default='64x1024,8x151936', help='comma-separated ROWSxVOCAB')
   parser.add_argument('--rounds', type=common.positive_int, default=5)
   args = parser.parse_args(argv)
-  draws = {'jax.random.categorical': jax.jit(lambda key, x: jax.random.categorical(key, x)),
-           'rljax sampler.categorical': jax.jit(sampler.categorical)}
   print(common.machine())
   for rows, vocab in map(parse_shape, args.shapes.split(',')):
-    key = jax.random.PRNGKey(0)
-    logits_BxV = jax.random.normal(jax.random.PRNGKey(1), (rows, vocab)) * 3
-    reference, *others = [np.asarray(draw(key, logits_BxV)) for draw in draws.values()]
-    for other in others:
-      np.testing.assert_array_equal(other, reference)
-    calls = 3000 // rows if vocab < 10000 else 20
-    ms = {name: [] for name in draws}
-    for _ in range(args.rounds):
-      for name, draw in draws.items():
-        times = common.timings(lambda: [draw(key, logits_BxV) for _ in range(calls)][-1], repeats=1)
-        ms[name].append(times[0] / calls * 1e3)
-    medians = {name: float(np.median(values)) for name, values in ms.items()}
-    cells = ', '.join(f'{name} {value:.3f} ms' for name, value in medians.items())
-    ratio = medians['jax.random.categorical'] / medians['rljax sampler.categorical']
+    ms = run(rows, vocab, args.rounds)
+    cells = ', '.join(f'{name} {value:.3f} ms' for name, value in ms.items())
+    ratio = ms['jax.random.categorical'] / ms['rljax sampler.categorical']
     print(f'{rows} x {vocab}: {cells}; rljax {ratio:.2f}x faster')
 
 

@@ -124,3 +124,16 @@ def test_moe_bench_refuses_to_time_a_wrong_implementation(monkeypatch):
   monkeypatch.setitem(moe.EXPERT_IMPLS, 'dense', off_by_one_percent)
   with pytest.raises(AssertionError, match='dense differs from ragged'):
     moe_bench.run(tokens=40, d=8, f=8, experts=4, k=2, impls=['ragged', 'dense'], rounds=1)
+
+
+def test_sampling_bench_checks_and_times_both_draws():
+  from bench import sampling   # pylint: disable=import-outside-toplevel
+  ms = sampling.run(rows=4, vocab=32, rounds=2)
+  assert len(ms) == 2 and all(t > 0 for t in ms.values())
+
+
+def test_sampling_bench_refuses_to_time_a_wrong_draw(monkeypatch):
+  from bench import sampling   # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(sampler_lib, 'categorical', lambda key, x: sampler_lib.first_argmax(x))
+  with pytest.raises(AssertionError, match='draws other tokens'):
+    sampling.run(rows=4, vocab=32, rounds=1)
