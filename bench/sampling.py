@@ -16,9 +16,12 @@ from bench import common
 from rljax import sampler
 
 
-def parse_shape(text):
-  rows, vocab = (common.positive_int(n) for n in text.split('x'))
-  return rows, vocab
+def shapes(text):
+  """argparse type: comma-separated ROWSxVOCAB pairs of positive integers."""
+  pairs = [item.split('x') for item in text.split(',')]
+  if any(len(pair) != 2 for pair in pairs):
+    raise argparse.ArgumentTypeError(f'expected ROWSxVOCAB[,ROWSxVOCAB...], got {text!r}')
+  return [tuple(common.positive_int(n) for n in pair) for pair in pairs]
 
 
 def run(rows, vocab, rounds):
@@ -43,11 +46,12 @@ def run(rows, vocab, rounds):
 
 def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--shapes', default='64x1024,8x151936', help='comma-separated ROWSxVOCAB')
+  parser.add_argument('--shapes', type=shapes, default='64x1024,8x151936',
+                      help='comma-separated ROWSxVOCAB')
   parser.add_argument('--rounds', type=common.positive_int, default=5)
   args = parser.parse_args(argv)
   print(common.machine())
-  for rows, vocab in map(parse_shape, args.shapes.split(',')):
+  for rows, vocab in args.shapes:
     ms = run(rows, vocab, args.rounds)
     cells = ', '.join(f'{name} {value:.3f} ms' for name, value in ms.items())
     ratio = ms['jax.random.categorical'] / ms['rljax sampler.categorical']

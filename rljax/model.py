@@ -80,7 +80,8 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, rope_tables, kv_valid_BxS, cache_k, cache_v, cache_index):
+  def __call__(self, x_BxTxD, rope_tables, kv_valid_BxS, layer_cache, cache_index):
+    """Returns (output, this layer's (keys, values) cache with the chunk written in, or None)."""
     cfg = self.cfg
     d_model = x_BxTxD.shape[-1]
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -97,14 +98,14 @@ class Attention(nn.Module):
     k_BxTxKxH = layers.rope(k_BxTxKxH, rope_tables)
 
     length = x_BxTxD.shape[1]
-    if cache_k is not None:
+    if layer_cache is not None:
       # Into the cache first, and attention reads the updated cache: with the old cache read
       # too, XLA copied every layer's keys and values twice per decoding step.
       write = lambda cache_BxKxSxH, new_BxTxKxH: jax.lax.dynamic_update_slice(
           cache_BxKxSxH, jnp.swapaxes(new_BxTxKxH, 1, 2).astype(cache_BxKxSxH.dtype),
           (0, 0, cache_index, 0))
-      cache_k, cache_v = write(cache_k, k_BxTxKxH), write(cache_v, v_BxTxKxH)
-    if cache_k is None or (isinstance(cache_index, int) and cache_index == 0):
+      layer_cache = write(layer_cache[0], k_BxTxKxH), write(layer_cache[1], v_BxTxKxH)
+    if layer_cache is None or (isinstance(cache_index, int) and cache_index == 0):
       # This chunk's own keys (training, prefill): causal, real tokens only. A prefill starting at
       # slot 0 does not score the rest of the cache: wasted work that XLA also spends seconds
       # constant-folding.
@@ -114,10 +115,10 @@ class Attention(nn.Module):
       keys, values, layout = k_BxTxKxH, v_BxTxKxH, 'bskh'
     else:
       # Decoding: the whole cache, this chunk's slots included, up to each query's own slot.
-      slots_S = jnp.arange(cache_k.shape[2])
+      (keys, values), layout = layer_cache, 'bksh'
+      slots_S = jnp.arange(keys.shape[2])
       causal_TxS = slots_S[None, :] <= cache_index + jnp.arange(length)[:, None]
       visible_BxTxS = causal_TxS[None] & kv_valid_BxS[:, None, :]
-      keys, values, layout = cache_k, cache_v, 'bksh'
     q_BxTxKxGxH = q_BxTxNxH.reshape(*q_BxTxNxH.shape[:2], kv_heads, heads // kv_heads, head_dim)
     scores_BxKxGxTxS = jnp.einsum(f'btkgh,{layout}->bkgts', q_BxTxKxGxH, keys,
                                   preferred_element_type=jnp.float32) * head_dim ** -0.5
@@ -131,8 +132,7 @@ class Attention(nn.Module):
     out_BxKxGxTxH = jnp.einsum(f'bkgts,{layout}->bkgth', weights_BxKxGxTxS, values)
     out_BxTxNxH = jnp.transpose(out_BxKxGxTxH, (0, 3, 1, 2, 4)).reshape(q_BxTxNxH.shape)
     out_BxTxD = jnp.einsum('btnh,nhd->btd', out_BxTxNxH, w_o.astype(cfg.dtype))
-    new_cache = None if cache_k is None else (cache_k, cache_v)
-    return out_BxTxD, new_cache
+    return out_BxTxD, layer_cache
 
 
 class Block(nn.Module):
@@ -143,10 +143,9 @@ class Block(nn.Module):
   def __call__(self, carry, layer_cache, rope_tables, kv_valid_BxS, cache_index):
     cfg = self.cfg
     x_BxTxD, aux_loss = carry
-    cache_k, cache_v = layer_cache if layer_cache is not None else (None, None)
     h_BxTxD = layers.RMSNorm(cfg, name='attn_norm')(x_BxTxD)
     attn_BxTxD, layer_cache = Attention(cfg, name='attn')(
-        h_BxTxD, rope_tables, kv_valid_BxS, cache_k, cache_v, cache_index)
+        h_BxTxD, rope_tables, kv_valid_BxS, layer_cache, cache_index)
     x_BxTxD = x_BxTxD + attn_BxTxD
     h_BxTxD = layers.RMSNorm(cfg, name='ffn_norm')(x_BxTxD)
     if cfg.num_experts:

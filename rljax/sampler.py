@@ -49,11 +49,12 @@ def filter_logits(logits_BxV, top_k, top_p):
 
 
 def first_argmax(x_BxV):
-  """`jnp.argmax` over the last axis (the first index of the maximum) as a max and a min: XLA:CPU
-  runs argmax as a variadic reduce, and fused with what feeds it, slowly (docs/performance.md)."""
-  top_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)
-  vocab = x_BxV.shape[-1]
-  return jnp.min(jnp.where(x_BxV == top_Bx1, jnp.arange(vocab), vocab), axis=-1)
+  """`jnp.argmax` over the last axis (the first index of the maximum, or of the first NaN) as a max
+  and a min: XLA:CPU runs argmax as a variadic reduce, and fused with what feeds it, slowly
+  (docs/performance.md)."""
+  top_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)   # NaN where the row has one
+  is_top_BxV = (x_BxV == top_Bx1) | jnp.isnan(x_BxV)
+  return jnp.min(jnp.where(is_top_BxV, jnp.arange(x_BxV.shape[-1]), x_BxV.shape[-1]), axis=-1)
 
 
 def categorical(key, logits_BxV):

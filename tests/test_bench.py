@@ -137,3 +137,11 @@ def test_sampling_bench_refuses_to_time_a_wrong_draw(monkeypatch):
   monkeypatch.setattr(sampler_lib, 'categorical', lambda key, x: sampler_lib.first_argmax(x))
   with pytest.raises(AssertionError, match='draws other tokens'):
     sampling.run(rows=4, vocab=32, rounds=1)
+
+
+@pytest.mark.parametrize('text', ['64x', '64x2x3', '0x8', 'ax8'])
+def test_sampling_bench_rejects_bad_shapes(text, capsys):
+  from bench import sampling   # pylint: disable=import-outside-toplevel
+  with pytest.raises(SystemExit) as exit_info:
+    sampling.main([f'--shapes={text}'])
+  assert exit_info.value.code == 2 and '--shapes' in capsys.readouterr().err

@@ -347,7 +347,7 @@ def chi2_quantile(dof, z=3.29):
 
 def test_categorical_draws_what_jax_random_categorical_draws():
   """The same token for the same key as `jax.random.categorical`, with filtered (-inf) logits and
-  ties (which `first_argmax` breaks like numpy's argmax, by the first index)."""
+  ties and NaNs (which `first_argmax` resolves like numpy's argmax, by the first index)."""
   logits_BxV = np.random.default_rng(0).normal(size=(64, V)).astype(np.float32) * 3
   logits_BxV[:, [3, 7, V - 1]] = -np.inf
   for seed in range(10):
@@ -355,6 +355,7 @@ def test_categorical_draws_what_jax_random_categorical_draws():
     np.testing.assert_array_equal(sampler_lib.categorical(key, jnp.asarray(logits_BxV)),
                                   jax.random.categorical(key, jnp.asarray(logits_BxV), axis=-1))
   ties_BxV = np.random.default_rng(1).integers(0, 3, size=(64, V)).astype(np.float32)
+  ties_BxV[:4, [5, 9]] = np.nan   # a NaN wins, the first one, as in argmax
   np.testing.assert_array_equal(sampler_lib.first_argmax(jnp.asarray(ties_BxV)),
                                 np.argmax(ties_BxV, axis=-1))
 
