@@ -32,10 +32,11 @@ def make_case(tokens, d, f, experts, k, seed=0):
 
 def value_and_grads(impl, weights_TxK, experts_TxK, forward_only=False):
   """Jitted loss and gradients w.r.t. the tokens and the three expert matrices (or the output)."""
-  def loss(x_TxD, *expert_weights):
-    return jnp.sum(jnp.sin(impl(x_TxD, weights_TxK, experts_TxK, *expert_weights)))
+  def forward(x_TxD, w_gate, w_up, w_down):
+    return impl(x_TxD, weights_TxK, experts_TxK, moe.gate_up(w_gate, w_up, x_TxD.dtype), w_down)
   if forward_only:
-    return jax.jit(lambda *args: impl(args[0], weights_TxK, experts_TxK, *args[1:]))
+    return jax.jit(forward)
+  loss = lambda *args: jnp.sum(jnp.sin(forward(*args)))
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
 
 

@@ -65,35 +65,47 @@ def unsort_and_combine(y_NxD, order_N, weights_TxK):
   return combine(jnp.zeros_like(y_NxD).at[order_N].set(y_NxD), weights_TxK)
 
 
-def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
+def gate_up(w_gate_ExDxF, w_up_ExDxF, dtype):
+  """The gate and up matrices side by side, [E, D, 2F], in the compute dtype: one product where
+  there were two (9% of a `peer` decoding step at batch 64, 5% of its update; docs/performance.md).
+  Joined where used, the parameters keep Qwen3's layout: in the sampler XLA hoists the join out of
+  the decoding loop, and with bfloat16 compute it is the cast's copy."""
+  return jnp.concatenate([w_gate_ExDxF, w_up_ExDxF], axis=-1).astype(dtype)
+
+
+def swiglu(gate_up_Nx2F):
+  """silu(gate) * up, from the product with `gate_up`'s matrices."""
+  gate_NxF, up_NxF = jnp.split(gate_up_Nx2F, 2, axis=-1)
+  return nn.silu(gate_NxF) * up_NxF
+
+
+def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_gate_up_ExDx2F, w_down_ExFxD):
   """Sort token copies by expert, grouped matmuls, unsort, weight and sum over k."""
-  num_experts = w_gate_ExDxF.shape[0]
+  num_experts = w_down_ExFxD.shape[0]
   order_N, x_NxD, _ = sort_by_expert(x_TxD, experts_TxK)
   group_sizes_E = jnp.bincount(experts_TxK.reshape(-1), length=num_experts).astype(jnp.int32)
-  gate_NxF = jax.lax.ragged_dot(x_NxD, w_gate_ExDxF, group_sizes_E)
-  up_NxF = jax.lax.ragged_dot(x_NxD, w_up_ExDxF, group_sizes_E)
-  y_NxD = jax.lax.ragged_dot(nn.silu(gate_NxF) * up_NxF, w_down_ExFxD, group_sizes_E)
+  hidden_NxF = swiglu(jax.lax.ragged_dot(x_NxD, w_gate_up_ExDx2F, group_sizes_E))
+  y_NxD = jax.lax.ragged_dot(hidden_NxF, w_down_ExFxD, group_sizes_E)
   return unsort_and_combine(y_NxD, order_N, weights_TxK)
 
 
-def experts_dense(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
-  """Every expert on every token, non-selected experts weighted 0: three plain matmuls against all
-  experts side by side ([D, E*F] and [E*F, D]), no sorting, no gathers."""
-  num_experts, d_model, hidden = w_gate_ExDxF.shape
+def experts_dense(x_TxD, weights_TxK, experts_TxK, w_gate_up_ExDx2F, w_down_ExFxD):
+  """Every expert on every token, non-selected experts weighted 0: two plain matmuls against all
+  experts side by side ([D, E*2F] and [E*F, D]), no sorting, no gathers."""
+  num_experts, hidden, d_model = w_down_ExFxD.shape
   combine_TxE = jnp.sum(weights_TxK[..., None] * jax.nn.one_hot(experts_TxK, num_experts), axis=1)
-  side_by_side = lambda w_ExDxF: jnp.transpose(w_ExDxF, (1, 0, 2)).reshape(d_model, -1)
-  gate_TxExF = (x_TxD @ side_by_side(w_gate_ExDxF)).reshape(-1, num_experts, hidden)
-  up_TxExF = (x_TxD @ side_by_side(w_up_ExDxF)).reshape(-1, num_experts, hidden)
-  hidden_TxExF = nn.silu(gate_TxExF) * up_TxExF * combine_TxE[..., None].astype(x_TxD.dtype)
+  side_by_side_DxE2F = jnp.transpose(w_gate_up_ExDx2F, (1, 0, 2)).reshape(d_model, -1)
+  hidden_TxExF = swiglu((x_TxD @ side_by_side_DxE2F).reshape(-1, num_experts, 2 * hidden))
+  hidden_TxExF = hidden_TxExF * combine_TxE[..., None].astype(x_TxD.dtype)
   return hidden_TxExF.reshape(x_TxD.shape[0], -1) @ w_down_ExFxD.reshape(-1, d_model)
 
 
-def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
+def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_up_ExDx2F, w_down_ExFxD):
   """Each token's k experts picked out and applied: only the experts in use are read.
 
   The picks are dynamic slices (one per (token, expert) pair, T*k <= E when chosen; on XLA:CPU a
   `jnp.take` of whole expert matrices ran ~10x slower), stacked so that each matrix is applied
-  to all pairs by ONE batched product: 3 products per layer instead of 3 per pair (each product
+  to all pairs by ONE batched product: 2 products per layer instead of 2 per pair (each product
   was a kernel launch of its own in the H200 decode profile, docs/performance.md).
   """
   experts_N = experts_TxK.reshape(-1)
@@ -101,8 +113,7 @@ def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_
       [jax.lax.dynamic_index_in_dim(w_ExAxB, experts_N[n], 0, keepdims=False)
        for n in range(experts_N.shape[0])])
   x_NxD = jnp.repeat(x_TxD, experts_TxK.shape[1], axis=0)
-  hidden_NxF = (nn.silu(jnp.einsum('nd,ndf->nf', x_NxD, pick(w_gate_ExDxF)))
-                * jnp.einsum('nd,ndf->nf', x_NxD, pick(w_up_ExDxF)))
+  hidden_NxF = swiglu(jnp.einsum('nd,ndf->nf', x_NxD, pick(w_gate_up_ExDx2F)))
   return combine(jnp.einsum('nf,nfd->nd', hidden_NxF, pick(w_down_ExFxD)), weights_TxK)
 
 
@@ -120,7 +131,7 @@ def capacities(pairs, tokens, num_experts):
   return buckets
 
 
-def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
+def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_up_ExDx2F, w_down_ExFxD):
   """Token copies laid out by expert as [E, C] slots, then ONE batched matmul per matrix against
   the weights in place (no per-item copies of expert weights, which made the 'blocked' path
   this replaced 1.4-4x slower at decoding).
@@ -131,7 +142,7 @@ def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, 
   branches not taken), which made a 4-branch backward 2.5x slower. Expert indices >= E (the
   expert-parallel path's pairs of other devices, weight 0) take no slot and read a clamped one.
   """
-  num_experts = w_gate_ExDxF.shape[0]
+  num_experts = w_down_ExFxD.shape[0]
   tokens, k = experts_TxK.shape
   experts_N = experts_TxK.reshape(-1)
   order_N = jnp.argsort(experts_N, stable=True)
@@ -141,18 +152,17 @@ def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_ExDxF, w_up_ExDxF, 
   slot_expert_N = jnp.minimum(experts_N, num_experts - 1)   # an off-device pair reads any slot
   rank_N = sorted_position_N - starts_E[slot_expert_N]
 
-  def run(capacity, x_TxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD):
+  def run(capacity, x_TxD, w_gate_up_ExDx2F, w_down_ExFxD):
     sorted_ExC = jnp.minimum(starts_E[:, None] + jnp.arange(capacity), order_N.shape[0] - 1)
     x_ExCxD = x_TxD[order_N[sorted_ExC] // k]   # slots past an expert's count: rows never read
-    hidden_ExCxF = (nn.silu(jnp.einsum('ecd,edf->ecf', x_ExCxD, w_gate_ExDxF))
-                    * jnp.einsum('ecd,edf->ecf', x_ExCxD, w_up_ExDxF))
+    hidden_ExCxF = swiglu(jnp.einsum('ecd,edf->ecf', x_ExCxD, w_gate_up_ExDx2F))
     y_ExCxD = jnp.einsum('ecf,efd->ecd', hidden_ExCxF, w_down_ExFxD)
     return y_ExCxD[slot_expert_N, jnp.clip(rank_N, 0, capacity - 1)]
 
   buckets = capacities(experts_N.shape[0], tokens, num_experts)
   branches = [jax.checkpoint(functools.partial(run, capacity)) for capacity in buckets]
   index = jnp.searchsorted(jnp.array(buckets), jnp.max(counts_E))
-  y_NxD = jax.lax.switch(index, branches, x_TxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD)
+  y_NxD = jax.lax.switch(index, branches, x_TxD, w_gate_up_ExDx2F, w_down_ExFxD)
   return combine(y_NxD, weights_TxK)
 
 # The config's choices; 'gather' is chosen by size (expert_impl).
@@ -196,7 +206,7 @@ def moe_local(cfg, x_TxD, router_DxE, w_gate, w_up, w_down):
   router_logits_TxE = jnp.dot(x_TxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
   weights_TxK, experts_TxK, load_stats = route(router_logits_TxE, cfg.experts_per_token)
   y_TxD = expert_impl(cfg, x_TxD.shape[0])(x_TxD.astype(cfg.dtype), weights_TxK, experts_TxK,
-                                            w_gate.astype(cfg.dtype), w_up.astype(cfg.dtype),
+                                            gate_up(w_gate, w_up, cfg.dtype),
                                             w_down.astype(cfg.dtype))
   return y_TxD, load_stats
 
@@ -222,7 +232,7 @@ def moe_expert_parallel(cfg, mesh, x_TxD, router_DxE, w_gate, w_up, w_down):
     local_NxK = jnp.where(is_local_NxK, local_NxK, num_local)   # off-device: a group of none
     weights_NxK = jnp.where(is_local_NxK, weights_NxK, 0.0)
     y_NxD = EXPERT_IMPLS[cfg.moe_impl](x_NxD.astype(cfg.dtype), weights_NxK, local_NxK,
-                                       w_gate.astype(cfg.dtype), w_up.astype(cfg.dtype),
+                                       gate_up(w_gate, w_up, cfg.dtype),   # this device's columns
                                        w_down.astype(cfg.dtype))
     y_NxD = jax.lax.psum(y_NxD, 'tensor')
     y_TxD = jax.lax.psum_scatter(y_NxD, 'expert', scatter_dimension=0, tiled=True)

@@ -1,7 +1,6 @@
 """rljax.moe against plain numpy: the router (top-k renormalised softmax, load-balancing loss) and
 the MoE layer for every expert implementation vs a naive per-token loop over selected experts."""
 
-import functools
 
 import flax.linen as nn
 import jax
@@ -255,14 +254,14 @@ def test_bucketed_picks_a_capacity_that_holds_every_token(load):
   params = random_moe_params(rng, skew=False)
   expert_weights = [jnp.asarray(params[n]) for n in ('w_gate', 'w_up', 'w_down')]
   routing = (jnp.asarray(weights_TxK), jnp.asarray(experts_TxK))
-  out = jax.jit(moe.experts_bucketed)(jnp.asarray(x_TxD), *routing, *expert_weights)
+  bucketed = lambda x, w_gate, w_up, w_down: moe.experts_bucketed(
+      x, *routing, moe.gate_up(w_gate, w_up, jnp.float32), w_down)
+  out = jax.jit(bucketed)(jnp.asarray(x_TxD), *expert_weights)
   np.testing.assert_array_less(
       np.abs(np.asarray(out) - np_experts(x_TxD, weights_TxK, experts_TxK, params)).max(), 1e-5)
 
-  def loss(impl, x, *ws):
-    return jnp.sum(jnp.tanh(impl(x, *routing, *ws)))
-  grads = jax.jit(jax.grad(functools.partial(loss, moe.experts_bucketed), argnums=(0, 1, 2, 3)))(
-      jnp.asarray(x_TxD), *expert_weights)
+  loss = lambda *args: jnp.sum(jnp.tanh(bucketed(*args)))
+  grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(jnp.asarray(x_TxD), *expert_weights)
   eps = 1e-3
   for probe in range(3):   # directional derivatives of the numpy loop along random directions
     directions = [rng.normal(size=g.shape) for g in grads]
