@@ -290,6 +290,36 @@ def test_decoding_writes_the_kv_cache_in_place():
   assert not re.findall(rf'= {cache}\S* copy\(', hlo)
 
 
+def computations_run_by(hlo, name):
+  """The HLO computation `name` and every computation it calls (fusions, branches, loops)."""
+  bodies = dict(re.findall(r'^(?:ENTRY )?%(\S+) .*?\{\n(.*?)\n\}', hlo, re.M | re.S))
+  seen, todo = set(), [name]
+  while todo:
+    current = todo.pop()
+    if current not in seen:
+      seen.add(current)
+      todo += [n for n in re.findall(r'%([\w.\-]+)', bodies[current]) if n in bodies]
+  return {n: bodies[n] for n in seen}
+
+
+def test_decoding_joins_gate_and_up_once_per_call():
+  """The experts' gate and up matrices are joined where the MoE layer uses them (rljax.moe.gate_up);
+  in the sampler XLA must hoist that join out of the decoding loop, or every step copies them."""
+  cfg = dataclasses.replace(CFG, moe_impl='bucketed')
+  prompt, valid = prompts(1)
+  sampler = jax.jit(sampler_lib.make_sampler(model_lib.Transformer(cfg),
+                                             sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD)))
+  hlo = sampler.lower(random_params_lib.for_model(cfg, 0), prompt, valid,
+                      jax.random.PRNGKey(0)).compile().as_text()
+  joined = re.escape(f'f32[{cfg.num_experts},{cfg.d_model},{2 * cfg.expert_hidden}]')
+  made = rf'= {joined}\S* (fusion|concatenate|copy)\('
+  assert re.search(made, hlo)   # the shape searched for
+  cache = re.escape(f'f32[{len(LENGTHS)},{cfg.num_kv_heads},{PROMPT_LEN + MAX_NEW},{cfg.head_dim}]')
+  [decoding_loop] = re.findall(rf'= \(.*{cache}.* while\(.*?body=%([\w.\-]+)', hlo)
+  in_loop = computations_run_by(hlo, decoding_loop)
+  assert len(in_loop) > 5 and any('dot(' in text for text in in_loop.values())
+  assert not [name for name, text in in_loop.items() if re.search(made, text)]
+
 # ------------------------------------------------------------------ filters
 
 
