@@ -303,22 +303,28 @@ def computations_run_by(hlo, name):
 
 
 def test_decoding_joins_gate_and_up_once_per_call():
-  """The experts' gate and up matrices are joined where the MoE layer uses them (rljax.moe.gate_up);
-  in the sampler XLA must hoist that join out of the decoding loop, or every step copies them."""
-  cfg = dataclasses.replace(CFG, moe_impl='bucketed')
+  """The experts' gate and up matrices are joined where the MoE layer uses them (rljax.moe.gate_up):
+  in the sampler XLA must hoist that join out of the decoding loop, or every step copies them, and
+  fuse it with the per-layer slice of the stacked weights, or every call copies them twice (which
+  XLA:CPU did for a concatenate of matrices this size, not for small ones)."""
+  cfg = dataclasses.replace(CFG, moe_impl='bucketed', num_layers=2, d_model=640, num_experts=12,
+                            expert_hidden=576)   # shapes of no other array
   prompt, valid = prompts(1)
   sampler = jax.jit(sampler_lib.make_sampler(model_lib.Transformer(cfg),
                                              sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD)))
-  hlo = sampler.lower(random_params_lib.for_model(cfg, 0), prompt, valid,
-                      jax.random.PRNGKey(0)).compile().as_text()
+  params = jax.eval_shape(lambda: random_params_lib.for_model(cfg, 0))   # shapes only
+  hlo = sampler.lower(params, prompt, valid, jax.random.PRNGKey(0)).compile().as_text()
   joined = re.escape(f'f32[{cfg.num_experts},{cfg.d_model},{2 * cfg.expert_hidden}]')
   made = rf'= {joined}\S* (fusion|concatenate|copy)\('
-  assert re.search(made, hlo)   # the shape searched for
+  assert len(re.findall(rf'= {joined}\S* \w+\(%params\S*_w_(up|gate)_', hlo)) == cfg.num_layers
   cache = re.escape(f'f32[{len(LENGTHS)},{cfg.num_kv_heads},{PROMPT_LEN + MAX_NEW},{cfg.head_dim}]')
   [decoding_loop] = re.findall(rf'= \(.*{cache}.* while\(.*?body=%([\w.\-]+)', hlo)
   in_loop = computations_run_by(hlo, decoding_loop)
   assert len(in_loop) > 5 and any('dot(' in text for text in in_loop.values())
   assert not [name for name, text in in_loop.items() if re.search(made, text)]
+  one_matrix = re.escape(f'f32[{cfg.num_experts},{cfg.d_model},{cfg.expert_hidden}]')
+  assert not re.findall(rf'= {one_matrix}\S* \w+\(%params\S*_w_(gate|up)_', hlo)
+
 
 # ------------------------------------------------------------------ filters
 
