@@ -145,3 +145,27 @@ def test_sampling_bench_rejects_bad_shapes(text, capsys):
   with pytest.raises(SystemExit) as exit_info:
     sampling.main([f'--shapes={text}'])
   assert exit_info.value.code == 2 and '--shapes' in capsys.readouterr().err
+
+
+def test_ab_imports_a_revision_apart_and_times_both_alternately(tmp_path):
+  """bench/ab.py: the revision's modules come from its exported files, this tree's stay loaded,
+  and one round of each part times both."""
+  from bench import ab   # pylint: disable=import-outside-toplevel
+  ab.export_revision('HEAD', str(tmp_path))
+  rev, this = ab.import_tree(str(tmp_path)), ab.import_tree(ab.ROOT)
+  assert rev['sampler'].__file__.startswith(str(tmp_path))
+  assert this['sampler'].__file__.startswith(ab.ROOT) and rev['sampler'] is not this['sampler']
+  assert sampler_lib is __import__('sys').modules['rljax.sampler']   # the test's own, untouched
+  for part in ('sampler', 'update'):
+    result = ab.main([f'--part={part}', '--rev=HEAD', '--preset=tiny', '--batch=8', '--length=4',
+                      '--rounds=2'])
+    assert result['this_ms'] > 0 and result['rev_ms'] > 0 and result['ratio'] > 0
+
+
+@pytest.mark.parametrize('args', [['--rev=no-such-revision'], ['--rev=HEAD', '--preset=huge'],
+                                  ['--rev=HEAD', '--batch=0']])
+def test_ab_rejects_bad_arguments(args, capsys):
+  from bench import ab   # pylint: disable=import-outside-toplevel
+  with pytest.raises(SystemExit) as exit_info:
+    ab.main(args)
+  assert exit_info.value.code == 2 and 'error' in capsys.readouterr().err
