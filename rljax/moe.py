@@ -67,7 +67,7 @@ def unsort_and_combine(y_NxD, order_N, weights_TxK):
 
 def gate_up(w_gate_ExDxF, w_up_ExDxF, dtype):
   """The gate and up matrices side by side, [E, D, 2F], in the compute dtype: one product where
-  there were two (`peer` decoding at batch 64 -13%, its update -3.5%; docs/performance.md).
+  there were two (`peer` decoding at batch 64 8-13% faster; docs/performance.md).
 
   Joined where used, so the parameters keep Qwen3's layout; in the sampler XLA hoists the join out
   of the decoding loop. Joined by two zero pads and an add, not a concatenate: XLA:CPU fuses pads

@@ -1,7 +1,6 @@
 """rljax.moe against plain numpy: the router (top-k renormalised softmax, load-balancing loss) and
 the MoE layer for every expert implementation vs a naive per-token loop over selected experts."""
 
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
