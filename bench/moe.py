@@ -32,8 +32,9 @@ def make_case(tokens, d, f, experts, k, seed=0):
 
 def value_and_grads(impl, weights_TxK, experts_TxK, forward_only=False):
   """Jitted loss and gradients w.r.t. the tokens and the three expert matrices (or the output)."""
-  def forward(x_TxD, w_gate, w_up, w_down):
-    return impl(x_TxD, weights_TxK, experts_TxK, moe.gate_up(w_gate, w_up, x_TxD.dtype), w_down)
+  def forward(x_TxD, w_gate, w_up, w_down):   # gate and up as the model has them: joined to decode
+    w_in = (moe.gate_up(w_gate, w_up),) if forward_only else (w_gate, w_up)
+    return impl(x_TxD, weights_TxK, experts_TxK, w_in, w_down)
   if forward_only:
     return jax.jit(forward)
   loss = lambda *args: jnp.sum(jnp.sin(forward(*args)))

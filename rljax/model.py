@@ -136,8 +136,10 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-  """One pre-norm layer; scanned over depth, carrying the residual stream and the MoE aux loss."""
+  """One pre-norm layer; scanned over depth, carrying the residual stream and the MoE aux loss.
+  `decoding`: the unrolled model's layer (rljax.moe.MoE)."""
   cfg: ModelConfig
+  decoding: bool = False
 
   @nn.compact
   def __call__(self, carry, layer_cache, rope_tables, kv_valid_BxS, cache_index):
@@ -149,7 +151,7 @@ class Block(nn.Module):
     x_BxTxD = x_BxTxD + attn_BxTxD
     h_BxTxD = layers.RMSNorm(cfg, name='ffn_norm')(x_BxTxD)
     if cfg.num_experts:
-      ffn_BxTxD, layer_aux = moe.MoE(cfg, name='moe')(h_BxTxD)
+      ffn_BxTxD, layer_aux = moe.MoE(cfg, self.decoding, name='moe')(h_BxTxD)
       aux_loss = aux_loss + layer_aux / cfg.num_layers
     else:
       ffn_BxTxD = layers.SwiGLU(cfg, name='ffn')(h_BxTxD)
@@ -168,7 +170,8 @@ class Transformer(nn.Module):
 
   `unrolled`: one module per layer (parameters 'blocks_0', 'blocks_1', ...: `unstack_layers`), the
   decoding form: inside a scan each step copies every layer's weights and cache out of the stacked
-  arrays before a matmul reads them. Only the unrolled model takes a KV cache.
+  arrays before a matmul reads them. Only the unrolled model takes a KV cache; its MoE layers
+  multiply by gate and up joined (rljax.moe.gate_up).
   """
   cfg: ModelConfig
   unrolled: bool = False
@@ -179,7 +182,7 @@ class Transformer(nn.Module):
         cfg.vocab_size, cfg.d_model, param_dtype=cfg.param_dtype, dtype=cfg.dtype,
         embedding_init=nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ('vocab', 'embed')))
     if self.unrolled:
-      self.blocks = [Block(cfg) for _ in range(cfg.num_layers)]
+      self.blocks = [Block(cfg, decoding=True) for _ in range(cfg.num_layers)]
     else:
       block = Block
       if cfg.remat != 'none':

@@ -65,55 +65,57 @@ def unsort_and_combine(y_NxD, order_N, weights_TxK):
   return combine(jnp.zeros_like(y_NxD).at[order_N].set(y_NxD), weights_TxK)
 
 
-def gate_up(w_gate_ExDxF, w_up_ExDxF, dtype):
-  """The gate and up matrices side by side, [E, D, 2F], in the compute dtype: one product where
-  there were two (`peer` decoding at batch 64 8-13% faster; docs/performance.md).
+def gate_up(w_gate_ExDxF, w_up_ExDxF):
+  """The gate and up matrices side by side, [E, D, 2F]: one product where there were two, for
+  decoding (`peer` batch 64 8-13% faster; docs/performance.md), where XLA hoists the join out of
+  the loop. Training keeps two products: there it would be one more copy of both per step for no
+  measurable gain, and it would round the input gradient differently (one sum over 2F).
 
-  Joined where used, so the parameters keep Qwen3's layout; in the sampler XLA hoists the join out
-  of the decoding loop. Joined by two zero pads and an add, not a concatenate: XLA:CPU fuses pads
-  with the per-layer slice that feeds them (the sampler's `unstack_layers`) into ONE copy, where
-  it ran slice and concatenate as two (1.2x a `cpu` batch-1 sampler call of 16 tokens).
+  Joined by two zero pads and an add, not a concatenate: XLA:CPU fuses pads with the per-layer
+  slice that feeds them (the sampler's `unstack_layers`) into ONE copy, where it ran slice and
+  concatenate as two (1.2x a `cpu` batch-1 sampler call of 16 tokens).
   """
   hidden = w_gate_ExDxF.shape[-1]
-  zero = jnp.zeros((), dtype)
-  pad = lambda w_ExDxF, before, after: jax.lax.pad(w_ExDxF.astype(dtype), zero,
+  zero = jnp.zeros((), w_gate_ExDxF.dtype)
+  pad = lambda w_ExDxF, before, after: jax.lax.pad(w_ExDxF, zero,
                                                    ((0, 0, 0), (0, 0, 0), (before, after, 0)))
   return pad(w_gate_ExDxF, 0, hidden) + pad(w_up_ExDxF, hidden, 0)
 
 
-def swiglu(gate_up_Nx2F):
-  """silu(gate) * up, from the product with `gate_up`'s matrices."""
-  gate_NxF, up_NxF = jnp.split(gate_up_Nx2F, 2, axis=-1)
-  return nn.silu(gate_NxF) * up_NxF
+def swiglu(*products):
+  """silu(gate) * up, from the products with `w_in`: (gate, up), or one [..., 2F] of both."""
+  gate, up = products if len(products) == 2 else jnp.split(products[0], 2, axis=-1)
+  return nn.silu(gate) * up
 
 
-def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_gate_up_ExDx2F, w_down_ExFxD):
+def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   """Sort token copies by expert, grouped matmuls, unsort, weight and sum over k."""
   num_experts = w_down_ExFxD.shape[0]
   order_N, x_NxD, _ = sort_by_expert(x_TxD, experts_TxK)
   group_sizes_E = jnp.bincount(experts_TxK.reshape(-1), length=num_experts).astype(jnp.int32)
-  hidden_NxF = swiglu(jax.lax.ragged_dot(x_NxD, w_gate_up_ExDx2F, group_sizes_E))
+  hidden_NxF = swiglu(*[jax.lax.ragged_dot(x_NxD, w, group_sizes_E) for w in w_in])
   y_NxD = jax.lax.ragged_dot(hidden_NxF, w_down_ExFxD, group_sizes_E)
   return unsort_and_combine(y_NxD, order_N, weights_TxK)
 
 
-def experts_dense(x_TxD, weights_TxK, experts_TxK, w_gate_up_ExDx2F, w_down_ExFxD):
-  """Every expert on every token, non-selected experts weighted 0: two plain matmuls against all
-  experts side by side ([D, E*2F] and [E*F, D]), no sorting, no gathers."""
+def experts_dense(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
+  """Every expert on every token, non-selected experts weighted 0: plain matmuls against all
+  experts side by side ([D, E*F] or [D, E*2F], and [E*F, D]), no sorting, no gathers."""
   num_experts, hidden, d_model = w_down_ExFxD.shape
   combine_TxE = jnp.sum(weights_TxK[..., None] * jax.nn.one_hot(experts_TxK, num_experts), axis=1)
-  side_by_side_DxE2F = jnp.transpose(w_gate_up_ExDx2F, (1, 0, 2)).reshape(d_model, -1)
-  hidden_TxExF = swiglu((x_TxD @ side_by_side_DxE2F).reshape(-1, num_experts, 2 * hidden))
+  side_by_side = lambda w_ExDxF: jnp.transpose(w_ExDxF, (1, 0, 2)).reshape(d_model, -1)
+  hidden_TxExF = swiglu(*[(x_TxD @ side_by_side(w)).reshape(-1, num_experts, w.shape[-1])
+                          for w in w_in])
   hidden_TxExF = hidden_TxExF * combine_TxE[..., None].astype(x_TxD.dtype)
   return hidden_TxExF.reshape(x_TxD.shape[0], -1) @ w_down_ExFxD.reshape(-1, d_model)
 
 
-def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_up_ExDx2F, w_down_ExFxD):
+def experts_gather(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   """Each token's k experts picked out and applied: only the experts in use are read.
 
   The picks are dynamic slices (one per (token, expert) pair, T*k <= E when chosen; on XLA:CPU a
   `jnp.take` of whole expert matrices ran ~10x slower), stacked so that each matrix is applied
-  to all pairs by ONE batched product: 2 products per layer instead of 2 per pair (each product
+  to all pairs by ONE batched product: 2-3 products per layer, not 2-3 per pair (each product
   was a kernel launch of its own in the H200 decode profile, docs/performance.md).
   """
   experts_N = experts_TxK.reshape(-1)
@@ -121,7 +123,7 @@ def experts_gather(x_TxD, weights_TxK, experts_TxK, w_gate_up_ExDx2F, w_down_ExF
       [jax.lax.dynamic_index_in_dim(w_ExAxB, experts_N[n], 0, keepdims=False)
        for n in range(experts_N.shape[0])])
   x_NxD = jnp.repeat(x_TxD, experts_TxK.shape[1], axis=0)
-  hidden_NxF = swiglu(jnp.einsum('nd,ndf->nf', x_NxD, pick(w_gate_up_ExDx2F)))
+  hidden_NxF = swiglu(*[jnp.einsum('nd,ndf->nf', x_NxD, pick(w)) for w in w_in])
   return combine(jnp.einsum('nf,nfd->nd', hidden_NxF, pick(w_down_ExFxD)), weights_TxK)
 
 
@@ -139,7 +141,7 @@ def capacities(pairs, tokens, num_experts):
   return buckets
 
 
-def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_up_ExDx2F, w_down_ExFxD):
+def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   """Token copies laid out by expert as [E, C] slots, then ONE batched matmul per matrix against
   the weights in place (no per-item copies of expert weights, which made the 'blocked' path
   this replaced 1.4-4x slower at decoding).
@@ -160,17 +162,17 @@ def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_gate_up_ExDx2F, w_down_E
   slot_expert_N = jnp.minimum(experts_N, num_experts - 1)   # an off-device pair reads any slot
   rank_N = sorted_position_N - starts_E[slot_expert_N]
 
-  def run(capacity, x_TxD, w_gate_up_ExDx2F, w_down_ExFxD):
+  def run(capacity, x_TxD, w_in, w_down_ExFxD):
     sorted_ExC = jnp.minimum(starts_E[:, None] + jnp.arange(capacity), order_N.shape[0] - 1)
     x_ExCxD = x_TxD[order_N[sorted_ExC] // k]   # slots past an expert's count: rows never read
-    hidden_ExCxF = swiglu(jnp.einsum('ecd,edf->ecf', x_ExCxD, w_gate_up_ExDx2F))
+    hidden_ExCxF = swiglu(*[jnp.einsum('ecd,edf->ecf', x_ExCxD, w) for w in w_in])
     y_ExCxD = jnp.einsum('ecf,efd->ecd', hidden_ExCxF, w_down_ExFxD)
     return y_ExCxD[slot_expert_N, jnp.clip(rank_N, 0, capacity - 1)]
 
   buckets = capacities(experts_N.shape[0], tokens, num_experts)
   branches = [jax.checkpoint(functools.partial(run, capacity)) for capacity in buckets]
   index = jnp.searchsorted(jnp.array(buckets), jnp.max(counts_E))
-  y_NxD = jax.lax.switch(index, branches, x_TxD, w_gate_up_ExDx2F, w_down_ExFxD)
+  y_NxD = jax.lax.switch(index, branches, x_TxD, w_in, w_down_ExFxD)
   return combine(y_NxD, weights_TxK)
 
 # The config's choices; 'gather' is chosen by size (expert_impl).
@@ -185,8 +187,12 @@ def expert_impl(cfg, num_tokens):
 
 
 class MoE(nn.Module):
-  """Routed SwiGLU experts. Returns the output and the load-balancing loss."""
+  """Routed SwiGLU experts. Returns the output and the load-balancing loss.
+
+  `decoding`: gate and up as one product (`gate_up`), the sampler's form; the same function.
+  """
   cfg: 'rljax.model.ModelConfig'
+  decoding: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD):
@@ -202,24 +208,30 @@ class MoE(nn.Module):
     weights = (router_DxE, w_gate, w_up, w_down)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.shape.get('expert', 1) * mesh.shape.get('tensor', 1) == 1:
-      y_TxD, load_stats = moe_local(cfg, x_TxD, *weights)
+      y_TxD, load_stats = moe_local(cfg, self.decoding, x_TxD, *weights)
     else:
-      y_TxD, load_stats = moe_expert_parallel(cfg, mesh, x_TxD, *weights)
+      y_TxD, load_stats = moe_expert_parallel(cfg, self.decoding, mesh, x_TxD, *weights)
     aux_loss = load_balance_loss(load_stats, cfg.experts_per_token)
     return y_TxD.reshape(batch, length, d_model), aux_loss
 
 
-def moe_local(cfg, x_TxD, router_DxE, w_gate, w_up, w_down):
+def expert_matrices(w_gate, w_up, w_down, dtype, join):
+  """(w_in, w_down) in the compute dtype, w_in the gate and up matrices: joined, or apart."""
+  w_gate, w_up, w_down = (w.astype(dtype) for w in (w_gate, w_up, w_down))
+  return ((gate_up(w_gate, w_up),) if join else (w_gate, w_up)), w_down
+
+
+def moe_local(cfg, decoding, x_TxD, router_DxE, w_gate, w_up, w_down):
   """All experts on this device (or left to the compiler): route, then run the experts."""
   router_logits_TxE = jnp.dot(x_TxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
   weights_TxK, experts_TxK, load_stats = route(router_logits_TxE, cfg.experts_per_token)
-  y_TxD = expert_impl(cfg, x_TxD.shape[0])(x_TxD.astype(cfg.dtype), weights_TxK, experts_TxK,
-                                            gate_up(w_gate, w_up, cfg.dtype),
-                                            w_down.astype(cfg.dtype))
+  y_TxD = expert_impl(cfg, x_TxD.shape[0])(
+      x_TxD.astype(cfg.dtype), weights_TxK, experts_TxK,
+      *expert_matrices(w_gate, w_up, w_down, cfg.dtype, decoding))
   return y_TxD, load_stats
 
 
-def moe_expert_parallel(cfg, mesh, x_TxD, router_DxE, w_gate, w_up, w_down):
+def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_down):
   """Experts split over the 'expert' mesh axis (and their width over 'tensor'), still dropless.
 
   Inside `jax.shard_map` each device all-gathers the tokens of its expert group, routes them,
@@ -239,9 +251,9 @@ def moe_expert_parallel(cfg, mesh, x_TxD, router_DxE, w_gate, w_up, w_down):
     is_local_NxK = (local_NxK >= 0) & (local_NxK < num_local)
     local_NxK = jnp.where(is_local_NxK, local_NxK, num_local)   # off-device: a group of none
     weights_NxK = jnp.where(is_local_NxK, weights_NxK, 0.0)
-    y_NxD = EXPERT_IMPLS[cfg.moe_impl](x_NxD.astype(cfg.dtype), weights_NxK, local_NxK,
-                                       gate_up(w_gate, w_up, cfg.dtype),   # this device's columns
-                                       w_down.astype(cfg.dtype))
+    y_NxD = EXPERT_IMPLS[cfg.moe_impl](   # joined here: this device's columns of gate and up
+        x_NxD.astype(cfg.dtype), weights_NxK, local_NxK,
+        *expert_matrices(w_gate, w_up, w_down, cfg.dtype, decoding))
     y_NxD = jax.lax.psum(y_NxD, 'tensor')
     y_TxD = jax.lax.psum_scatter(y_NxD, 'expert', scatter_dimension=0, tiled=True)
     other_batch_axes = tuple(a for a in batch_axes if a != 'expert')

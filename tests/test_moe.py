@@ -131,12 +131,13 @@ def random_moe_params(rng, skew):
 @pytest.mark.parametrize('impl', ['ragged', 'dense', 'bucketed'])
 @pytest.mark.parametrize('k', [1, 2])
 @pytest.mark.parametrize('skew', [False, True])
-def test_moe_layer_matches_naive_loop(impl, k, skew):
+@pytest.mark.parametrize('decoding', [False, True])   # gate and up apart, or joined
+def test_moe_layer_matches_naive_loop(impl, k, skew, decoding):
   rng = np.random.default_rng(100 * k + skew)
   x = rng.normal(size=(3, 11, D)).astype(np.float32)
   if skew:
     x = np.abs(x)
-  layer = moe.MoE(moe_cfg(impl, k))
+  layer = moe.MoE(moe_cfg(impl, k), decoding)
   init = nn.unbox(jax.eval_shape(layer.init, jax.random.PRNGKey(0), jnp.asarray(x))['params'])
   params = random_moe_params(rng, skew)
   assert set(init) == set(params)
@@ -174,7 +175,8 @@ def test_every_impl_with_empty_experts():
 
 @pytest.mark.parametrize('impl', ['ragged', 'dense', 'bucketed'])
 @pytest.mark.parametrize('num_tokens,k', [(1, 2), (2, 2), (4, 1), (3, 2)])
-def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k):
+@pytest.mark.parametrize('decoding', [False, True])
+def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k, decoding):
   """Few tokens (decoding): 'gather' is chosen when T*k <= E, and every path equals the loop."""
   rng = np.random.default_rng(10 * num_tokens + k)
   x = rng.normal(size=(num_tokens, 1, D)).astype(np.float32)
@@ -185,7 +187,8 @@ def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k):
     assert chosen is moe.experts_gather
   else:
     assert chosen is moe.EXPERT_IMPLS[impl]
-  out, _ = moe.MoE(cfg).apply({'params': jax.tree.map(jnp.asarray, params)}, jnp.asarray(x))
+  out, _ = moe.MoE(cfg, decoding).apply({'params': jax.tree.map(jnp.asarray, params)},
+                                       jnp.asarray(x))
   ref, _ = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
                   params['w_down'], k)
   assert np.abs(ref).max() > 0.1
@@ -227,7 +230,8 @@ def np_experts(x_TxD, weights_TxK, experts_TxK, params):
 
 
 @pytest.mark.parametrize('load', ['balanced', 'one_busy', 'all_on_one', 'off_device'])
-def test_bucketed_picks_a_capacity_that_holds_every_token(load):
+@pytest.mark.parametrize('joined', [False, True])
+def test_bucketed_picks_a_capacity_that_holds_every_token(load, joined):
   """The capacity is chosen at run time from the busiest expert: each load lands in a different
   bucket, and outputs and gradients equal the numpy loop's (gradients: directional derivatives
   of it by central differences). 'off_device': the expert-parallel path's
@@ -254,7 +258,7 @@ def test_bucketed_picks_a_capacity_that_holds_every_token(load):
   expert_weights = [jnp.asarray(params[n]) for n in ('w_gate', 'w_up', 'w_down')]
   routing = (jnp.asarray(weights_TxK), jnp.asarray(experts_TxK))
   bucketed = lambda x, w_gate, w_up, w_down: moe.experts_bucketed(
-      x, *routing, moe.gate_up(w_gate, w_up, jnp.float32), w_down)
+      x, *routing, (moe.gate_up(w_gate, w_up),) if joined else (w_gate, w_up), w_down)
   out = jax.jit(bucketed)(jnp.asarray(x_TxD), *expert_weights)
   np.testing.assert_array_less(
       np.abs(np.asarray(out) - np_experts(x_TxD, weights_TxK, experts_TxK, params)).max(), 1e-5)
