@@ -12,7 +12,9 @@ Dropless: every token reaches all of its k experts, whatever the load. Exact imp
 - 'gather' (not a config choice): pick each token's k experts and apply them (reads T*k expert
   matrices, not all E); used automatically whenever T*k <= E, i.e. when decoding a small batch, where reading every
   expert would multiply the bytes per step, the quantity that bounds decoding, by up to E/k.
-All equal a naive per-token loop (tests/test_moe.py).
+All equal a naive per-token loop (tests/test_moe.py). Each takes (tokens, routing weights, experts,
+w_in, w_down), `w_in` the gate and up matrices apart, (gate, up), or joined for decoding,
+(`gate_up`,).
 """
 import functools
 
