@@ -16,10 +16,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import jax
 import numpy as np
+
+from bench import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # this tree
 PACKAGES = ('bench', 'configs', 'rljax')
@@ -57,8 +58,8 @@ def sampler_call(tree, preset, batch, length):
   model, params, mesh = bench_sampler.setup(tree['presets'].get(preset))
   point = bench_sampler.build_point(model, mesh, batch, 16, length)
   sample = sharding.on_mesh(point['sample'], mesh)
-  keys = iter(jax.random.split(jax.random.PRNGKey(0), 10**4))
-  return lambda: sample(params, *point['prompts'], next(keys))
+  key = jax.random.PRNGKey(0)   # the same draws every call: the same work
+  return lambda: sample(params, *point['prompts'], key)
 
 
 def update_call(tree, preset, batch, length):
@@ -72,19 +73,6 @@ def update_call(tree, preset, batch, length):
     state[0], state[1], metrics = point['step'](state[0], state[1], point['data'], None)
     return metrics
   return call
-
-
-def compare(calls, rounds):
-  """Seconds per call of each, alternated round by round after one warm-up call each."""
-  for call in calls.values():
-    jax.block_until_ready(call())
-  seconds = {name: [] for name in calls}
-  for _ in range(rounds):
-    for name, call in calls.items():
-      start = time.perf_counter()
-      jax.block_until_ready(call())
-      seconds[name].append(time.perf_counter() - start)
-  return seconds
 
 
 def summary(seconds):
@@ -102,12 +90,11 @@ def main(argv):
   parser.add_argument('--rev', required=True, help='git revision to compare with')
   parser.add_argument('--part', choices=('sampler', 'update'), default='sampler')
   parser.add_argument('--preset', default='peer')
-  parser.add_argument('--batch', type=int, default=64)
-  parser.add_argument('--length', type=int, default=32, help='new tokens / response tokens')
-  parser.add_argument('--rounds', type=int, default=20)
+  parser.add_argument('--batch', type=common.positive_int, default=64)
+  parser.add_argument('--length', type=common.positive_int, default=32,
+                      help='new tokens / response tokens')
+  parser.add_argument('--rounds', type=common.positive_int, default=20)
   args = parser.parse_args(argv)
-  if min(args.batch, args.length, args.rounds) < 1:
-    parser.error('--batch, --length and --rounds must be positive')
   this = import_tree(ROOT)
   if args.preset not in this['presets'].PRESETS:
     parser.error(f'unknown --preset {args.preset!r}; choose one of {sorted(this["presets"].PRESETS)}')
@@ -120,7 +107,7 @@ def main(argv):
     rev = import_tree(directory)
     calls = {name: make_call(tree, args.preset, args.batch, args.length)
              for name, tree in (('this', this), ('rev', rev))}
-    result = summary(compare(calls, args.rounds))
+    result = summary(common.alternated(calls, args.rounds))
   print(f'{args.part}, preset {args.preset}, batch {args.batch}, length {args.length}, '
         f'{args.rounds} rounds, this tree against {args.rev}:')
   print(f"  this {result['this_ms']:.1f} ms (min {result['this_min_ms']:.1f}), "

@@ -54,6 +54,18 @@ def timings(fn, *args, repeats=5, warmup=1):
   return times
 
 
+def alternated(fns, rounds, *args):
+  """{name: wall seconds of each call}: one call of every `fns[name](*args)` per round, after one
+  warm-up call each, so that a change in machine load hits them alike."""
+  for fn in fns.values():
+    jax.block_until_ready(fn(*args))
+  seconds = {name: [] for name in fns}
+  for _ in range(rounds):
+    for name, fn in fns.items():
+      seconds[name] += timings(fn, *args, repeats=1, warmup=0)
+  return seconds
+
+
 def median_spread(xs):
   """(median, (max - min) / median): the spread says how much to trust the median."""
   xs = np.asarray(xs, float)

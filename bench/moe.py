@@ -53,10 +53,7 @@ def run(tokens, d, f, experts, k, impls, rounds, forward_only=False):
                 for a, b in zip(out, reference))
     if error > 1e-4:
       raise AssertionError(f'{name} differs from {impls[0]} by {error:.2e} (relative)')
-  seconds = {name: [] for name in impls}
-  for _ in range(rounds):
-    for name, fn in fns.items():
-      seconds[name] += common.timings(fn, x_TxD, *expert_weights, repeats=1, warmup=0)
+  seconds = common.alternated(fns, rounds, x_TxD, *expert_weights)
   return {name: 1e3 * float(np.median(s)) for name, s in seconds.items()}
 
 

@@ -35,13 +35,10 @@ def run(rows, vocab, rounds):
   for name, tokens in others:
     assert np.array_equal(tokens, reference), f'{name} draws other tokens than {reference_name}'
   calls = max(1, min(3000 // rows, 2_000_000 // (rows * vocab)))
-  ms = {name: [] for name in draws}
-  for _ in range(rounds):
-    for name, draw in draws.items():
-      seconds = common.timings(lambda draw=draw: [draw(key, logits_BxV) for _ in range(calls)][-1],
-                               repeats=1)[0]
-      ms[name].append(seconds / calls * 1e3)
-  return {name: float(np.median(values)) for name, values in ms.items()}
+  batches = {name: lambda draw=draw: [draw(key, logits_BxV) for _ in range(calls)][-1]
+             for name, draw in draws.items()}
+  seconds = common.alternated(batches, rounds)
+  return {name: float(np.median(values)) / calls * 1e3 for name, values in seconds.items()}
 
 
 def main(argv):
