@@ -5,6 +5,7 @@ Compiles dominate the run time on CPU, so a few samplers are built once per modu
 
 import dataclasses
 import functools
+import math
 import re
 
 import jax
@@ -302,13 +303,15 @@ def computations_run_by(hlo, name):
   return {n: bodies[n] for n in seen}
 
 
-def test_decoding_joins_gate_and_up_once_per_call():
+def test_decoding_loop_copies_no_weights():
   """The experts' gate and up matrices are joined where the MoE layer uses them (rljax.moe.gate_up):
   in the sampler XLA must hoist that join out of the decoding loop, or every step copies them, and
   fuse it with the per-layer slice of the stacked weights, or every call copies them twice (which
-  XLA:CPU did for a concatenate of matrices this size, not for small ones)."""
+  XLA:CPU did for a concatenate of matrices this size, not for small ones). The attention output
+  matrix, laid out for its product (rljax.model.Attention), is likewise copied once per call, not
+  transposed at every step."""
   cfg = dataclasses.replace(CFG, moe_impl='bucketed', num_layers=2, d_model=640, num_experts=12,
-                            expert_hidden=576)   # shapes of no other array
+                            expert_hidden=576, num_heads=6, head_dim=40)   # shapes of no other array
   prompt, valid = prompts(1)
   sampler = jax.jit(sampler_lib.make_sampler(model_lib.Transformer(cfg),
                                              sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD)))
@@ -324,6 +327,12 @@ def test_decoding_joins_gate_and_up_once_per_call():
   assert not [name for name, text in in_loop.items() if re.search(made, text)]
   one_matrix = re.escape(f'f32[{cfg.num_experts},{cfg.d_model},{cfg.expert_hidden}]')
   assert not re.findall(rf'= {one_matrix}\S* \w+\(%params\S*_w_(gate|up)_', hlo)
+  attention_weight_sizes = {cfg.d_model * cfg.num_heads * cfg.head_dim,   # w_q, w_o
+                            cfg.d_model * cfg.num_kv_heads * cfg.head_dim}   # w_k, w_v
+  made_in_loop = [dims for text in in_loop.values()
+                  for dims in re.findall(r'= f32\[([\d,]+)\]\S* (?:fusion|copy|transpose)\(', text)]
+  assert made_in_loop and not [dims for dims in made_in_loop
+                               if math.prod(map(int, dims.split(','))) in attention_weight_sizes]
 
 
 # ------------------------------------------------------------------ filters
