@@ -2,7 +2,8 @@
 
   PYTHONPATH=. python bench/sampling.py --shapes=64x1024,8x151936
 
-Both are Gumbel-max; rljax's takes the argmax as a max and a min (`sampler.first_argmax`). The
+Both are Gumbel-max; rljax's takes the argmax as a max and a min (`sampler.first_argmax`) and
+hashes its noise's counters unrolled (`rljax.gumbel`; jax's CPU hash is a rolled loop). The
 draws are checked equal for the timed key before anything is timed (a fast wrong draw is no
 result); rounds alternate the two, and the median of each is printed with the ratio.
 """

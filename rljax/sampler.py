@@ -11,6 +11,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rljax import gumbel
 from rljax import model as model_lib
 from rljax import sharding
 
@@ -58,9 +59,9 @@ def first_argmax(x_BxV):
 
 
 def categorical(key, logits_BxV):
-  """`jax.random.categorical`, the same tokens for the same key (Gumbel-max), 1.8-2.3x faster on
-  CPU at 64 x 1024 and 8 x 152k (bench/sampling.py): `first_argmax`."""
-  return first_argmax(logits_BxV + jax.random.gumbel(key, logits_BxV.shape, logits_BxV.dtype))
+  """`jax.random.categorical` on float32 logits, the same tokens for the same key (Gumbel-max),
+  faster on CPU (bench/sampling.py): `first_argmax`, and the noise's hash unrolled (rljax.gumbel)."""
+  return first_argmax(logits_BxV + gumbel.gumbel(key, logits_BxV.shape))
 
 
 def sample_token(logits_BxV, key, cfg: SamplingConfig):
