@@ -34,17 +34,20 @@ def threefry2x32(key0, key1, x0, x1):
 
 
 def random_bits(key, shape):
-  """`jax.random.bits(key, shape)` (uint32) for a threefry key, raw (`PRNGKey`) or typed."""
-  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    key = jax.random.key_data(key)
-  if key.shape != (2,) or key.dtype != jnp.uint32:
-    raise ValueError(f'expected a threefry key (uint32[2] key data), got {key.dtype}{key.shape}')
+  """`jax.random.bits(key, shape)` (uint32) for a threefry key, raw (`PRNGKey`) or typed; jax's own
+  where `jax_threefry_partitionable` is off (other counters)."""
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  data = jax.random.key_data(key) if typed else key
+  if data.shape != (2,) or data.dtype != jnp.uint32:
+    raise ValueError(f'expected a threefry key (uint32[2] key data), got {data.dtype}{data.shape}')
+  if not jax.config.jax_threefry_partitionable:
+    return jax.random.bits(key, shape)
   if math.prod(shape) >= 2 ** 32:
     raise ValueError(f'shape {shape} has 2**32 elements or more')
   strides = np.cumprod((1,) + tuple(shape[:0:-1]))[::-1]
   index = sum(jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * np.uint32(stride)
               for axis, stride in enumerate(strides))
-  high, low = threefry2x32(key[0], key[1], jnp.zeros(shape, jnp.uint32), index)
+  high, low = threefry2x32(data[0], data[1], jnp.zeros(shape, jnp.uint32), index)
   return high ^ low
 
 

@@ -59,6 +59,12 @@ def test_bits_and_noise_are_jax_randoms(shape, seed):
                                 jax.random.gumbel(key, shape))
 
 
+def test_without_partitionable_threefry_the_bits_are_still_jaxs():
+  key = jax.random.PRNGKey(7)
+  with jax.threefry_partitionable(False):
+    np.testing.assert_array_equal(gumbel.gumbel(key, (3, 10)), jax.random.gumbel(key, (3, 10)))
+
+
 def test_typed_keys_and_split_keys_work_alike():
   key = jax.random.key(3)
   for k in (key, *jax.random.split(key, 2)):
