@@ -60,13 +60,16 @@ ACTIVATION_AXES = ('batch', 'length', 'activation_embed')
 class KVCache(NamedTuple):
   """Keys and values, one [batch, kv_heads, slots, head_dim] array per layer: a layer's slice of a
   stacked array is copied out of it at every decoding step, and with the slots ahead of the kv
-  heads XLA:CPU transposed each layer's cache before its attention products."""
+  heads XLA:CPU transposed each layer's cache before its attention products. At batch 1 the arrays
+  are [kv_heads, slots, head_dim]: XLA drops a size-1 batch axis from the attention products, and
+  with it in the cache it fused each in-place update twice and copied every cache four times per
+  step."""
   k: tuple
   v: tuple
 
   @classmethod
   def zeros(cls, cfg, batch, slots):
-    shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
+    shape = (batch,) * (batch > 1) + (cfg.num_kv_heads, slots, cfg.head_dim)
     per_layer = lambda: tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.num_layers))
     return cls(per_layer(), per_layer())
 
@@ -101,9 +104,10 @@ class Attention(nn.Module):
     if layer_cache is not None:
       # Into the cache first, and attention reads the updated cache: with the old cache read
       # too, XLA copied every layer's keys and values twice per decoding step.
-      write = lambda cache_BxKxSxH, new_BxTxKxH: jax.lax.dynamic_update_slice(
-          cache_BxKxSxH, jnp.swapaxes(new_BxTxKxH, 1, 2).astype(cache_BxKxSxH.dtype),
-          (0, 0, cache_index, 0))
+      write = lambda cache, new_BxTxKxH: jax.lax.dynamic_update_slice(
+          cache, jnp.swapaxes(new_BxTxKxH, 1, 2).reshape(*cache.shape[:-2], length, head_dim
+                                                        ).astype(cache.dtype),
+          (0,) * (cache.ndim - 2) + (cache_index, 0))
       layer_cache = write(layer_cache[0], k_BxTxKxH), write(layer_cache[1], v_BxTxKxH)
     if layer_cache is None or (isinstance(cache_index, int) and cache_index == 0):
       # This chunk's own keys (training, prefill): causal, real tokens only. A prefill starting at
@@ -115,7 +119,7 @@ class Attention(nn.Module):
       keys, values, layout = k_BxTxKxH, v_BxTxKxH, 'bskh'
     else:
       # Decoding: the whole cache, this chunk's slots included, up to each query's own slot.
-      (keys, values), layout = layer_cache, 'bksh'
+      (keys, values), layout = [c.reshape(-1, kv_heads, *c.shape[-2:]) for c in layer_cache], 'bksh'
       slots_S = jnp.arange(keys.shape[2])
       causal_TxS = slots_S[None, :] <= cache_index + jnp.arange(length)[:, None]
       visible_BxTxS = causal_TxS[None] & kv_valid_BxS[:, None, :]

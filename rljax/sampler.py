@@ -81,7 +81,8 @@ def shard_cache(cache):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return cache
-  spec = sharding.spec_for(cache.k[0].shape, ('batch', 'kv_heads', 'length', 'head_dim'), mesh)
+  names = ('batch', 'kv_heads', 'length', 'head_dim')[-cache.k[0].ndim:]   # no batch axis at 1
+  spec = sharding.spec_for(cache.k[0].shape, names, mesh)
   return jax.lax.with_sharding_constraint(cache, jax.tree.map(lambda _: spec, cache))
 
 
