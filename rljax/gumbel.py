@@ -44,9 +44,9 @@ def random_bits(key, shape):
     return jax.random.bits(key, shape)
   if math.prod(shape) >= 2 ** 32:
     raise ValueError(f'shape {shape} has 2**32 elements or more')
-  strides = np.cumprod((1,) + tuple(shape[:0:-1]))[::-1]
+  strides = np.cumprod((1,) + tuple(shape[:0:-1]))[::-1][:len(shape)]   # none for a scalar
   index = sum(jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * np.uint32(stride)
-              for axis, stride in enumerate(strides))
+              for axis, stride in enumerate(strides))   # 0 for a scalar
   high, low = threefry2x32(data[0], data[1], jnp.zeros(shape, jnp.uint32), index)
   return high ^ low
 

@@ -49,7 +49,7 @@ def test_threefry_matches_the_numpy_reference_on_many_inputs():
   np.testing.assert_array_equal(np.stack([np.asarray(v) for v in got], axis=1), expected)
 
 
-@pytest.mark.parametrize('shape', [(1,), (7,), (64, 1024), (3, 5, 11), (2, 151936)])
+@pytest.mark.parametrize('shape', [(), (1,), (7,), (64, 1024), (3, 5, 11), (2, 151936)])
 @pytest.mark.parametrize('seed', [0, 1, 2 ** 31 + 5])
 def test_bits_and_noise_are_jax_randoms(shape, seed):
   key = jax.random.PRNGKey(seed)
