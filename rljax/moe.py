@@ -10,8 +10,9 @@ Dropless: every token reaches all of its k experts, whatever the load. Exact imp
   the expert weights in place: the grouped matmul for XLA:CPU, which lowers `ragged_dot` to a dense
   dot against every expert (E times the FLOPs; docs/performance.md);
 - 'gather' (not a config choice): pick each token's k experts and apply them (reads T*k expert
-  matrices, not all E); used automatically whenever T*k <= E, i.e. when decoding a small batch, where reading every
-  expert would multiply the bytes per step, the quantity that bounds decoding, by up to E/k.
+  matrices, not all E); used automatically whenever T*k <= E/2, i.e. when decoding a small batch,
+  where reading every expert would multiply the bytes per step, the quantity that bounds
+  decoding, by up to E/k.
 All equal a naive per-token loop (tests/test_moe.py). Each takes (tokens, routing weights, experts,
 w_in, w_down), `w_in` the gate and up matrices apart, (gate, up), or joined for decoding,
 (`gate_up`,).
@@ -115,7 +116,7 @@ def experts_dense(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
 def experts_gather(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   """Each token's k experts picked out and applied: only the experts in use are read.
 
-  The picks are dynamic slices (one per (token, expert) pair, T*k <= E when chosen; on XLA:CPU a
+  The picks are dynamic slices (one per (token, expert) pair, T*k <= E/2 when chosen; on XLA:CPU a
   `jnp.take` of whole expert matrices ran ~10x slower), stacked so that each matrix is applied
   to all pairs by ONE batched product: 2-3 products per layer, not 2-3 per pair (each product
   was a kernel launch of its own in the H200 decode profile, docs/performance.md).
@@ -182,8 +183,12 @@ EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense, 'bucketed': ex
 
 
 def expert_impl(cfg, num_tokens):
-  """'gather' when the tokens touch at most E expert slots (small-batch decoding), else config's."""
-  if num_tokens * cfg.experts_per_token <= cfg.num_experts:
+  """'gather' when the tokens pick at most half the experts' worth of matrices (small-batch
+  decoding), else the config's. Each pick is a copy, written and read again: at T*k = E the picks
+  move ~3x the bytes of reading every expert in place, and the `cpu` benchmark model decoded
+  batch 8 (T*k = E) 2.1x slower by 'gather' than by 'bucketed', batch 4 (E/2) 1.4x faster
+  (docs/performance.md)."""
+  if 2 * num_tokens * cfg.experts_per_token <= cfg.num_experts:
     return experts_gather
   return EXPERT_IMPLS[cfg.moe_impl]
 
