@@ -52,19 +52,19 @@ def export_revision(rev, directory):
   subprocess.run(['tar', '-x', '-C', directory], input=archive.stdout, check=True)
 
 
-def sampler_call(tree, preset, batch, length):
+def sampler_call(tree, preset, batch, length, overrides):
   """A no-argument function running one sampler call of `tree` (compiled here)."""
   bench_sampler, sharding = tree['sampler'], tree['sharding']
-  model, params, mesh = bench_sampler.setup(tree['presets'].get(preset))
+  model, params, mesh = bench_sampler.setup(tree['presets'].get(preset, **overrides))
   point = bench_sampler.build_point(model, mesh, batch, 16, length)
   sample = sharding.on_mesh(point['sample'], mesh)
   key = jax.random.PRNGKey(0)   # the same draws every call: the same work
   return lambda: sample(params, *point['prompts'], key)
 
 
-def update_call(tree, preset, batch, length):
+def update_call(tree, preset, batch, length, overrides):
   """A no-argument function running one update step of `tree` (one micro-batch of `batch`)."""
-  model, params, mesh = tree['sampler'].setup(tree['presets'].get(preset))
+  model, params, mesh = tree['sampler'].setup(tree['presets'].get(preset, **overrides))
   point = tree['train_step'].build_point(model, params, mesh, batch, batch, 16, length)
   state = [jax.tree.map(lambda x: x.copy(), params)]   # the step donates its parameters
   state.append(tree['sharding'].init_optimizer(point['optimizer'], state[0], mesh))
@@ -94,6 +94,8 @@ def main(argv):
   parser.add_argument('--length', type=common.positive_int, default=32,
                       help='new tokens / response tokens')
   parser.add_argument('--rounds', type=common.positive_int, default=20)
+  parser.add_argument('--moe_impl', default='', choices=('', 'bucketed', 'dense', 'ragged'),
+                      help="the preset's own when empty")
   args = parser.parse_args(argv)
   this = import_tree(ROOT)
   if args.preset not in this['presets'].PRESETS:
@@ -105,10 +107,12 @@ def main(argv):
     except ValueError as error:
       parser.error(str(error))
     rev = import_tree(directory)
-    calls = {name: make_call(tree, args.preset, args.batch, args.length)
+    overrides = {'moe_impl': args.moe_impl} if args.moe_impl else {}
+    calls = {name: make_call(tree, args.preset, args.batch, args.length, overrides)
              for name, tree in (('this', this), ('rev', rev))}
     result = summary(common.alternated(calls, args.rounds))
-  print(f'{args.part}, preset {args.preset}, batch {args.batch}, length {args.length}, '
+  print(f'{args.part}, preset {args.preset}{f" ({args.moe_impl})" if args.moe_impl else ""}, '
+        f'batch {args.batch}, length {args.length}, '
         f'{args.rounds} rounds, this tree against {args.rev}:')
   print(f"  this {result['this_ms']:.1f} ms (min {result['this_min_ms']:.1f}), "
         f"rev {result['rev_ms']:.1f} ms (min {result['rev_min_ms']:.1f}); this / rev per round: "

@@ -103,10 +103,16 @@ def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
 
 def experts_dense(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   """Every expert on every token, non-selected experts weighted 0: plain matmuls against all
-  experts side by side ([D, E*F] or [D, E*2F], and [E*F, D]), no sorting, no gathers."""
+  experts side by side ([D, E*F] or [D, E*2F], and [E*F, D]), no sorting, no gathers.
+
+  The side-by-side layout is a transpose, behind an optimization barrier: without it XLA moved
+  that copy of every expert's input matrices into the sampler's decoding loop, once per step
+  (`cpu` batch 8: 1.37x the time; docs/performance.md). Behind it the copy is loop-invariant
+  and made once per call, as `w_o`'s in rljax.model."""
   num_experts, hidden, d_model = w_down_ExFxD.shape
   combine_TxE = jnp.sum(weights_TxK[..., None] * jax.nn.one_hot(experts_TxK, num_experts), axis=1)
-  side_by_side = lambda w_ExDxF: jnp.transpose(w_ExDxF, (1, 0, 2)).reshape(d_model, -1)
+  side_by_side = lambda w_ExDxF: jax.lax.optimization_barrier(
+      jnp.transpose(w_ExDxF, (1, 0, 2))).reshape(d_model, -1)
   hidden_TxExF = swiglu(*[(x_TxD @ side_by_side(w)).reshape(-1, num_experts, w.shape[-1])
                           for w in w_in])
   hidden_TxExF = hidden_TxExF * combine_TxE[..., None].astype(x_TxD.dtype)

@@ -156,14 +156,14 @@ def test_ab_imports_a_revision_apart_and_times_both_alternately(tmp_path):
   assert rev['sampler'].__file__.startswith(str(tmp_path))
   assert this['sampler'].__file__.startswith(ab.ROOT) and rev['sampler'] is not this['sampler']
   assert sampler_lib is __import__('sys').modules['rljax.sampler']   # the test's own, untouched
-  for part in ('sampler', 'update'):
+  for part, moe_impl in (('sampler', 'dense'), ('update', '')):
     result = ab.main([f'--part={part}', '--rev=HEAD', '--preset=tiny', '--batch=8', '--length=4',
-                      '--rounds=2'])
+                      '--rounds=2', f'--moe_impl={moe_impl}'])
     assert result['this_ms'] > 0 and result['rev_ms'] > 0 and result['ratio'] > 0
 
 
 @pytest.mark.parametrize('args', [['--rev=no-such-revision'], ['--rev=HEAD', '--preset=huge'],
-                                  ['--rev=HEAD', '--batch=0']])
+                                  ['--rev=HEAD', '--batch=0'], ['--rev=HEAD', '--moe_impl=nope']])
 def test_ab_rejects_bad_arguments(args, capsys):
   from bench import ab   # pylint: disable=import-outside-toplevel
   with pytest.raises(SystemExit) as exit_info:
