@@ -6,16 +6,17 @@
 #   bench/gpu.sh OUTDIR            (from the repository root; PYTHON=... to pick the interpreter)
 #
 # Each benchmark runs in its own process under its own time limit, so one failure still leaves
-# the others' numbers. At the end all records but the log go into OUTDIR/results.tgz (the device
-# tool brings back at most 8 files). SMOKE=1 runs the same script on the tiny preset (a CPU check
+# the others' numbers. After each step its records go into OUTDIR/results.tar, the log stays beside
+# it (the device tool brings back at most 8 files, and what a killed run left must come back too). SMOKE=1 runs the same script on the tiny preset (a CPU check
 # of the script).
 # On a machine without ml_collections or tensorflow_datasets, bench/gpu_wheels.sh fetches them.
 #
 # Besides the defaults it measures the two open questions of the first H200 run (docs/performance.md):
 # whether CUDA graphs over the decode loop's control flow lift the launch-bound decode step, and
 # which expert implementation decodes and trains fastest (XLA:GPU rewrites `ragged_dot` into a
-# dense dot over every expert unless its cuDNN ragged-dot fusion is switched on; 'bucketed' runs
-# batched matmuls on the expert weights in place).
+# dense dot over every expert unless its cuDNN ragged-dot fusion is switched on, or jax's Pallas
+# Triton lowering of `ragged_dot` where the wheel has it; 'bucketed' runs batched matmuls on the
+# expert weights in place).
 set -u
 OUTDIR=${1:-${OUT:-/tmp/rljax-bench}}
 mkdir -p "$OUTDIR"
@@ -40,6 +41,8 @@ run() {   # name, time limit (s), command...   (XLA_FLAGS from the caller's envi
   echo "== $name ($(date -u +%H:%M:%S), limit ${limit}s, XLA_FLAGS=${XLA_FLAGS:-}): $*" | tee -a "$LOG"
   timeout "$limit" "$PY" "$@" --out="$OUTDIR/$name.json" 2>&1 | grep -v "^W.*cuda_timer" | tee -a "$LOG"
   echo "== $name exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+  local records; records=$(cd "$OUTDIR" && ls ./*.json ./*.txt 2>/dev/null)
+  [ -z "$records" ] || (cd "$OUTDIR" && tar rf results.tar --remove-files $records)
 }
 # The KV-cache decode vs full forward, MoE implementations and losses against their numpy
 # references, on the accelerator, in f32 at full matmul precision (the tests' tolerances are f32's);
@@ -59,6 +62,11 @@ for impl in ragged bucketed; do   # 'dense' was the same dot as 'ragged' in the 
 done
 XLA_FLAGS=--xla_gpu_experimental_use_ragged_dot_fusion=true \
   run train_ragged_cudnn 60 bench/train_step.py --preset=$MODEL $TRAIN --moe_impl=ragged --repeats=$REPEATS
+if "$PY" -c "import jax._src.lax.pallas_lowerings.gpu.ragged_dot" 2>/dev/null; then
+  JAX_RAGGED_DOT_USE_GPU_PALLAS_TRITON_LOWERING=true \
+    run train_ragged_pallas 60 bench/train_step.py --preset=$MODEL $TRAIN --moe_impl=ragged --repeats=$REPEATS
+else
+  echo "== train_ragged_pallas skipped: this jax wheel has no Pallas lowering of ragged_dot" | tee -a "$LOG"
+fi
 run rl_step 80 bench/rl_step.py --preset=$MODEL $RL --G=8 --micro=256 --steps=2
 echo "== done $(date -u +%H:%M:%S)" | tee -a "$LOG"
-(cd "$OUTDIR" && tar czf results.tgz --remove-files ./*.json ./*.txt)
