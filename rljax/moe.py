@@ -141,9 +141,15 @@ GROWTH = 1.25   # a finer ladder pads fewer rows but compiles more branches
 
 def capacities(pairs, tokens, num_experts):
   """The static per-expert capacities 'bucketed' picks from: from the balanced share of the pairs,
-  each GROWTH times the last (in rows of 8), up to `tokens`, the most one expert can get (a token
-  picks an expert at most once): the last bucket holds any load, so nothing is ever dropped."""
-  round_up = lambda rows: min(tokens, -(-rows // 8) * 8)
+  each GROWTH times the last, up to `tokens`, the most one expert can get (a token picks an expert
+  at most once): the last bucket holds any load, so nothing is ever dropped.
+
+  In steps of 2 rows up to 8, then of 8: decoding a few tokens, the busiest expert has a few
+  pairs, and padding them to 8 rows made the `cpu` model's batch 8 1.13x slower
+  (docs/performance.md); larger ladders keep their fewer branches."""
+  def round_up(rows):
+    step = 2 if rows <= 8 else 8
+    return min(tokens, -(-rows // step) * step)
   buckets = [round_up(-(-pairs // num_experts))]
   while buckets[-1] < tokens:
     buckets.append(round_up(int(buckets[-1] * GROWTH) + 1))

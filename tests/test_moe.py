@@ -211,11 +211,32 @@ def test_moe_layer_bucketed_with_training_sized_batches():
 
 def test_capacities_start_at_the_balanced_share_and_end_at_every_token():
   assert moe.capacities(pairs=128, tokens=64, num_experts=8) == [16, 24, 32, 48, 64]
-  assert moe.capacities(pairs=3, tokens=3, num_experts=4) == [3]
+  assert moe.capacities(pairs=3, tokens=3, num_experts=4) == [2, 3]
+  assert moe.capacities(pairs=16, tokens=8, num_experts=16) == [2, 4, 6, 8]   # 2 rows up to 8
+  assert moe.capacities(pairs=32, tokens=16, num_experts=16) == [2, 4, 6, 8, 16]   # then 8
   for pairs, tokens, experts in [(1664, 832, 4), (26, 13, 4), (10**4, 5000, 64)]:
     buckets = moe.capacities(pairs, tokens, experts)
     assert buckets[0] * experts >= pairs and buckets[-1] == tokens   # the last holds any load
     assert buckets == sorted(set(buckets))
+
+
+@pytest.mark.parametrize('busiest,bucket', [(2, 0), (3, 1), (5, 2), (8, 3)])
+def test_bucketed_small_capacities_match_naive_loop(busiest, bucket):
+  """Decoding-sized loads ([2, 4, 6, 8] for 8 tokens, k = 1): whichever small capacity the busiest
+  expert needs, every token gets its expert."""
+  rng = np.random.default_rng(busiest)
+  experts_TxK = np.concatenate([np.zeros(busiest, int), 1 + np.arange(8 - busiest) % (E - 1)])[:, None]
+  assert np.bincount(experts_TxK[:, 0]).max() == busiest
+  assert moe.capacities(8, 8, E) == [2, 4, 6, 8]
+  assert [b for b in moe.capacities(8, 8, E) if b >= busiest][0] == moe.capacities(8, 8, E)[bucket]
+  weights_TxK = rng.random((8, 1)).astype(np.float32)
+  x_TxD = rng.normal(size=(8, D)).astype(np.float32)
+  params = random_moe_params(rng, skew=False)
+  out = jax.jit(moe.experts_bucketed)(
+      jnp.asarray(x_TxD), jnp.asarray(weights_TxK), jnp.asarray(experts_TxK),
+      (jnp.asarray(params['w_gate']), jnp.asarray(params['w_up'])), jnp.asarray(params['w_down']))
+  np.testing.assert_array_less(
+      np.abs(np.asarray(out) - np_experts(x_TxD, weights_TxK, experts_TxK, params)).max(), 1e-5)
 
 
 def np_experts(x_TxD, weights_TxK, experts_TxK, params):
