@@ -194,6 +194,15 @@ def positive_int(text):
   return value
 
 
+def positive_ints(text):
+  """argparse type: comma-separated integers >= 1 (batches, lengths, micro-batches)."""
+  try:
+    return [positive_int(part) for part in text.split(',')]
+  except (ValueError, argparse.ArgumentTypeError):
+    raise argparse.ArgumentTypeError(
+        f'expected comma-separated integers >= 1, got {text!r}') from None
+
+
 # ------------------------------------------------------------------ output
 
 

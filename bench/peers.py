@@ -134,19 +134,19 @@ def rljax_grpo(model, params, mesh, P, G, max_new_tokens, prompt_len):
 
 def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--batches', default='1,8,64')
-  parser.add_argument('--prompt_len', type=int, default=16)
-  parser.add_argument('--max_new_tokens', type=int, default=32)
-  parser.add_argument('--repeats', type=int, default=5)
-  parser.add_argument('--P', type=int, default=4)
-  parser.add_argument('--G', type=int, default=4)
-  parser.add_argument('--grpo_steps', type=int, default=4)
+  parser.add_argument('--batches', type=common.positive_ints, default='1,8,64')
+  parser.add_argument('--prompt_len', type=common.positive_int, default=16)
+  parser.add_argument('--max_new_tokens', type=common.positive_int, default=32)
+  parser.add_argument('--repeats', type=common.positive_int, default=5)
+  parser.add_argument('--P', type=common.positive_int, default=4)
+  parser.add_argument('--G', type=common.positive_int, default=4)
+  parser.add_argument('--grpo_steps', type=common.positive_int, default=4)
   parser.add_argument('--skip_grpo', action='store_true')
   parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS),
                       help="rljax's MoE implementation (default: the preset's)")
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
-  batches = [int(b) for b in args.batches.split(',')]
+  batches = args.batches
 
   cfg = presets.get('peer', **({'moe_impl': args.moe_impl} if args.moe_impl else {}))
   spec = dict(model=dataclasses.asdict(cfg), prompt_len=args.prompt_len,

@@ -123,9 +123,7 @@ COLUMNS = ['P', 'G', 'responses', 'micro', 'step_s', 'rollout_s', 'reward_s', 'u
 
 
 def run(preset, Ps, G, micro, max_new_tokens, steps, overrides=None, log=print):
-  cfg = presets.get(preset, **(overrides or {}))
-  if cfg.vocab_size != tokenizer_lib.ArithmeticTokenizer.vocab_size:
-    raise ValueError(f'preset {preset} has vocab {cfg.vocab_size}; the arithmetic task needs 16')
+  cfg = presets.get(preset, **(overrides or {}))   # its vocab the task's (checked by main)
   model, params, mesh = sampler_bench.setup(cfg)
   record = dict(machine=common.machine(), preset=preset, model=dataclasses.asdict(cfg), rows=[])
   # The first P alone (its first step's time is the compile time to quote), the rest in parallel.
@@ -146,15 +144,19 @@ def run(preset, Ps, G, micro, max_new_tokens, steps, overrides=None, log=print):
 def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--preset', default='tiny', choices=sorted(presets.PRESETS))
-  parser.add_argument('--P', default='8,16,32,64')
-  parser.add_argument('--G', type=int, default=8)
-  parser.add_argument('--micro', type=int, default=64, help='micro-batch (responses)')
+  parser.add_argument('--P', type=common.positive_ints, default='8,16,32,64')
+  parser.add_argument('--G', type=common.positive_int, default=8)
+  parser.add_argument('--micro', type=common.positive_int, default=64, help='micro-batch (responses)')
   parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS))
-  parser.add_argument('--max_new_tokens', type=int, default=5, help='the task needs 5')
-  parser.add_argument('--steps', type=int, default=3)
+  parser.add_argument('--max_new_tokens', type=common.positive_int, default=5, help='the task needs 5')
+  parser.add_argument('--steps', type=common.positive_int, default=3)
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
-  record = run(args.preset, [int(p) for p in args.P.split(',')], args.G, args.micro,
+  vocab_size = presets.get(args.preset).vocab_size
+  if vocab_size != tokenizer_lib.ArithmeticTokenizer.vocab_size:
+    parser.error(f'--preset={args.preset} has vocab {vocab_size}; the arithmetic task needs '
+                 f'{tokenizer_lib.ArithmeticTokenizer.vocab_size} (presets tiny, gpu1b)')
+  record = run(args.preset, args.P, args.G, args.micro,
                args.max_new_tokens, args.steps,
                {'moe_impl': args.moe_impl} if args.moe_impl else None)
   print(f"\n{record['machine']}\npreset {args.preset}")

@@ -145,11 +145,12 @@ def run(preset, batches, lengths, prompt_len, repeats, overrides=None, length_ba
 def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--preset', default='cpu', choices=sorted(presets.PRESETS))
-  parser.add_argument('--batches', default='1,4,16,64,256')
-  parser.add_argument('--lengths', default='16', help='first: batch sweep; rest: length sweep')
-  parser.add_argument('--length_batch', type=int, default=16)
-  parser.add_argument('--prompt_len', type=int, default=16)
-  parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--batches', type=common.positive_ints, default='1,4,16,64,256')
+  parser.add_argument('--lengths', type=common.positive_ints, default='16',
+                      help='first: batch sweep; rest: length sweep')
+  parser.add_argument('--length_batch', type=common.positive_int, default=16)
+  parser.add_argument('--prompt_len', type=common.positive_int, default=16)
+  parser.add_argument('--repeats', type=common.positive_int, default=5)
   parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS))
   parser.add_argument('--dtype', default='')
   parser.add_argument('--param_dtype', default='')
@@ -157,8 +158,7 @@ def main(argv):
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
   overrides = {k: getattr(args, k) for k in ('moe_impl', 'dtype', 'param_dtype') if getattr(args, k)}
-  record = run(args.preset, [int(b) for b in args.batches.split(',')],
-               [int(l) for l in args.lengths.split(',')], args.prompt_len, args.repeats, overrides,
+  record = run(args.preset, args.batches, args.lengths, args.prompt_len, args.repeats, overrides,
                args.length_batch, dump_hlo=args.dump_hlo)
   print(f"\n{record['machine']}\npreset {args.preset}: {record['params']['total'] / 1e6:.1f}M params, "
         f"{record['active_params'] / 1e6:.1f}M active per token {overrides or ''}")

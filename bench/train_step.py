@@ -156,18 +156,22 @@ def run(preset, batch, micros, prompt_len, response_len, repeats, overrides=None
 def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--preset', default='peer', choices=sorted(presets.PRESETS))
-  parser.add_argument('--batch', type=int, default=64, help='sequences per optimizer update')
-  parser.add_argument('--micro', default='8,16,32,64', help='micro-batch sizes (sequences)')
-  parser.add_argument('--prompt_len', type=int, default=16)
-  parser.add_argument('--response_len', type=int, default=16)
+  parser.add_argument('--batch', type=common.positive_int, default=64,
+                      help='sequences per optimizer update')
+  parser.add_argument('--micro', type=common.positive_ints, default='8,16,32,64',
+                      help='micro-batch sizes (sequences), each dividing --batch')
+  parser.add_argument('--prompt_len', type=common.positive_int, default=16)
+  parser.add_argument('--response_len', type=common.positive_int, default=16)
   parser.add_argument('--logits_chunk', type=int, default=0)
-  parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--repeats', type=common.positive_int, default=5)
   parser.add_argument('--remat', default='')
   parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS))
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
+  if any(args.batch % micro for micro in args.micro):
+    parser.error(f'every --micro must divide --batch={args.batch}, got {args.micro}')
   overrides = {k: getattr(args, k) for k in ('remat', 'moe_impl') if getattr(args, k)}
-  record = run(args.preset, args.batch, [int(m) for m in args.micro.split(',')], args.prompt_len,
+  record = run(args.preset, args.batch, args.micro, args.prompt_len,
                args.response_len, args.repeats, overrides, logits_chunk=args.logits_chunk)
   print(f"\n{record['machine']}\npreset {args.preset}, {record['active_params'] / 1e6:.1f}M active "
         f"params {overrides or ''}")

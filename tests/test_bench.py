@@ -169,3 +169,24 @@ def test_ab_rejects_bad_arguments(args, capsys):
   with pytest.raises(SystemExit) as exit_info:
     ab.main(args)
   assert exit_info.value.code == 2 and 'error' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('script,args', [
+    ('sampler', ['--batches=1,0']), ('sampler', ['--lengths=16,x']), ('sampler', ['--repeats=0']),
+    ('train_step', ['--batch=64', '--micro=24']), ('train_step', ['--micro=']),
+    ('rl_step', ['--preset=peer']), ('rl_step', ['--P=8,-1']), ('peers', ['--batches=1,,8'])])
+def test_benchmarks_reject_bad_arguments_in_one_line(script, args, capsys):
+  """Each benchmark's command line: bad input is one argparse error and exit 2, before any model
+  is built (no traceback from deep inside a run)."""
+  module = __import__(f'bench.{script}', fromlist=['main'])
+  with pytest.raises(SystemExit) as exit_info:
+    module.main(args)
+  last_line = capsys.readouterr().err.strip().splitlines()[-1]
+  assert exit_info.value.code == 2 and ': error: ' in last_line
+
+
+def test_positive_ints():
+  assert common.positive_ints('1,8,64') == [1, 8, 64]
+  for text in ('', '0', '1,-2', '1.5', '8,'):
+    with pytest.raises(argparse.ArgumentTypeError):
+      common.positive_ints(text)
