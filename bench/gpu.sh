@@ -7,8 +7,8 @@
 #
 # Each benchmark runs in its own process under its own time limit, so one failure still leaves
 # the others' numbers. After each step its records go into OUTDIR/results.tar, the log stays beside
-# it (the device tool brings back at most 8 files, and what a killed run left must come back too). SMOKE=1 runs the same script on the tiny preset (a CPU check
-# of the script).
+# it (the device tool brings back at most 8 files, and what a killed run left must come back too).
+# SMOKE=1 runs the same script on the tiny preset (a CPU check of the script).
 # On a machine without ml_collections or tensorflow_datasets, bench/gpu_wheels.sh fetches them.
 #
 # Besides the defaults it measures the two open questions of the first H200 run (docs/performance.md):
