@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from bench import common
+from rljax import moe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # this tree
 PACKAGES = ('bench', 'configs', 'rljax')
@@ -94,8 +95,8 @@ def main(argv):
   parser.add_argument('--length', type=common.positive_int, default=32,
                       help='new tokens / response tokens')
   parser.add_argument('--rounds', type=common.positive_int, default=20)
-  parser.add_argument('--moe_impl', default='', choices=('', 'bucketed', 'dense', 'ragged'),
-                      help="the preset's own when empty")
+  parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS),
+                      help="the preset's own when not given")
   args = parser.parse_args(argv)
   this = import_tree(ROOT)
   if args.preset not in this['presets'].PRESETS:

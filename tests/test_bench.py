@@ -156,9 +156,9 @@ def test_ab_imports_a_revision_apart_and_times_both_alternately(tmp_path):
   assert rev['sampler'].__file__.startswith(str(tmp_path))
   assert this['sampler'].__file__.startswith(ab.ROOT) and rev['sampler'] is not this['sampler']
   assert sampler_lib is __import__('sys').modules['rljax.sampler']   # the test's own, untouched
-  for part, moe_impl in (('sampler', 'dense'), ('update', '')):
+  for part, flags in (('sampler', ['--moe_impl=dense']), ('update', [])):
     result = ab.main([f'--part={part}', '--rev=HEAD', '--preset=tiny', '--batch=8', '--length=4',
-                      '--rounds=2', f'--moe_impl={moe_impl}'])
+                      '--rounds=2', *flags])
     assert result['this_ms'] > 0 and result['rev_ms'] > 0 and result['ratio'] > 0
 
 
