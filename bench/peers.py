@@ -25,7 +25,7 @@ from bench import common
 from bench import presets
 from bench import sampler as sampler_bench
 from bench import train_step as train_bench
-from rljax import grpo
+from rljax.algos import grpo
 from rljax import moe
 from rljax import sampler as sampler_lib
 from rljax import sharding

@@ -22,7 +22,7 @@ from bench import sampler as sampler_bench
 from bench import train_step as train_bench
 from rljax import data
 from rljax import evaluation
-from rljax import grpo
+from rljax.algos import grpo
 from rljax import moe
 from rljax import rewards
 from rljax import sampler as sampler_lib

@@ -7,15 +7,12 @@ Args after ':' (comma-separated): B (global batch in responses, one per prompt),
 model and budget for a 2-core CPU), seed. Any field can be overridden with --config.a.b=value.
 """
 from configs import common
-from configs import grpo
 
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, B=256, runlocal=False, seed=0)
-  # Model, task, mesh, warm start and loop settings are GRPO's (same warm-start cache for both).
-  config = grpo.get_config(f'P={arg.B},G=1,seed={arg.seed}' + (',runlocal' if arg.runlocal else ''))
+  config = common.base_config(arg.B, 1, arg.runlocal, arg.seed)   # B prompts, one response each
   config.algo = 'ppo'
-  del config.grpo
 
   # KL: kl_reward_coef subtracts a per-token KL to the initial policy from the rewards (InstructGPT);
   # kl_coef adds one to the policy loss (as GRPO). value_clip <= 0: no value clipping. share_trunk:
@@ -25,10 +22,8 @@ def get_config(arg=None):
                     lam=0.95, whiten_advantages=True, whiten_rewards=False, value_clip=0.2,
                     share_trunk=False, vf_coef=0.5)
 
-  # B prompts, one response each: B responses is the batch unit of both lr rules,
-  # lr = lr * sqrt(B / base_batch) for the actor and the critic each. Calibrated at B=256 on
-  # runlocal (docs/ppo.md): actor 5e-5 / 1e-4 / 2e-4 reach +30 points in 64k / 46k / 36k samples,
-  # 4e-4 collapses; a critic at 1e-3 explains ~3x more return variance than at 3e-4.
+  # B responses is the batch unit of both lr rules, lr = lr * sqrt(B / base_batch) for the actor
+  # and the critic each. Calibrated at B=256 on runlocal (docs/guide/ppo.md).
   config.optimizer.update(lr=2e-4, base_batch=256, decay='constant')
   config.critic_optimizer = dict(lr=1e-3, base_batch=256, lr_rule='sqrt', warmup_steps=0,
                                  decay='constant', max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8,

@@ -10,16 +10,26 @@ about half an hour on 2 cores), seeds (seeds per arm). Every arm is configs/<alg
 `--config.protocol.x=value` a protocol setting (e.g. --config.protocol.sweep='(8,16,32)').
 Batches are given as the algo's batch argument (GRPO: P prompts of G responses; PPO: B).
 """
+import importlib
+
 import ml_collections
 
 from configs import common
 
 
+def arm_config(algo, arg):
+  """configs/<algo>.py's get_config(arg): every arm is an ordinary training config of its algo."""
+  try:
+    module = importlib.import_module(f'configs.{algo}')
+  except ModuleNotFoundError:
+    raise ValueError(f'config arg algo={algo!r}: there is no configs/{algo}.py') from None
+  return module.get_config(arg)
+
+
 def get_config(arg=None):
   arg = common.parse_arg(arg, algo='grpo', runlocal=False, seeds=3)
-  if arg.algo not in ('grpo', 'ppo'):
-    raise ValueError(f"config arg algo={arg.algo!r}: choose 'grpo' or 'ppo'")
-  unit = 8 if arg.algo == 'grpo' else 1   # responses per batch argument (GRPO's G)
+  arm = arm_config(arg.algo, 'runlocal' if arg.runlocal else '')
+  unit = arm.rollout.G   # responses per batch argument (GRPO: G responses to each of P prompts)
   if arg.runlocal:   # batches in responses (G=8: P = 16 ... 256), timed from P = 4
     sweep, base, control = (128, 256, 512, 1024, 2048), 128, (256,)
     throughput = (32, 64) + sweep
@@ -57,7 +67,8 @@ def get_config(arg=None):
       compilation_cache=True,      # in D/jax_cache: every seed after the first skips compiling
   )
   # Every arm's training config; the protocol sets only its batch-dependent fields (P for GRPO).
-  config.arm = common.algo_config(arg.algo, config.protocol.arm_arg)
+  config.arm = arm
+  config.arm.rollout.P = 0   # set per arm by the protocol, from protocol.sweep
   if arg.algo == 'grpo':   # arms hold RECIPE.md's lr (the runlocal demo anneals a higher one over
     config.arm.optimizer.update(lr=5e-5, decay='constant')   # its fixed budget; arms stop at J)
   if arg.runlocal:

@@ -9,8 +9,8 @@ import os
 import shlex
 import sys
 
-# The config argument that sets the global batch, per config file (P for GRPO, B for PPO).
-SWEEP_KEYS = {'grpo': 'P', 'ppo': 'B'}
+from rljax import algos
+
 ENTRY = ('-m', 'rljax.main')  # what each job runs, after the python interpreter
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jobs run from here
 
@@ -48,10 +48,11 @@ def sweep_key(config, key=''):
   if key:
     return key
   stem = os.path.splitext(os.path.basename(config.split(':', 1)[0]))[0]
-  if stem not in SWEEP_KEYS:
+  try:
+    return algos.get(stem).BATCH_ARG   # a config file named after its algorithm
+  except ValueError:
     raise LaunchError(f'cannot tell which config argument is the batch size of {config!r}; '
-                      f'pass --sweep_key (e.g. P for GRPO, B for PPO)')
-  return SWEEP_KEYS[stem]
+                      f'pass --sweep_key (e.g. P for GRPO, B for PPO)') from None
 
 
 def with_sweep_value(config, key, value):

@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 import numpy as np
 
 from rljax import metrics
+from rljax.stats import noise_scale
 
 NOISE_DOMINATED_SLOPE = -0.5
 NOISE_DOMINATED_DOUBLING = 2**-0.5  # grad norm ratio per doubling of batch when noise dominates.
@@ -353,26 +354,6 @@ def doubling_ratios(batches, median_grad_norms):
       'per_doubling': (g2 / g1)**(1 / np.log2(b2 / b1)),
       'theory': NOISE_DOMINATED_DOUBLING,
   } for (b1, g1), (b2, g2) in zip(points, points[1:])]
-
-
-def noise_scale(g_small_sq, g_big_sq, b_small, b_big):
-  """McCandlish et al. (2018) simple noise scale B_simple = tr(Sigma) / |G|^2, in batch units.
-
-  E|g_b|^2 = |G|^2 + tr(Sigma) / b at any batch b, so squared norms at two batch sizes give
-  unbiased estimates of |G|^2 and tr(Sigma). Both are averaged over steps BEFORE the ratio: one
-  step's |G|^2 estimate is very noisy (often negative) and a ratio of noisy numbers is biased.
-  Takes per-step arrays or scalars; steps with a missing value are skipped. nan when the averaged
-  |G|^2 is not positive (the noise swamps the signal over these steps: not estimable).
-  """
-  small, big, bs, bb = np.broadcast_arrays(
-      *(np.atleast_1d(np.asarray(v, float)) for v in (g_small_sq, g_big_sq, b_small, b_big)))
-  ok = np.isfinite(small) & np.isfinite(big) & np.isfinite(bs) & np.isfinite(bb) & (bb > bs)
-  if not ok.any():
-    return np.nan
-  small, big, bs, bb = small[ok], big[ok], bs[ok], bb[ok]
-  grad_sq = np.mean((bb * big - bs * small) / (bb - bs))
-  trace = np.mean((small - big) / (1 / bs - 1 / bb))
-  return float(trace / grad_sq) if grad_sq > 0 else np.nan
 
 
 def matched_sample_window(runs):

@@ -5,36 +5,17 @@ import os
 
 import jax
 
+from rljax import algos
 from rljax import losses
 from rljax import moe
 from rljax import optim
 from rljax import rewards
-
-MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
-BATCH_AXES = ('data', 'fsdp')  # the batch is split over these: their product is the data-parallel size
+from rljax import sharding
 
 
 def _positive(name, value):
   if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
     raise ValueError(f'{name} must be a positive number, got {value!r}')
-
-
-def mesh_sizes(mesh, device_count):
-  """{axis: size} with the one -1 (if any) filled in; ValueError unless they multiply to the
-  number of devices."""
-  sizes = {axis: mesh[axis] for axis in MESH_AXES}
-  for axis, size in sizes.items():
-    if not isinstance(size, int) or (size < 1 and size != -1):
-      raise ValueError(f'mesh.{axis} must be a positive size or -1 (the rest), got {size!r}')
-  free = [axis for axis, size in sizes.items() if size == -1]
-  if len(free) > 1:
-    raise ValueError(f'only one mesh axis may be -1, got {", ".join(free)}')
-  fixed = math.prod(size for size in sizes.values() if size != -1)
-  if free and device_count % fixed == 0:
-    sizes[free[0]] = device_count // fixed
-  if math.prod(sizes.values()) != device_count:
-    raise ValueError(f'mesh sizes {dict(mesh)} do not multiply to the {device_count} devices')
-  return sizes
 
 
 def step_set(spec):
@@ -49,7 +30,8 @@ def step_set(spec):
   return steps
 
 
-def _check_policy_loss(name, cfg):
+def check_policy_loss(name, cfg):
+  """The fields every policy-gradient algorithm's section shares (its name: `name`)."""
   if cfg.loss_agg not in losses.AGGREGATION_MODES:
     raise ValueError(f'{name}.loss_agg {cfg.loss_agg!r} is not one of {losses.AGGREGATION_MODES}')
   if cfg.kl_estimator not in losses.KL_KINDS:
@@ -59,37 +41,14 @@ def _check_policy_loss(name, cfg):
                      f'{cfg.clip_high}, {cfg.kl_coef}')
 
 
-def _check_ppo(config):
-  rollout, cfg = config.rollout, config.ppo
-  if rollout.G != 1:
-    raise ValueError(f'rollout.G must be 1 for PPO (B prompts, one response each), got {rollout.G}')
-  _check_policy_loss('ppo', cfg)
-  if cfg.kl_reward_estimator not in losses.KL_KINDS:
-    raise ValueError(f'ppo.kl_reward_estimator {cfg.kl_reward_estimator!r} is not one of '
-                     f'{losses.KL_KINDS}')
-  if cfg.kl_reward_coef < 0:
-    raise ValueError(f'ppo.kl_reward_coef must be >= 0, got {cfg.kl_reward_coef}')
-  for key in ('gamma', 'lam'):
-    if not 0 <= cfg[key] <= 1:
-      raise ValueError(f'ppo.{key} must be in [0, 1], got {cfg[key]}')
-  if cfg.share_trunk and cfg.vf_coef <= 0:
-    raise ValueError(f'ppo.vf_coef must be > 0 with a shared trunk, got {cfg.vf_coef}')
-  copt = config.critic_optimizer
-  try:
-    optim.scaled_lr(copt.lr, rollout.P, copt.base_batch, copt.lr_rule)
-  except ValueError as error:
-    raise ValueError(f'critic_optimizer: {error}') from None
-  _check_decay('critic_optimizer', copt, config, rollout.P)
-
-
-def _check_decay(name, opt, config, batch):
+def check_decay(name, opt, config, batch):
   """A decaying lr ends at the run's last planned update, which must be known and after warmup
   (optim.schedule_for checks the name and the warmup; this adds what only the config knows)."""
   decay, train = opt.get('decay', 'constant'), config.train
-  if (decay != 'constant' and config.algo == 'grpo' and config.grpo.filter_zero_variance
-      and not train.max_steps):
+  filters_rows = config[config.algo].get('filter_zero_variance', False)
+  if decay != 'constant' and filters_rows and not train.max_steps:
     raise ValueError(f'{name}.decay={decay!r} anneals to 0 at the last planned update, which '
-                     'grpo.filter_zero_variance leaves unknown under a samples budget: set '
+                     f'{config.algo}.filter_zero_variance leaves unknown under a samples budget: set '
                      'train.max_steps')
   budget = (train.max_samples > 0 or train.max_steps > 0) and min(train.num_minibatches,
                                                                     train.num_epochs) >= 1
@@ -102,24 +61,17 @@ def _check_decay(name, opt, config, batch):
 def check(config, device_count=None, process_count=None):
   """Raises ValueError naming the first bad field of `config`."""
   rollout, train, opt = config.rollout, config.train, config.optimizer
-  if config.algo not in ('grpo', 'ppo'):
-    raise ValueError(f"algo must be 'grpo' or 'ppo', got {config.algo!r}")
+  algo = algos.get(config.algo)
   if rollout.P < 1:
     raise ValueError(f'rollout.P (PPO: B) must be >= 1, got {rollout.P}')
-  batch = rollout.P * rollout.G
-  if config.algo == 'grpo':
-    if rollout.G < 2:
-      raise ValueError(f'rollout.G must be >= 2 for GRPO (group z-scores need 2 responses), '
-                       f'got {rollout.G}')
-    _check_policy_loss('grpo', config.grpo)
-  else:
-    _check_ppo(config)
+  batch = algo.batch_size(config)
+  algo.check(config)
   _positive('optimizer.lr', opt.lr)
   _positive('optimizer.base_batch', opt.base_batch)
   optim.scaled_lr(opt.lr, batch, opt.base_batch, opt.lr_rule)  # raises on a bad rule
   if opt.max_bad_steps < 1:
     raise ValueError(f'optimizer.max_bad_steps must be >= 1, got {opt.max_bad_steps}')
-  _check_decay('optimizer', opt, config, batch)
+  check_decay('optimizer', opt, config, batch)
   _positive('rollout.temperature', rollout.temperature)
   if not 0 < rollout.top_p <= 1:
     raise ValueError(f'rollout.top_p must be in (0, 1], got {rollout.top_p}')
@@ -176,15 +128,15 @@ def _check_data(config):
 
 
 def _check_mesh(config, batch, minibatch, device_count, process_count):
-  sizes = mesh_sizes(config.mesh, device_count)
-  data_parallel = math.prod(sizes[axis] for axis in BATCH_AXES)
+  sizes = sharding.mesh_shape(config.mesh, device_count)
+  data_parallel = math.prod(sizes[axis] for axis in sharding.BATCH_AXES)
   units = [('the batch P*G', batch), ('the minibatch', minibatch)]
   if config.train.micro_batch:
     units.append(('train.micro_batch', config.train.micro_batch))
   for name, size in units:
     if size % data_parallel:
       raise ValueError(f'{name} ({size}) is not divisible by the data-parallel size '
-                       f'{" * ".join(BATCH_AXES)} = {data_parallel} (mesh {sizes})')
+                       f'{" * ".join(sharding.BATCH_AXES)} = {data_parallel} (mesh {sizes})')
   if config.rollout.P % process_count:
     raise ValueError(f'rollout.P ({config.rollout.P}) is not divisible by the {process_count} '
                      'processes (each reads its own slice of the prompts)')

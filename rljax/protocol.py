@@ -27,16 +27,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from configs import common
-
+from rljax import algos
 from rljax import analysis
 from rljax import config_checks
 from rljax import metrics as metrics_lib
 from rljax import optim
 from rljax import train
-
-SWEEP_KEYS = {'grpo': 'P', 'ppo': 'B'}   # the config argument that sets the batch (launch/ too)
-
+from rljax import workdir as workdir_lib
 
 class Arm(NamedTuple):
   name: str          # e.g. P16, P32_fixed_lr
@@ -51,55 +48,21 @@ class Arm(NamedTuple):
 # ------------------------------------------------------------------------------------------------
 
 
-def _flat(config, prefix=''):
-  """{'a.b': leaf} of a (nested) config dict."""
-  items = {}
-  for key, value in config.items():
-    if isinstance(value, (dict, ml_collections.ConfigDict)):
-      items.update(_flat(value, f'{prefix}{key}.'))
-    else:
-      items[f'{prefix}{key}'] = value
-  return items
-
-
-def _set(config, path, value):
-  *parents, leaf = path.split('.')
-  for key in parents:
-    config = config[key]
-  config[leaf] = value
-
-
 def batch_of(algo, value, arm_config):
-  """Responses per update step: GRPO's unit is P x G, PPO's is its B responses (PAPER.md)."""
-  return value * arm_config.rollout.G if algo == 'grpo' else value
+  """Responses per update step at batch argument `value` (GRPO: P x G; PPO: B)."""
+  return algos.get(algo).batch_size(algos.get(algo).with_batch(arm_config, value))
 
 
 def value_of(algo, batch, arm_config):
   """The batch argument that gives `batch` responses per step (inverse of batch_of)."""
-  return batch // arm_config.rollout.G if algo == 'grpo' else batch
+  return batch // batch_of(algo, 1, arm_config)
 
 
 def arm_config(config, workdir, value, control=False):
-  """config.arm with the fields that its algo's batch argument sets changed to `value`.
-
-  Which fields depend on the batch (P, and whatever else the algo's config derives from it) is
-  read off configs/<algo>.py by building it at `value` and at 2 x `value`, so the same code sweeps
-  GRPO's P and PPO's B; every other field, overrides included, is config.arm's.
-  """
-  p, key = config.protocol, SWEEP_KEYS.get(config.algo)
-  default = _flat(common.algo_config(config.algo, p.arm_arg))   # what config.arm was built from
-  new = _flat(common.algo_config(config.algo, f'{key}={value},{p.arm_arg}'))
-  twice = _flat(common.algo_config(config.algo, f'{key}={2 * value},{p.arm_arg}'))
-  arm = ml_collections.ConfigDict(config.arm.to_dict())
-  flat_arm = _flat(arm)
-  for path in sorted(k for k in new if new[k] != twice.get(k)):
-    if flat_arm.get(path) != default.get(path):
-      raise ValueError(f'arm.{path} depends on the batch; sweep the batch with protocol.sweep, '
-                       f'not --config.arm.{path}')
-    _set(arm, path, new[path])
+  """config.arm at batch argument `value` (the algo's with_batch), plus the protocol's settings."""
+  p = config.protocol
+  arm = algos.get(config.algo).with_batch(config.arm, value)
   batch = batch_of(config.algo, value, arm)
-  if arm.train.micro_batch > batch:   # micro-batches change memory, not the update
-    arm.train.micro_batch = batch
   if control:   # the paper's failure case: a larger batch at the base arm's lr
     base = arm_config(config, workdir, p.base)
     arm.optimizer.lr = optim.scaled_lr(base.optimizer.lr, batch_of(config.algo, p.base, base),
@@ -118,8 +81,10 @@ def arm_config(config, workdir, value, control=False):
 def arms(config, workdir):
   """The align arms: the sqrt sweep, then the fixed-lr controls. Validates the protocol first."""
   p = config.protocol
-  if config.algo not in SWEEP_KEYS:
-    raise ValueError(f'unknown algo {config.algo!r}; choose one of {sorted(SWEEP_KEYS)}')
+  key = algos.get(config.algo).BATCH_ARG
+  if config.arm.rollout.P:
+    raise ValueError(f'arm.rollout.P ({config.arm.rollout.P}) is set per arm by the protocol: sweep the '
+                     f'batch with protocol.sweep and protocol.base, not --config.arm.rollout.P')
   values = list(p.sweep) + list(p.control) + list(p.throughput)
   if any(not isinstance(v, int) or v < 1 for v in values):
     raise ValueError(f'protocol.sweep, .control and .throughput must be positive integers, got '
@@ -137,7 +102,6 @@ def arms(config, workdir):
   if p.throughput_steps < 1 or p.throughput_warmup < 1:
     raise ValueError('protocol.throughput_steps and .throughput_warmup must be >= 1 (the first '
                      'step compiles and must not count)')
-  key = SWEEP_KEYS[config.algo]
   result = []
   for value, control in [(v, False) for v in p.sweep] + [(v, True) for v in p.control]:
     cfg = arm_config(config, workdir, value, control)
@@ -149,9 +113,9 @@ def arms(config, workdir):
 
 def _arm_spec(arm):
   """What rljax.analysis reads from arm.json."""
-  opt, grpo = arm.config.optimizer, arm.config.algo == 'grpo'
-  return dict(name=arm.name, batch=arm.batch, P=arm.value if grpo else None,
-              G=arm.config.rollout.G if grpo else None, lr=optim.scaled_lr(
+  opt, groups = arm.config.optimizer, arm.config.rollout.G > 1
+  return dict(name=arm.name, batch=arm.batch, P=arm.value if groups else None,
+              G=arm.config.rollout.G if groups else None, lr=optim.scaled_lr(
                   opt.lr, arm.batch, opt.base_batch, opt.lr_rule), lr_rule=opt.lr_rule,
               control=arm.control)
 
@@ -161,24 +125,12 @@ def _arm_spec(arm):
 # ------------------------------------------------------------------------------------------------
 
 
-def _write_json(path, obj):
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(obj, f, indent=2)
-  os.replace(tmp, path)   # never a torn file, even when killed
-
-
-def _read_json(path):
-  with open(path) as f:
-    return json.load(f)
-
-
 def _same_config(cfg, run_dir):
   """Records the run's config, or checks it equals the one the directory was started with."""
   path = os.path.join(run_dir, 'run_config.json')
   now = json.loads(json.dumps(cfg.to_dict()))   # tuples -> lists, as it reads back
   if os.path.exists(path):
-    old, new = _flat(_read_json(path)), _flat(now)
+    old, new = workdir_lib.flat(workdir_lib.read_json(path)), workdir_lib.flat(now)
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if changed:
       k = changed[0]
@@ -187,7 +139,7 @@ def _same_config(cfg, run_dir):
                        'or the original config')
   else:
     os.makedirs(run_dir, exist_ok=True)
-    _write_json(path, now)
+    workdir_lib.write_json_atomic(path, now)
 
 
 def _has_checkpoint(run_dir):
@@ -201,7 +153,7 @@ def run_once(cfg, run_dir, label):
   _same_config(cfg, run_dir)
   if os.path.exists(done_path):
     print(f'[protocol] {label}: already done, skipped', flush=True)
-    return _read_json(done_path)
+    return workdir_lib.read_json(done_path)
   if not _has_checkpoint(run_dir):   # killed before its first checkpoint: logs would duplicate
     for name in ('metrics.jsonl', 'eval_correct.jsonl'):
       if os.path.exists(os.path.join(run_dir, name)):
@@ -213,7 +165,7 @@ def run_once(cfg, run_dir, label):
           if not r.get('eval')]
   done = dict(eval_accuracy=final_eval, steps=rows[-1]['step'] if rows else 0,
               samples=rows[-1]['samples'] if rows else 0, seconds_this_process=time.time() - start)
-  _write_json(done_path, done)
+  workdir_lib.write_json_atomic(done_path, done)
   print(f'[protocol] {label}: done, eval {final_eval:.3f} after {done["samples"]} samples',
         flush=True)
   return done
@@ -245,7 +197,7 @@ def measure_throughput(config, workdir, value):
   path = os.path.join(workdir, 'throughput', f'{batch}.json')
   if os.path.exists(path):
     print(f'[protocol] throughput at batch {batch}: already measured, skipped', flush=True)
-    return _read_json(path)
+    return workdir_lib.read_json(path)
   cfg.train.max_samples, cfg.train.max_steps = 0, p.throughput_warmup + p.throughput_steps
   cfg.train.target, cfg.train.checkpoint_every = 0.0, 0
   cfg.train.eval_every = cfg.train.max_steps + 1   # evals are not part of the steady state
@@ -255,7 +207,7 @@ def measure_throughput(config, workdir, value):
   print(f'[protocol] throughput at batch {batch}: {cfg.train.max_steps} steps', flush=True)
   train.train(cfg, run_dir)
   result = dict(batch=batch, value=value, **summarise_throughput(run_dir, p.throughput_warmup))
-  _write_json(path, result)
+  workdir_lib.write_json_atomic(path, result)
   print(f"[protocol] throughput at batch {batch}: {result['samples_per_s']:.0f} samples/s "
         f"(rollout {result['rollout_time_s']:.3f} s, update {result['update_time_s']:.3f} s "
         'per step)', flush=True)
@@ -270,10 +222,10 @@ def measure_throughput(config, workdir, value):
 def write_protocol_json(config, workdir, arm_list):
   p = config.protocol
   base = next(a for a in arm_list if a.value == p.base and not a.control)
-  _write_json(os.path.join(workdir, 'protocol.json'), dict(
+  workdir_lib.write_json_atomic(os.path.join(workdir, 'protocol.json'), dict(
       algo=config.algo, target=p.target, base_arm=base.name, rn_tolerance=p.rn_tolerance,
       smooth_window=p.smooth_window, n_boot=p.n_boot, seed=p.analysis_seed,
-      allow_extrapolated=False, sweep_key=SWEEP_KEYS[config.algo], num_seeds=p.num_seeds,
+      allow_extrapolated=False, sweep_key=algos.get(config.algo).BATCH_ARG, num_seeds=p.num_seeds,
       arms=[_arm_spec(a) for a in arm_list], protocol=p.to_dict()))
 
 
@@ -288,10 +240,10 @@ def confirm(config, workdir, report):
   cfg = arm_config(config, workdir, value)
   cfg.seed = config.protocol.num_seeds
   cfg.train.target = min(config.protocol.target + config.protocol.stop_margin, 1.0)
-  arm = Arm(f'{SWEEP_KEYS[config.algo]}{value}', value, rec['batch'], False, cfg)
+  arm = Arm(f'{algos.get(config.algo).BATCH_ARG}{value}', value, rec['batch'], False, cfg)
   run_dir = os.path.join(workdir, 'confirm')
   os.makedirs(run_dir, exist_ok=True)
-  _write_json(os.path.join(run_dir, 'arm.json'), _arm_spec(arm))
+  workdir_lib.write_json_atomic(os.path.join(run_dir, 'arm.json'), _arm_spec(arm))
   return run_once(cfg, run_dir, f'confirm at batch {rec["batch"]} (seed {cfg.seed})')
 
 
@@ -312,7 +264,7 @@ def run(config, workdir):
   for arm in arm_list:
     arm_dir = os.path.join(workdir, 'arms', arm.name)
     os.makedirs(arm_dir, exist_ok=True)
-    _write_json(os.path.join(arm_dir, 'arm.json'), _arm_spec(arm))
+    workdir_lib.write_json_atomic(os.path.join(arm_dir, 'arm.json'), _arm_spec(arm))
 
   runs = [(seed, arm) for seed in range(p.num_seeds) for arm in arm_list]   # seed-major: a
   for i, (seed, arm) in enumerate(runs):                                    # partial sweep is

@@ -32,13 +32,16 @@ LOGICAL_RULES = {
 
 def mesh_shape(mesh_cfg, num_devices):
   """Axis sizes from config; -1 takes what is left. Raises ValueError on a mismatch."""
-  sizes = {axis: int(mesh_cfg.get(axis, 1)) for axis in MESH_AXES}
   unknown = set(mesh_cfg.keys()) - set(MESH_AXES)
   if unknown:
     raise ValueError(f'unknown mesh axes {sorted(unknown)}; the axes are {MESH_AXES}')
+  sizes = {axis: mesh_cfg.get(axis, 1) for axis in MESH_AXES}
+  for axis, size in sizes.items():
+    if not isinstance(size, int) or (size < 1 and size != -1):
+      raise ValueError(f'mesh.{axis} must be a positive size or -1 (the rest), got {size!r}')
   free = [axis for axis, size in sizes.items() if size == -1]
-  if len(free) > 1 or any(size == 0 or size < -1 for size in sizes.values()):
-    raise ValueError(f'mesh sizes must be positive with at most one -1, got {sizes}')
+  if len(free) > 1:
+    raise ValueError(f'only one mesh axis may be -1, got {", ".join(free)}')
   fixed = math.prod(size for size in sizes.values() if size != -1)
   if free:
     if num_devices % fixed:

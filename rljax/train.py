@@ -1,42 +1,50 @@
 """The RL loop: rollout -> reward -> advantages -> update, on one set of parameter arrays.
 
-One step: P prompts, G sampled responses each (GRPO: the batch unit is P x G responses; PPO: P = B,
-G = 1); rewards from a verifier; advantages and the update from the algorithm (rljax.grpo: group
-z-scores; rljax.ppo: critic values, GAE and a critic update); by default ONE global optimizer update
-per rollout batch (as in the paper), with gradients accumulated over micro-batches so memory stays
-flat as the batch grows.
+`setup` checks the config and builds (or restores) everything a run holds; `rl_step` is one rollout
+batch, start to finish; `train` is the loop around it, owning only the budget, evaluation,
+checkpoints, preemption and the non-finite stop. The algorithm (rljax.algos, by `config.algo`)
+owns how a rollout becomes a training batch and what its update does.
 """
-import collections
 import functools
-import os
 import time
+from typing import Any, Callable, NamedTuple
 
 from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax import analysis
+from rljax import algos
 from rljax import checkpoint
 from rljax import config_checks
 from rljax import data
 from rljax import evaluation
-from rljax import grpo
 from rljax import hf
 from rljax import metrics as metrics_lib
 from rljax import model as model_lib
-from rljax import ppo
 from rljax import preemption
 from rljax import rewards
 from rljax import sampler as sampler_lib
 from rljax import sharding
+from rljax import stats
 from rljax import tasks
 from rljax import warmstart
 from rljax import workdir as workdir_lib
 
 
-NOISE_KEYS = ('grad_sq_small', 'grad_sq_big', 'b_small', 'b_big')
-NOISE_SCALE_STEPS = 50   # the logged noise_scale averages its terms over this many recent steps
+class Run(NamedTuple):
+  """What stays fixed through a run. Checkpoints hold the rest (the carry, see `setup`)."""
+  config: Any
+  mesh: jax.sharding.Mesh
+  algo: algos.Algorithm
+  sample: Callable      # (params, prompt_BxT, valid_BxT, rng) -> sampler.Rollout
+  evaluate: Callable    # params -> (accuracy, correct_M)
+  task: tasks.Task
+  prompt_len: int
+  iterator: data.PromptIterator
+  writer: metrics_lib.MetricsWriter
+  ckpt: checkpoint.Checkpointer
+  nan_steps: frozenset  # fault injection (debug.nan_steps): steps whose batch is made NaN
 
 
 @jax.jit
@@ -46,206 +54,210 @@ def rollout_stats(rewards_B, lengths_B):
               tokens=jnp.sum(lengths_B), response_len_mean=jnp.mean(lengths_B.astype(jnp.float32)))
 
 
+step_key = jax.jit(jax.random.fold_in)
+
+
+def _model_and_task(config):
+  """The policy's model, the task and the lengths, checked against each other before building."""
+  model_cfg = hf.policy_config(config)
+  prompt_len, task_new_tokens, vocab_size = tasks.lengths(config)
+  max_new_tokens = config.rollout.max_new_tokens or task_new_tokens
+  config_checks.check_lengths(prompt_len, max_new_tokens, model_cfg, vocab_size)
+  return model_lib.Transformer(model_cfg), prompt_len, max_new_tokens
+
+
+def _initial_params(config, model, task, evaluate, rng, mesh, workdir, lengths):
+  """The policy to start from: a Hugging Face checkpoint, or a random init and the warm start."""
+  hf_path = config.init.hf_path if 'init' in config else ''
+  init_fn = functools.partial(model_lib.init_params, model.cfg)
+  if hf_path:   # each tensor read straight onto its shards; no warm start
+    shardings = sharding.param_shardings(jax.eval_shape(init_fn, rng), mesh)
+    return hf.load_params(hf_path, model.cfg, shardings)
+  params, _ = sharding.init_params(init_fn, rng, mesh)
+  if config.warmstart.enabled:
+    params, _ = warmstart.warm_start(config, model, params, task.tokenizer, task.train_source,
+                                     evaluate, config.warmstart.dir or workdir, *lengths, mesh)
+  return params
+
+
+def setup(config, workdir):
+  """Validates `config`, builds the run and restores its latest checkpoint: (run, carry, meta).
+
+  The carry is what checkpoints hold: the algorithm's state plus the rollout key (`rng`) and the
+  frozen reference policy (`reference`, when the algorithm uses one). Bad input raises ValueError
+  before anything is compiled.
+  """
+  config_checks.check(config)
+  mesh = sharding.make_mesh(config.mesh)
+  model, prompt_len, max_new_tokens = _model_and_task(config)
+  meta = workdir_lib.prepare(workdir, config)   # None: a fresh run
+  try:
+    task = tasks.make_task(config)
+  except OSError as error:
+    raise ValueError(f'cannot build or read the dataset: {error}') from None
+  config_checks.check_lengths(prompt_len, max_new_tokens, model.cfg, task.tokenizer.vocab_size)
+  eval_prompts, eval_answers = data.eval_set(task.test_source, config.train.eval_size)
+  evaluate = evaluation.make_evaluator(model, task.tokenizer, eval_prompts, eval_answers,
+                                       task.reward_fn, prompt_len, max_new_tokens, mesh)
+  init_rng, rollout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  params = (_initial_params(config, model, task, evaluate, init_rng, mesh, workdir,
+                            (prompt_len, prompt_len + max_new_tokens)) if meta is None else
+            sharding.init_params(functools.partial(model_lib.init_params, model.cfg), init_rng,
+                                 mesh)[0])   # a template: the checkpoint's values replace it
+  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+      max_new_tokens=max_new_tokens, eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id,
+      temperature=config.rollout.temperature, top_k=config.rollout.top_k,
+      top_p=config.rollout.top_p)), mesh)
+  algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(init_rng, 1))
+  algo = algo._replace(schedules={k: jax.jit(s) for k, s in algo.schedules.items()})
+  carry = dict(algo.state, rng=sharding.place(rollout_rng, mesh))
+  if algo.needs_reference:   # a copy: the update donates the policy's buffers
+    carry['reference'] = jax.tree.map(jnp.copy, params)
+  if jax.process_index() == 0:
+    print(memory_line(model.cfg, algo.state, algos.get(config.algo).batch_size(config),
+                      prompt_len + max_new_tokens, mesh), flush=True)
+  writer = metrics_lib.writer_from_config(config, workdir, jax.process_index() == 0)
+  ckpt = checkpoint.Checkpointer(workdir, config.train.checkpoint_every,
+                                 config.train.keep_checkpoints)
+  if meta is None:
+    writer.truncate_after(-1)   # rows of an attempt killed before its first checkpoint
+    meta = dict(step=0, samples=0, tokens=0, wallclock_s=0.0, data=None, eval_accuracy=None)
+  else:
+    carry, meta = ckpt.restore(carry, meta['step'])
+    writer.truncate_after(meta['step'])
+    logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
+  workdir_lib.claim(workdir, config)
+  iterator = data.PromptIterator(
+      task.train_source, config.rollout.P, seed=config.seed, process_index=jax.process_index(),
+      process_count=jax.process_count(), state=meta['data'], tokenizer=task.tokenizer,
+      on_bad_record=config.data.on_bad_record)
+  nan_steps = config_checks.step_set(config.debug.nan_steps) if 'debug' in config else set()
+  run = Run(config, mesh, algo, sample, evaluate, task, prompt_len, iterator, writer, ckpt,
+            frozenset(nan_steps))
+  return run, carry, meta
+
+
+def _poisoned(batch):
+  """The batch with every float made NaN: what a diverged step looks like to the update."""
+  return jax.tree.map(lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x, batch)
+
+
+def rl_step(run, carry, examples, step):
+  """One rollout batch of `examples` (P prompts): sample G responses each, score them, turn them
+  into the algorithm's batch and update. Returns the new carry and the step's training row (the
+  loop adds the running totals)."""
+  G = run.config.rollout.G
+  state = {k: v for k, v in carry.items() if k not in ('rng', 'reference')}
+  ref_params, rng = carry.get('reference'), step_key(carry['rng'], step)
+  start = time.perf_counter()
+  prompts = [p for p in examples['prompt'] for _ in range(G)]   # group-major rows
+  answers = [a for a in examples['answer'] for _ in range(G)]
+  prompt_BxT, valid_BxT = sharding.put_batch(
+      data.encode_prompts(prompts, run.task.tokenizer, run.prompt_len), run.mesh)
+  rollout = run.sample(state['params'], prompt_BxT, valid_BxT, rng)
+  response_tokens = evaluation.to_host(rollout.tokens_BxL, run.mesh)   # the verifier needs text
+  times = dict(rollout_time_s=time.perf_counter() - start)
+
+  reward_start = time.perf_counter()
+  rewards_B, reward_failures = rewards.score_batch(
+      run.task.reward_fn, evaluation.decode_responses(run.task.tokenizer, response_tokens), answers)
+  rewards_B = sharding.put_batch(rewards_B, run.mesh)
+  batch, batch_stats = run.algo.make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT,
+                                           ref_params)
+  if step in run.nan_steps:
+    batch = _poisoned(batch)
+  times['reward_time_s'] = time.perf_counter() - reward_start
+
+  update_start = time.perf_counter()
+  state, update_metrics = run.algo.update(state, batch, ref_params, step_key(rng, 1))
+  update_metrics = jax.device_get(update_metrics)
+  times['update_time_s'] = time.perf_counter() - update_start
+  times['step_time_s'] = time.perf_counter() - start
+  batch_stats, rollout_numbers = jax.device_get(
+      (batch_stats, rollout_stats(rewards_B, rollout.lengths_B)))
+  row = training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
+  row.update(reward_failures=reward_failures, data_skipped=run.iterator.skipped)
+  return dict(carry, **state), row
+
+
+def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics):
+  """The step's metrics.jsonl row, less the running totals (samples, tokens, wallclock_s)."""
+  batch_size = run.config.rollout.P * run.config.rollout.G
+  row = dict(step=step, tokens_step=int(rollout_numbers['tokens']),
+             reward_mean=float(rollout_numbers['reward_mean']),
+             reward_std=float(rollout_numbers['reward_std']), **times,
+             samples_per_s=batch_size / times['step_time_s'],
+             response_len_mean=float(rollout_numbers['response_len_mean']),
+             retained=int(batch_stats.pop('retained')),
+             skipped_updates=int(update_metrics.pop('skipped')))
+  first_update = run.algo.updates_per_batch * (step - 1)
+  row.update({key: float(schedule(first_update)) for key, schedule in run.algo.schedules.items()})
+  row.update({key: float(value) for key, value in batch_stats.items()})
+  logged = ('grad_norm', 'logprob_mismatch', 'entropy', 'clipfrac', 'pg_loss', 'approx_kl',
+            'moe_aux_loss') + algos.AVERAGED + run.algo.logged
+  row.update({key: float(update_metrics[key]) for key in logged if key in update_metrics})
+  return row
+
+
+def _done(train_cfg, meta):
+  budget_spent = ((train_cfg.max_samples and meta['samples'] >= train_cfg.max_samples) or
+                  (train_cfg.max_steps and meta['step'] >= train_cfg.max_steps))
+  accuracy = meta['eval_accuracy']
+  return budget_spent or (train_cfg.target and accuracy is not None and accuracy >= train_cfg.target)
+
+
+def _advance(meta, row, iterator):
+  """The running totals after `row`, written into the row too."""
+  meta = dict(meta, step=row['step'], samples=meta['samples'] + row['retained'],
+              tokens=meta['tokens'] + row.pop('tokens_step'),
+              wallclock_s=meta['wallclock_s'] + row['step_time_s'], data=iterator.state())
+  row.update(samples=meta['samples'], tokens=meta['tokens'], wallclock_s=meta['wallclock_s'])
+  return meta
+
+
+def _stop_if_diverged(run, carry, step, workdir):
+  limit = run.config.optimizer.max_bad_steps
+  if max(int(carry[key].notfinite_count) for key in carry if key.endswith('opt_state')) >= limit:
+    run.ckpt.close()   # lets the in-flight save commit; skipped updates left its params good
+    raise FloatingPointError(
+        f'{limit} non-finite updates in a row at step {step}; stopping. The last good checkpoint '
+        f'is step {run.ckpt.latest_step()} in {workdir}/checkpoints.')
+
+
 def train(config, workdir, stop=None):
   """Trains one configuration in `workdir`; resumes from its latest checkpoint. Returns last eval.
 
   Bad input raises ValueError before anything is compiled. `stop` (a preemption.StopRequest) ends
   the run after the current step with a checkpoint of it, raising preemption.Preempted.
   """
-  config_checks.check(config)
-  mesh = sharding.make_mesh(config.mesh)
-  is_logger = jax.process_index() == 0
-
-  # ------------------------------------------------------------------ task, model, evaluation
-  dcfg = config.data
-  model_cfg = hf.policy_config(config)
-  prompt_len, task_new_tokens, vocab_size = tasks.lengths(config)
-  max_new_tokens = config.rollout.max_new_tokens or task_new_tokens
-  config_checks.check_lengths(prompt_len, max_new_tokens, model_cfg, vocab_size)  # before building
-  meta = workdir_lib.prepare(workdir, config)   # None: a fresh run
-  try:
-    task = tasks.make_task(config)   # tokenizer, splits, lengths, verifier of config.data.name
-  except OSError as error:
-    raise ValueError(f'cannot build or read the dataset: {error}') from None
-  tokenizer, train_source, test_source = task.tokenizer, task.train_source, task.test_source
-  config_checks.check_lengths(prompt_len, max_new_tokens, model_cfg, tokenizer.vocab_size)
-  reward_fn = task.reward_fn
-  hf_path = config.init.hf_path if 'init' in config else ''
-
-  model = model_lib.Transformer(model_cfg)
-  eval_prompts, eval_answers = data.eval_set(test_source, config.train.eval_size)
-  evaluate = evaluation.make_evaluator(model, tokenizer, eval_prompts, eval_answers, reward_fn,
-                                       prompt_len, max_new_tokens, mesh)
-  rng = jax.random.PRNGKey(config.seed)
-  init_rng, rollout_rng = jax.random.split(rng)
-  rollout_rng = sharding.place(rollout_rng, mesh)   # saved in checkpoints, also multi-host
-  init_fn = functools.partial(model_lib.init_params, model_cfg)
-  if hf_path:   # a pretrained policy, each tensor read straight onto its shards; no warm start
-    shardings = sharding.param_shardings(jax.eval_shape(init_fn, init_rng), mesh)
-    params = hf.load_params(hf_path, model_cfg, shardings)
-    logging.info('initialised from the Hugging Face checkpoint %s', hf_path)
-  else:
-    params, _ = sharding.init_params(init_fn, init_rng, mesh)
-  if config.warmstart.enabled and not hf_path and meta is None:   # on resume: the checkpoint
-    params, _ = warmstart.warm_start(config, model, params, tokenizer, train_source, evaluate,
-                                     config.warmstart.dir or workdir, prompt_len,
-                                     prompt_len + max_new_tokens, mesh)
-
-  # ------------------------------------------------------------------ optimizer and jitted steps
-  P, G = config.rollout.P, config.rollout.G
-  batch_size = P * G
-  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
-      max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-      temperature=config.rollout.temperature, top_k=config.rollout.top_k,
-      top_p=config.rollout.top_p)), mesh)
-  num_minibatches = config.train.num_minibatches
-  minibatch_size = batch_size // num_minibatches
-  num_micro = minibatch_size // (config.train.micro_batch or minibatch_size)
-  if config.algo == 'ppo':
-    algo = ppo.make(config, model, params, num_micro, jax.random.fold_in(init_rng, 1), mesh)
-  else:
-    algo = grpo.make(config, model, params, num_micro, mesh)
-  # A copy (the update donates the policy's buffers), checkpointed with the run.
-  ref_params = jax.tree.map(jnp.copy, params) if algo.needs_reference else None
-
-  if is_logger:
-    print(memory_line(model_cfg, algo.state, batch_size, prompt_len + max_new_tokens, mesh),
-          flush=True)
-
-  # ------------------------------------------------------------------ resume
-  writer = metrics_lib.writer_from_config(config, workdir, is_logger)
-  ckpt = checkpoint.Checkpointer(workdir, config.train.checkpoint_every,
-                                 config.train.keep_checkpoints)
-  state = algo.state
-
-  def checkpointed():
-    """The algorithm's state plus what the loop owns: the rollout key and the reference policy."""
-    extras = dict(rng=rollout_rng) if ref_params is None else dict(rng=rollout_rng,
-                                                                   reference=ref_params)
-    return dict(state, **extras)
-
-  step_key = jax.jit(jax.random.fold_in)
-  schedules = {key: jax.jit(schedule) for key, schedule in algo.schedules.items()}
-  if meta is not None:
-    state, meta = ckpt.restore(checkpointed(), meta['step'])
-    rollout_rng, ref_params = state.pop('rng'), state.pop('reference', None)
-    writer.truncate_after(meta['step'])
-    logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
-  else:
-    writer.truncate_after(-1)   # rows of an attempt killed before its first checkpoint
-    meta = dict(step=0, samples=0, tokens=0, wallclock_s=0.0, data=None, eval_accuracy=None)
-  workdir_lib.claim(workdir, config)
-  config_json = workdir_lib.config_json(config)
-  nan_steps = config_checks.step_set(config.debug.nan_steps) if 'debug' in config else set()
-  step, samples, tokens, wallclock = meta['step'], meta['samples'], meta['tokens'], meta['wallclock_s']
-  iterator = data.PromptIterator(train_source, P, seed=config.seed,
-                                 process_index=jax.process_index(),
-                                 process_count=jax.process_count(), state=meta['data'],
-                                 tokenizer=tokenizer, on_bad_record=dcfg.on_bad_record)
-  last_eval = meta['eval_accuracy']
-  if step == 0:
-    last_eval, correct = evaluate(state['params'])
-    writer.eval(0, 0, last_eval, correct, 0.0)
-
-  def done():
-    budget_spent = ((config.train.max_samples and samples >= config.train.max_samples) or
-                    (config.train.max_steps and step >= config.train.max_steps))
-    target_hit = config.train.target and last_eval is not None and last_eval >= config.train.target
-    return budget_spent or target_hit
-
-  # ------------------------------------------------------------------ the loop
-  noise_terms = collections.deque(  # on resume the window goes on from the rows kept on disk
-      ([row[k] for k in NOISE_KEYS] for row in metrics_lib.read_jsonl(writer.path)
-       if 'grad_sq_small' in row), maxlen=NOISE_SCALE_STEPS)
-  while not done():
-    step += 1
-    step_start = time.perf_counter()
-    examples = next(iterator)
-    prompts = [p for p in examples['prompt'] for _ in range(G)]   # group-major rows
-    answers = [a for a in examples['answer'] for _ in range(G)]
-    prompt_BxT, valid_BxT = sharding.put_batch(
-        data.encode_prompts(prompts, tokenizer, prompt_len), mesh)
-    rollout = sample(state['params'], prompt_BxT, valid_BxT, step_key(rollout_rng, step))
-    response_tokens = evaluation.to_host(rollout.tokens_BxL, mesh)  # the verifier needs text
-    rollout_time = time.perf_counter() - step_start
-
-    reward_start = time.perf_counter()
-    rewards_B, reward_failures = rewards.score_batch(
-        reward_fn, evaluation.decode_responses(tokenizer, response_tokens), answers)
-    rewards_B = sharding.put_batch(rewards_B, mesh)
-    batch, batch_stats = algo.make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT,
-                                         ref_params)
-    if step in nan_steps:   # fault injection (debug.nan_steps)
-      batch = jax.tree.map(lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                           batch)
-    reward_time = time.perf_counter() - reward_start
-
-    update_start = time.perf_counter()
-    step_metrics = []
-    for epoch in range(config.train.num_epochs):
-      order = np.arange(batch_size)
-      if num_minibatches > 1:   # shuffle whole groups so each minibatch keeps its groups intact
-        groups = np.random.default_rng([config.seed, step, epoch]).permutation(P)
-        order = (groups[:, None] * G + np.arange(G)).reshape(-1)
-      for mb in np.split(order, num_minibatches):
-        minibatch = jax.tree.map(lambda x, mb=mb: x[mb], batch) if num_minibatches > 1 else batch
-        state, m = algo.update(state, minibatch, ref_params)
-        step_metrics.append(m)
-    step_metrics = jax.device_get(step_metrics)
-    update_time = time.perf_counter() - update_start
-    step_time = time.perf_counter() - step_start
-    wallclock += step_time
-
-    batch_stats, stats = jax.device_get((batch_stats, rollout_stats(rewards_B, rollout.lengths_B)))
-    retained = int(batch_stats.pop('retained'))
-    samples += retained
-    tokens += int(stats['tokens'])
-    first = step_metrics[0]   # computed before any update of this step: the on-policy numbers
-    row = dict(step=step, samples=samples, tokens=tokens, reward_mean=float(stats['reward_mean']),
-               reward_std=float(stats['reward_std']),
-               grad_norm=float(np.mean([m['grad_norm'] for m in step_metrics])),
-               step_time_s=step_time, rollout_time_s=rollout_time, reward_time_s=reward_time,
-               update_time_s=update_time, wallclock_s=wallclock, samples_per_s=batch_size / step_time,
-               logprob_mismatch=first['logprob_mismatch'], entropy=first['entropy'],
-               clipfrac=first['clipfrac'], pg_loss=first['pg_loss'], approx_kl=first['approx_kl'],
-               moe_aux_loss=first['moe_aux_loss'],
-               response_len_mean=float(stats['response_len_mean']), retained=retained,
-               reward_failures=reward_failures, skipped_updates=int(sum(m['skipped'] for m in step_metrics)),
-               data_skipped=iterator.skipped)
-    for key, schedule in schedules.items():
-      row[key] = float(schedule((step - 1) * len(step_metrics)))
-    row.update({key: float(value) for key, value in batch_stats.items()})
-    for key in ('kl', 'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big') + algo.logged:
-      if key in first:
-        row[key] = float(np.mean([m[key] for m in step_metrics]))
-    if 'grad_sq_small' in row:  # B_simple over recent steps: one step alone is mostly noise
-      noise_terms.append([row[k] for k in NOISE_KEYS])
-      noise_scale = analysis.noise_scale(*np.transpose(noise_terms))
-      row['noise_scale'] = noise_scale if np.isfinite(noise_scale) else None
-    writer.train(row, console=step % config.train.log_every == 0)
+  run, carry, meta = setup(config, workdir)
+  noise = stats.NoiseScaleWindow(metrics_lib.read_jsonl(run.writer.path))   # goes on on resume
+  if meta['step'] == 0:
+    meta['eval_accuracy'], correct = run.evaluate(carry['params'])
+    run.writer.eval(0, 0, meta['eval_accuracy'], correct, 0.0)
+  while not _done(config.train, meta):
+    carry, row = rl_step(run, carry, next(run.iterator), meta['step'] + 1)
+    meta = _advance(meta, row, run.iterator)
+    noise.update(row)
+    run.writer.train(row, console=row['step'] % config.train.log_every == 0)
     if row['skipped_updates']:
-      logging.warning('step %d: %d non-finite update(s) skipped', step, row['skipped_updates'])
-    bad_steps = max(int(state[key].notfinite_count) for key in state if key.endswith('opt_state'))
-    if bad_steps >= config.optimizer.max_bad_steps:
-      ckpt.close()   # lets the in-flight save commit; skipped updates left its params good
-      raise FloatingPointError(
-          f'{config.optimizer.max_bad_steps} non-finite updates in a row at step {step}; stopping. '
-          f'The last good checkpoint is step {ckpt.latest_step()} in {workdir}/checkpoints.')
-
-    if step % config.train.eval_every == 0 or done():
-      last_eval, correct = evaluate(state['params'])
-      writer.eval(step, samples, last_eval, correct, wallclock)
+      logging.warning('step %d: %d non-finite update(s) skipped', row['step'],
+                      row['skipped_updates'])
+    _stop_if_diverged(run, carry, row['step'], workdir)
+    if row['step'] % config.train.eval_every == 0 or _done(config.train, meta):
+      meta['eval_accuracy'], correct = run.evaluate(carry['params'])
+      run.writer.eval(row['step'], meta['samples'], meta['eval_accuracy'], correct,
+                      meta['wallclock_s'])
     # Every process gets the same answer at the same step; a request during the last step is moot.
-    stopping = stop is not None and stop.agreed() and not done()
-    meta = dict(step=step, samples=samples, tokens=tokens, wallclock_s=wallclock,
-                data=iterator.state(), eval_accuracy=last_eval, config=config_json)
-    ckpt.save(step, checkpointed(), meta, force=done() or stopping)
+    stopping = stop is not None and stop.agreed() and not _done(config.train, meta)
+    run.ckpt.save(meta['step'], carry, dict(meta, config=workdir_lib.config_json(config)),
+                  force=_done(config.train, meta) or stopping)
     if stopping:
-      ckpt.close()
-      raise preemption.Preempted(step)
-  ckpt.close()
-  writer.close()
-  return last_eval
+      run.ckpt.close()
+      raise preemption.Preempted(meta['step'])
+  run.ckpt.close()
+  run.writer.close()
+  return meta['eval_accuracy']
 
 
 def memory_line(model_cfg, state, rollout_batch, seq_len, mesh):

@@ -59,3 +59,35 @@ def apply_update(loss_fn, optimizer, params, opt_state, batch, num_micro):
     metrics.update(grad_sq_small=micro_sq * num_micro, grad_sq_big=jnp.square(grad_norm),
                    b_small=jnp.float32(batch_size // num_micro), b_big=jnp.float32(batch_size))
   return params, opt_state, metrics
+
+
+def minibatch_epochs(step_fn, state, batch, rng, *, num_epochs, num_minibatches, group_size,
+                     averaged):
+  """`num_epochs` passes over `batch` in `num_minibatches` shuffled minibatches, in one program.
+
+  `step_fn(state, minibatch) -> (state, metrics)` is one optimizer update. Rows are shuffled in
+  whole groups of `group_size` (GRPO's responses to one prompt stay together). Returns the final
+  state and one set of metrics: the first update's (computed before any update of this batch, so
+  on-policy), except `averaged` keys (means over updates) and `skipped` (a count).
+  """
+  batch_size = jax.tree.leaves(batch)[0].shape[0]
+  num_groups = batch_size // group_size
+
+  def epoch(state, epoch_rng):
+    order_G = (jax.random.permutation(epoch_rng, num_groups) if num_minibatches > 1
+               else jnp.arange(num_groups))
+    order_B = (order_G[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
+    minibatches = jax.tree.map(
+        lambda x: x[order_B].reshape(num_minibatches, -1, *x.shape[1:]), batch)
+    return jax.lax.scan(step_fn, state, minibatches)
+
+  if num_epochs * num_minibatches == 1:   # no loop: the one update as it is
+    state, metrics = step_fn(state, batch)
+    metrics_U = jax.tree.map(lambda x: x[None], metrics)
+  else:
+    state, metrics_ExM = jax.lax.scan(epoch, state, jax.random.split(rng, num_epochs))
+    metrics_U = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), metrics_ExM)
+  reduced = {key: value[0] for key, value in metrics_U.items()}
+  reduced.update({key: jnp.mean(metrics_U[key], axis=0) for key in averaged if key in metrics_U})
+  reduced['skipped'] = jnp.sum(metrics_U['skipped'])
+  return state, reduced

@@ -24,6 +24,7 @@ from rljax import model as model_lib
 from rljax import optim
 from rljax import sharding
 from rljax import update
+from rljax import workdir as workdir_lib
 
 
 class SupervisedBatch(NamedTuple):
@@ -117,8 +118,6 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
                     accuracy, ws.threshold, step)
   checkpointer.save(os.path.join(path, 'params'), params, force=True)
   checkpointer.wait_until_finished()
-  if jax.process_index() == 0:  # written, then renamed: a kill never leaves a torn info.json
-    with open(os.path.join(path, 'info.json.tmp'), 'w') as f:
-      json.dump(info, f)
-    os.replace(os.path.join(path, 'info.json.tmp'), os.path.join(path, 'info.json'))
+  if jax.process_index() == 0:
+    workdir_lib.write_json_atomic(os.path.join(path, 'info.json'), info)
   return params, info

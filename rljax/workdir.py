@@ -28,25 +28,27 @@ def config_json(config):
   return json.loads(config.to_json())
 
 
-def _flat(tree, prefix=''):
+def flat(tree, prefix=''):
+  """{'a.b': leaf} of a nested dict."""
   if not isinstance(tree, dict):
     return {prefix[:-1]: tree}
-  flat = {}
+  items = {}
   for key, value in tree.items():
-    flat.update(_flat(value, f'{prefix}{key}.'))
-  return flat
+    items.update(flat(value, f'{prefix}{key}.'))
+  return items
 
 
 def differences(saved, current):
   """'key: saved -> current' for each dotted key that differs and may not differ on resume."""
-  saved, current = _flat(saved), _flat(current)
+  saved, current = flat(saved), flat(current)
   return [f'{key}: {saved.get(key, _MISSING)!r} -> {current.get(key, _MISSING)!r}'
           for key in sorted(set(saved) | set(current))
           if saved.get(key, _MISSING) != current.get(key, _MISSING)
           and not any((key + '.').startswith(field + '.') for field in RESUMABLE)]
 
 
-def _read_json(path):
+def read_json(path):
+  """A JSON file's content, or None when there is no such file."""
   if not os.path.exists(path):
     return None
   with open(path) as f:
@@ -83,7 +85,7 @@ def prepare(workdir, config):
     raise ValueError(f'workdir {workdir} is not writable')
   current = config_json(config)
   meta = checkpoint.read_latest_meta(workdir)
-  saved = meta.get('config', {'<config>': 'not recorded'}) if meta else _read_json(
+  saved = meta.get('config', {'<config>': 'not recorded'}) if meta else read_json(
       os.path.join(workdir, 'config.json'))
   changed = differences(saved, current) if saved is not None else []
   if changed:

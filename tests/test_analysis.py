@@ -208,31 +208,6 @@ def test_doubling_ratios_are_per_doubling():
     assert r['per_doubling'] == pytest.approx(2**-0.5)
 
 
-def test_noise_scale_recovers_b_simple_from_gaussian_gradients():
-  """Per-example gradients ~ N(G, Sigma): B_simple = tr(Sigma) / |G|^2 is known."""
-  rng = np.random.default_rng(0)
-  d, b_small, n_micro, n_steps = 32, 8, 8, 1000
-  mean_G = rng.standard_normal(d)
-  mean_G /= np.linalg.norm(mean_G)
-  factor = rng.standard_normal((d, d)) / np.sqrt(d)
-  cov = factor @ factor.T * 20.0
-  truth = np.trace(cov) / (mean_G @ mean_G)
-  chol = np.linalg.cholesky(cov)
-  per_example = mean_G + rng.standard_normal((n_steps, n_micro, b_small, d)) @ chol.T
-  micro_means = per_example.mean(axis=2)
-  g_small_sq = np.mean(np.sum(micro_means**2, axis=-1), axis=1)
-  g_big_sq = np.sum(micro_means.mean(axis=1)**2, axis=-1)
-  b_big = b_small * n_micro
-  estimate = analysis.noise_scale(g_small_sq, g_big_sq, b_small, b_big)
-  assert estimate == pytest.approx(truth, rel=0.1)
-  # Missing steps are skipped, per-step batch sizes are accepted.
-  g_small_sq[:10] = np.nan
-  assert analysis.noise_scale(g_small_sq, g_big_sq, np.full(n_steps, b_small),
-                              b_big) == pytest.approx(truth, rel=0.1)
-  # All signal swamped by noise: not estimable.
-  assert np.isnan(analysis.noise_scale([1.0], [1.0 - 1e-9 * 7 / 8 - 1.0], 8, 64))
-
-
 # ----------------------------------------------------------------------------------------------
 # The decision.
 # ----------------------------------------------------------------------------------------------

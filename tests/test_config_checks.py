@@ -4,6 +4,7 @@ import pytest
 
 from configs import grpo
 from rljax import config_checks
+from rljax import sharding
 
 
 @pytest.mark.parametrize('mesh, devices, sizes', [
@@ -12,19 +13,19 @@ from rljax import config_checks
     (dict(data=1, fsdp=2, expert=2, tensor=2), 8, dict(data=1, fsdp=2, expert=2, tensor=2)),
 ])
 def test_mesh_sizes(mesh, devices, sizes):
-  assert config_checks.mesh_sizes(mesh, devices) == sizes
+  assert sharding.mesh_shape(mesh, devices) == sizes
 
 
 @pytest.mark.parametrize('mesh, devices, message', [
-    (dict(data=3, fsdp=1, expert=1, tensor=1), 8, 'do not multiply to the 8 devices'),
-    (dict(data=-1, fsdp=3, expert=1, tensor=1), 8, 'do not multiply to the 8 devices'),
+    (dict(data=3, fsdp=1, expert=1, tensor=1), 8, 'needs 3 devices, but 8 are available'),
+    (dict(data=-1, fsdp=3, expert=1, tensor=1), 8, '8 devices are not divisible by 3'),
     (dict(data=-1, fsdp=-1, expert=1, tensor=1), 8, 'only one mesh axis may be -1'),
     (dict(data=0, fsdp=1, expert=1, tensor=1), 8, 'mesh.data must be a positive size or -1'),
     (dict(data=-2, fsdp=1, expert=1, tensor=1), 8, 'mesh.data must be a positive size or -1'),
 ])
 def test_bad_mesh(mesh, devices, message):
   with pytest.raises(ValueError, match=message):
-    config_checks.mesh_sizes(mesh, devices)
+    sharding.mesh_shape(mesh, devices)
 
 
 def test_data_parallel_divisibility_on_eight_devices():
@@ -35,14 +36,28 @@ def test_data_parallel_divisibility_on_eight_devices():
   config_checks.check(config, device_count=8, process_count=1)
   config.train.micro_batch = 4
   with pytest.raises(ValueError, match=r'train.micro_batch \(4\) is not divisible by the '
-                     r'data-parallel size data \* fsdp = 8'):
+                     r'data-parallel size data \* fsdp \* expert = 8'):
     config_checks.check(config, device_count=8, process_count=1)
   config.train.micro_batch, config.mesh.tensor, config.mesh.data = 4, 2, -1   # dp = 4
   config_checks.check(config, device_count=8, process_count=1)
   with pytest.raises(ValueError, match=r'rollout.P \(4\) is not divisible by the 8 processes'):
     config_checks.check(config, device_count=8, process_count=8)
   config.mesh.update(dict(data=1, fsdp=1, expert=8, tensor=1))
+  config.train.micro_batch = 8
   with pytest.raises(ValueError, match=r'model.num_experts \(4\) is not divisible by mesh.expert'):
+    config_checks.check(config, device_count=8, process_count=1)
+
+
+def test_the_expert_axis_splits_the_batch_too():
+  """The batch is split over data x fsdp x expert (sharding.BATCH_AXES): a micro-batch that the
+  expert axis does not divide is refused before anything is built."""
+  config = grpo.get_config('runlocal,P=4,G=4')
+  config.mesh.update(dict(data=2, fsdp=1, expert=4, tensor=1))
+  config.train.micro_batch = 8
+  config_checks.check(config, device_count=8, process_count=1)
+  config.train.micro_batch = 4
+  with pytest.raises(ValueError, match=r'train.micro_batch \(4\) is not divisible by the '
+                     r'data-parallel size data \* fsdp \* expert = 8'):
     config_checks.check(config, device_count=8, process_count=1)
 
 

@@ -23,7 +23,7 @@ from rljax import critic as critic_lib
 from rljax import losses
 from rljax import model as model_lib
 from rljax import policy_loss
-from rljax import ppo
+from rljax.algos import ppo
 from rljax import sampler as sampler_lib
 from rljax import sharding
 from rljax import update
@@ -403,13 +403,13 @@ def test_one_ppo_update_moves_actor_and_critic_and_logs_both_norms(share_trunk):
   config = ppo_config(share_trunk=share_trunk, kl_reward_coef=0.05, kl_coef=0.05)
   mesh = sharding.make_mesh(dict(data=1), devices=jax.devices()[:1])
   policy = sharding.place(policy, mesh)
-  algo = ppo.make(config, model, policy, num_micro=2, head_rng=jax.random.PRNGKey(1), mesh=mesh)
+  algo = ppo.make(config, model, policy, mesh, jax.random.PRNGKey(1))   # micro-batches of 4: 2
   assert algo.needs_reference and set(algo.schedules) == {'lr', 'critic_lr'}
   prompt, valid, rollout, rewards, _ = rollout_data(16, batch=8)
   ref = jax.tree.map(jnp.copy, policy)
   before = jax.tree.map(np.asarray, algo.state)
   batch, stats = algo.make_batch(algo.state, rollout, rewards, prompt, valid, ref)
-  state, metrics = algo.update(algo.state, batch, ref)
+  state, metrics = algo.update(algo.state, batch, ref, jax.random.PRNGKey(2))
   for key in ('grad_norm', 'critic_grad_norm', 'value_loss', 'clipfrac', 'approx_kl', 'kl'):
     assert np.isfinite(metrics[key]) and (metrics[key] > 0 or key in ('clipfrac', 'approx_kl')), key
   assert {'explained_variance', 'value_mean', 'return_mean', 'kl_reward'} <= set(stats)

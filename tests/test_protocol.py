@@ -79,7 +79,7 @@ def test_arm_overrides_apply_to_every_arm_but_not_to_the_batch():
   config.arm.grpo.clip_high = 0.28
   assert all(a.config.grpo.clip_high == 0.28 for a in protocol.arms(config, 'D'))
   config.arm.rollout.P = 32
-  with pytest.raises(ValueError, match='arm.rollout.P depends on the batch'):
+  with pytest.raises(ValueError, match='sweep the batch with protocol.sweep'):
     protocol.arms(config, 'D')
 
 

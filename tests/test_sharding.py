@@ -137,7 +137,7 @@ def test_indivisible_dimensions_stay_replicated():
 
 @pytest.mark.parametrize('sizes,message', [
     (dict(data=3), 'needs 3 devices'),
-    (dict(data=-1, fsdp=-1), 'at most one -1'),
+    (dict(data=-1, fsdp=-1), 'only one mesh axis may be -1'),
     (dict(data=-1, fsdp=3), 'not divisible by 3'),
     (dict(data=0), 'positive'),
     (dict(pipeline=2), 'unknown mesh axes'),

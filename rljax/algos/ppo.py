@@ -11,6 +11,7 @@ after the actor on the same minibatch; with `share_trunk` the value head sits on
 and ONE update follows policy loss + vf_coef * value loss, each part with its own Adam. Actor and
 critic gradient norms are logged separately: the paper finds the critic's barely falls with batch.
 """
+import functools
 from typing import NamedTuple
 
 import jax
@@ -18,13 +19,51 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from rljax import algorithm
+from rljax import algos
+from rljax import config_checks
 from rljax import critic as critic_lib
 from rljax import losses
 from rljax import optim
 from rljax import policy_loss
 from rljax import sharding
 from rljax import update
+
+BATCH_ARG = 'B'   # responses per batch, one per prompt
+
+
+def batch_size(config):
+  return config.rollout.P * config.rollout.G
+
+
+def with_batch(config, value):
+  """`config` at B = value; micro-batches (memory only) capped at the new batch."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.rollout.P = value
+  config.train.micro_batch = min(config.train.micro_batch, value)
+  return config
+
+
+def check(config):
+  rollout, cfg = config.rollout, config.ppo
+  if rollout.G != 1:
+    raise ValueError(f'rollout.G must be 1 for PPO (B prompts, one response each), got {rollout.G}')
+  config_checks.check_policy_loss('ppo', cfg)
+  if cfg.kl_reward_estimator not in losses.KL_KINDS:
+    raise ValueError(f'ppo.kl_reward_estimator {cfg.kl_reward_estimator!r} is not one of '
+                     f'{losses.KL_KINDS}')
+  if cfg.kl_reward_coef < 0:
+    raise ValueError(f'ppo.kl_reward_coef must be >= 0, got {cfg.kl_reward_coef}')
+  for key in ('gamma', 'lam'):
+    if not 0 <= cfg[key] <= 1:
+      raise ValueError(f'ppo.{key} must be in [0, 1], got {cfg[key]}')
+  if cfg.share_trunk and cfg.vf_coef <= 0:
+    raise ValueError(f'ppo.vf_coef must be > 0 with a shared trunk, got {cfg.vf_coef}')
+  copt = config.critic_optimizer
+  try:
+    optim.scaled_lr(copt.lr, rollout.P, copt.base_batch, copt.lr_rule)
+  except ValueError as error:
+    raise ValueError(f'critic_optimizer: {error}') from None
+  config_checks.check_decay('critic_optimizer', copt, config, rollout.P)
 
 
 class PPOBatch(NamedTuple):
@@ -156,46 +195,54 @@ def shared_update(state, batch, ref_params, *, actor_loss, critic_loss, tx, loss
   return state, metrics
 
 
-def make(config, model, params, num_micro, head_rng, mesh):
-  """The PPO Algorithm for `config`, starting from policy `params` (the critic from its trunk)."""
-  cfg, batch_size = config.ppo, config.rollout.P * config.rollout.G
-  total_updates = optim.planned_updates(config.train, batch_size)
+def make(config, model, params, mesh, rng):
+  """The PPO Algorithm for `config`, starting from policy `params` (the critic from its trunk,
+  its value head drawn from `rng`)."""
+  cfg, train, batch = config.ppo, config.train, batch_size(config)
+  num_micro = algos.micro_batches(config)
+  total_updates = optim.planned_updates(train, batch)
   critic = critic_lib.Critic(model.cfg)
   critic_opt_cfg = ml_collections.ConfigDict(dict(
       config.critic_optimizer.to_dict(), max_bad_steps=config.optimizer.max_bad_steps))
   actor_loss = policy_loss.make_policy_loss(model, cfg, config.rollout.temperature, num_micro,
-                                            config.train.logits_chunk)
+                                            train.logits_chunk)
   critic_loss = critic_lib.make_critic_loss(critic, cfg.value_clip, cfg.moe_aux_coef, num_micro)
-  critic_params = sharding.place(critic_lib.from_policy(params, head_rng, model.cfg), mesh)
+  critic_params = sharding.place(critic_lib.from_policy(params, rng, model.cfg), mesh)
   if cfg.share_trunk:
     tx, schedules = optim.make_joint_optimizer(
-        dict(policy=config.optimizer, value_head=critic_opt_cfg), batch_size, total_updates)
+        dict(policy=config.optimizer, value_head=critic_opt_cfg), batch, total_updates)
     critic_params = dict(value_head=critic_params['value_head'])
     state = dict(params=params,
                  opt_state=sharding.init_optimizer(tx, dict(policy=params, **critic_params), mesh),
                  critic_params=critic_params)
-    step = lambda state, batch, ref: shared_update(
-        state, batch, ref, actor_loss=actor_loss, critic_loss=critic_loss, tx=tx,
-        loss_agg=cfg.loss_agg, vf_coef=cfg.vf_coef, num_micro=num_micro)
+    step = functools.partial(shared_update, actor_loss=actor_loss, critic_loss=critic_loss, tx=tx,
+                             loss_agg=cfg.loss_agg, vf_coef=cfg.vf_coef, num_micro=num_micro)
     schedules = dict(lr=schedules['policy'], critic_lr=schedules['value_head'])
   else:
-    actor_tx, actor_schedule = optim.make_optimizer(config.optimizer, batch_size, total_updates)
-    critic_tx, critic_schedule = optim.make_optimizer(critic_opt_cfg, batch_size, total_updates)
+    actor_tx, actor_schedule = optim.make_optimizer(config.optimizer, batch, total_updates)
+    critic_tx, critic_schedule = optim.make_optimizer(critic_opt_cfg, batch, total_updates)
     state = dict(params=params, opt_state=sharding.init_optimizer(actor_tx, params, mesh),
                  critic_params=critic_params,
                  critic_opt_state=sharding.init_optimizer(critic_tx, critic_params, mesh))
-    step = lambda state, batch, ref: separate_update(
-        state, batch, ref, actor_loss=actor_loss, actor_tx=actor_tx, critic_loss=critic_loss,
-        critic_tx=critic_tx, loss_agg=cfg.loss_agg, num_micro=num_micro)
+    step = functools.partial(separate_update, actor_loss=actor_loss, actor_tx=actor_tx,
+                             critic_loss=critic_loss, critic_tx=critic_tx, loss_agg=cfg.loss_agg,
+                             num_micro=num_micro)
     schedules = dict(lr=actor_schedule, critic_lr=critic_schedule)
+
   # The rollout batch is the full batch; value and reference forwards go micro-batch by micro-batch.
-  forward_micro = num_micro * config.train.num_minibatches
-  make_batch = sharding.on_mesh(jax.jit(lambda state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params:
-                       ppo_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params,
-                                 model=model, critic=critic, cfg=cfg,
-                                 temperature=config.rollout.temperature, num_micro=forward_micro)),
-                                mesh)
-  return algorithm.Algorithm(
-      state=state, make_batch=make_batch,
-      update=sharding.on_mesh(jax.jit(step, donate_argnums=0), mesh),
-      schedules=schedules, needs_reference=bool(cfg.kl_coef or cfg.kl_reward_coef), logged=LOGGED)
+  def make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params):
+    return ppo_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params, model=model,
+                     critic=critic, cfg=cfg, temperature=config.rollout.temperature,
+                     num_micro=num_micro * train.num_minibatches)
+
+  def update_fn(state, batch, ref_params, rng):
+    return update.minibatch_epochs(
+        lambda state, minibatch: step(state, minibatch, ref_params), state, batch, rng,
+        num_epochs=train.num_epochs, num_minibatches=train.num_minibatches, group_size=1,
+        averaged=algos.AVERAGED + LOGGED)
+
+  return algos.Algorithm(
+      state=state, make_batch=sharding.on_mesh(jax.jit(make_batch), mesh),
+      update=sharding.on_mesh(jax.jit(update_fn, donate_argnums=0), mesh),
+      updates_per_batch=train.num_epochs * train.num_minibatches, schedules=schedules,
+      needs_reference=bool(cfg.kl_coef or cfg.kl_reward_coef), logged=LOGGED)

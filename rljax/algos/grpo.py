@@ -1,0 +1,96 @@
+"""GRPO: advantages are rewards z-scored within each group of G responses to the same prompt.
+
+No critic: the group is the baseline. The batch unit is P x G responses; rows are group-major
+(the G responses of a prompt are consecutive), which minibatch shuffling keeps intact.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from rljax import algos
+from rljax import config_checks
+from rljax import losses
+from rljax import optim
+from rljax import policy_loss
+from rljax import sharding
+from rljax import update as update_lib
+
+BATCH_ARG = 'P'   # prompts per batch; each gets G responses
+
+
+def batch_size(config):
+  return config.rollout.P * config.rollout.G
+
+
+def with_batch(config, value):
+  """`config` at P = value; micro-batches (memory only) capped at the new batch."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.rollout.P = value
+  config.train.micro_batch = min(config.train.micro_batch, batch_size(config))
+  return config
+
+
+def check(config):
+  rollout, train = config.rollout, config.train
+  if rollout.G < 2:
+    raise ValueError(f'rollout.G must be >= 2 for GRPO (group z-scores need 2 responses), '
+                     f'got {rollout.G}')
+  if train.num_minibatches >= 1 and rollout.P * rollout.G % train.num_minibatches == 0 and (
+      rollout.P % train.num_minibatches):
+    raise ValueError(f'train.num_minibatches ({train.num_minibatches}) must divide rollout.P '
+                     f'({rollout.P}): minibatches hold whole groups')
+  if train.micro_batch and train.micro_batch % rollout.G:
+    raise ValueError(f'train.micro_batch ({train.micro_batch}) must be a multiple of rollout.G '
+                     f'({rollout.G}): the gradient noise scale needs whole groups per micro-batch')
+  config_checks.check_policy_loss('grpo', config.grpo)
+
+
+def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
+  """GRPO advantages over groups of G consecutive rows; zero-variance groups optionally dropped."""
+  rewards_PxG = rewards_B.reshape(-1, G)
+  advantages_B = losses.group_advantages(rewards_PxG, grpo_cfg.normalize_std).reshape(-1)
+  zero_var_P = losses.zero_variance_groups(rewards_PxG)
+  keep_B = jnp.repeat(~zero_var_P, G) if grpo_cfg.filter_zero_variance else jnp.ones_like(advantages_B,
+                                                                                            bool)
+  mask_BxL = (rollout.mask_BxL & keep_B[:, None]).astype(jnp.float32)
+  batch = policy_loss.PolicyBatch(
+      prompt_BxT=prompt_BxT, prompt_valid_BxT=valid_BxT, response_BxL=rollout.tokens_BxL,
+      mask_BxL=mask_BxL, old_logp_BxL=rollout.logp_BxL,
+      advantages_BxL=advantages_B[:, None] * mask_BxL, weights_BxL=jnp.zeros_like(mask_BxL))
+  stats = dict(zero_variance_frac=jnp.mean(zero_var_P), retained=jnp.sum(keep_B))
+  return batch, stats
+
+
+def make(config, model, params, mesh, rng):
+  """The GRPO Algorithm for `config`, starting from policy `params` (`rng` is not used)."""
+  del rng
+  G, train = config.rollout.G, config.train
+  num_micro = algos.micro_batches(config)
+  optimizer, schedule = optim.make_optimizer(config.optimizer, batch_size(config),
+                                             optim.planned_updates(train, batch_size(config)))
+
+  def make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params):
+    del state, ref_params
+    return group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, config.grpo)
+
+  loss_fn = policy_loss.make_policy_loss(model, config.grpo, config.rollout.temperature, num_micro,
+                                         train.logits_chunk)
+  step = functools.partial(policy_loss.policy_update, loss_fn, optimizer, config.grpo.loss_agg,
+                           num_micro)
+
+  def update(state, batch, ref_params, rng):
+    def one_update(state, minibatch):
+      params, opt_state, metrics = step(state['params'], state['opt_state'], minibatch, ref_params)
+      return dict(params=params, opt_state=opt_state), metrics
+    return update_lib.minibatch_epochs(
+        one_update, state, batch, rng, num_epochs=train.num_epochs,
+        num_minibatches=train.num_minibatches, group_size=G, averaged=algos.AVERAGED)
+
+  return algos.Algorithm(
+      state=dict(params=params, opt_state=sharding.init_optimizer(optimizer, params, mesh)),
+      make_batch=sharding.on_mesh(jax.jit(make_batch), mesh),
+      update=sharding.on_mesh(jax.jit(update, donate_argnums=0), mesh),
+      updates_per_batch=train.num_epochs * train.num_minibatches,
+      schedules=dict(lr=schedule), needs_reference=bool(config.grpo.kl_coef))
