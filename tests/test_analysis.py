@@ -348,6 +348,7 @@ def test_build_report_end_to_end(workdir):
   assert report['confirm']['measured_over_predicted'] == pytest.approx(1.0, rel=0.15)
 
 
+@pytest.mark.e2e
 def test_cli_rebuilds_the_report_files(workdir):
   result = subprocess.run([sys.executable, '-m', 'rljax.analysis', f'--workdir={workdir}'],
                           cwd=REPO, capture_output=True, text=True, check=False)
@@ -370,6 +371,7 @@ def test_cli_rebuilds_the_report_files(workdir):
 
 
 @pytest.mark.parametrize('make', ['missing', 'empty'])
+@pytest.mark.e2e
 def test_cli_fails_clearly_on_a_bad_workdir(tmp_path, make):
   path = tmp_path / 'nothing' if make == 'missing' else tmp_path
   result = subprocess.run([sys.executable, '-m', 'rljax.analysis', f'--workdir={path}'],

@@ -45,6 +45,7 @@ def _restore_all(workdir):
   return latest, bad
 
 
+@pytest.mark.e2e
 def test_kill9_while_saving_and_deleting_never_leaves_an_unreadable_step(tmp_path):
   rng = random.Random(0)
   workdir = str(tmp_path / 'run')

@@ -6,6 +6,8 @@ import nbclient
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.e2e   # notebooks through a real Jupyter kernel
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLABS = os.path.join(ROOT, 'colabs')
 NOTEBOOKS = ('grpo_quickstart.ipynb', 'align_then_accelerate.ipynb', 'ppo.ipynb')

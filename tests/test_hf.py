@@ -308,6 +308,7 @@ print('OK', cut)
 
 
 @pytest.mark.parametrize('name', MODELS)
+@pytest.mark.e2e
 def test_load_places_each_shard_from_its_own_slice(name):
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
              PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')

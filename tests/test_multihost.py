@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.e2e   # two processes joined by jax.distributed
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
     '--config=configs/grpo.py:runlocal,P=8,G=4',

@@ -458,6 +458,7 @@ def test_default_ppo_configs_pass_the_checks():
     config_checks.check(ppo_config_file.get_config(arg))
 
 
+@pytest.mark.e2e
 def test_cli_rejects_a_bad_ppo_config_with_one_line(tmp_path):
   result = subprocess.run(
       [sys.executable, '-m', 'rljax.main', '--config=configs/ppo.py:runlocal,B=0',

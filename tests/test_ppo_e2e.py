@@ -14,6 +14,8 @@ import pytest
 
 from rljax import metrics
 
+pytestmark = pytest.mark.e2e   # a whole PPO training run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, STEPS = 64, 150
 

@@ -166,6 +166,7 @@ def resumed(tmp_path_factory, data_dir):
               killed_before_report, first_before=before, first_after=after)
 
 
+@pytest.mark.e2e
 def test_resume_skips_finished_arms_and_shares_one_warm_start(resumed):
   assert resumed['killed_before_report']
   assert 'align 1/3: P2 seed 0: already done, skipped' in resumed['stdout']
@@ -174,6 +175,7 @@ def test_resume_skips_finished_arms_and_shares_one_warm_start(resumed):
   assert len(warm_starts) == 1, warm_starts   # every arm started from the one warm start
 
 
+@pytest.mark.e2e
 def test_protocol_writes_runs_throughput_report_and_plots(resumed):
   workdir = resumed['workdir']
   for arm in ('P2', 'P4', 'P4_fixed_lr'):
@@ -205,6 +207,7 @@ def test_protocol_writes_runs_throughput_report_and_plots(resumed):
       assert f.read(8) == b'\x89PNG\r\n\x1a\n', plot
 
 
+@pytest.mark.e2e
 def test_a_finished_protocol_retrains_nothing_and_refuses_a_changed_config(resumed):
   workdir, env = resumed['workdir'], resumed['env']
   data_dir = json.load(open(os.path.join(workdir, 'arms', 'P2', 'seed_0', 'run_config.json')))[
@@ -219,6 +222,7 @@ def test_a_finished_protocol_retrains_nothing_and_refuses_a_changed_config(resum
   assert 'was started with grpo.clip_high=0.2' in changed.stderr
 
 
+@pytest.mark.e2e
 def test_confirm_run_is_compared_with_the_prediction(resumed, data_dir):
   """The confirmation run at a given recommended batch, in process, and its report section."""
   config, workdir = tiny_config(data_dir), resumed['workdir']

@@ -170,6 +170,8 @@ import sys, time
 import jax
 jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
 from rljax import preemption
+
+pytestmark = pytest.mark.e2e   # real `python -m rljax.main` processes, killed and resumed
 with preemption.StopRequest() as stop:
   print('ready', flush=True)
   for step in range(1, 100_000):

@@ -1,10 +1,59 @@
-"""rljax.train's own numbers, the rollout statistics logged every step, against numpy (the loop
-itself runs end to end in test_reliability.py, test_ppo_e2e.py and test_train_math.py)."""
+"""rljax.train in-process: one rl_step, a short loop and its resume, and the row it logs (the loop
+also runs end to end as a command in test_reliability.py, test_ppo_e2e.py and test_train_math.py)."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import grpo as grpo_config
+from configs import rloo as rloo_config
+from rljax import metrics
 from rljax import train
+
+# The training row's contract (metrics.jsonl, read by other tools).
+CONTRACT = ('step', 'samples', 'tokens', 'reward_mean', 'lr', 'grad_norm', 'step_time_s',
+            'rollout_time_s', 'update_time_s')
+
+
+def tiny(config_file, tmp_path, **train_overrides):
+  """A random tiny policy on 1-digit addition, P=4 x G=4, no warm start: seconds per step."""
+  config = config_file.get_config('runlocal,P=4,G=4')
+  config.data.update(dir=str(tmp_path / 'data'), digits=1, num_train=200, num_test=20)
+  config.warmstart.enabled = False
+  config.metrics.update(tensorboard=False, progress=False)
+  config.train.update(dict(dict(max_samples=0, max_steps=2, eval_every=2, eval_size=8,
+                                micro_batch=8, checkpoint_every=1), **train_overrides))
+  return config
+
+
+def test_rl_step_samples_scores_and_updates(tmp_path):
+  config = tiny(grpo_config, tmp_path)
+  run, carry, meta = train.setup(config, str(tmp_path / 'run'))
+  assert meta['step'] == 0 and set(carry) == {'params', 'opt_state', 'rng'}
+  before = jax.tree.map(np.asarray, carry['params'])
+  carry, row = train.rl_step(run, carry, next(run.iterator), 1)
+  assert row['step'] == 1 and row['retained'] == 16 and row['skipped_updates'] == 0
+  assert set(CONTRACT) - {'samples', 'tokens'} <= set(row)   # the loop adds the running totals
+  assert 1 <= row['tokens_step'] <= 16 * 3 and np.isfinite(row['grad_norm'])
+  assert row['b_small'] == 8 and row['b_big'] == 16   # two micro-batches: noise-scale terms
+  moved = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - b).max(), carry['params'], before)
+  assert max(jax.tree.leaves(moved)) > 0
+  run.ckpt.close()
+
+
+@pytest.mark.parametrize('config_file', [grpo_config, rloo_config])
+@pytest.mark.e2e
+def test_train_logs_running_totals_and_resumes_where_it_stopped(config_file, tmp_path):
+  workdir = str(tmp_path / 'run')
+  train.train(tiny(config_file, tmp_path), workdir)
+  train.train(tiny(config_file, tmp_path, max_steps=3), workdir)   # resumes at step 2
+  rows = metrics.read_jsonl(f'{workdir}/metrics.jsonl')
+  steps = [r for r in rows if not r.get('eval')]
+  assert [r['step'] for r in steps] == [1, 2, 3]
+  assert all(set(CONTRACT) <= set(r) for r in steps)
+  assert np.all(np.diff([r['samples'] for r in steps]) == 16)
+  assert [r['step'] for r in rows if r.get('eval')] == [0, 2, 3]
+  assert np.all(np.diff([r['wallclock_s'] for r in steps]) > 0)
 
 
 def test_rollout_stats_match_numpy():

@@ -15,6 +15,8 @@ from rljax import hf_export
 from rljax import metrics
 from rljax import train
 
+pytestmark = pytest.mark.e2e   # GSM8K-format runs end to end, and the command line
+
 TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -273,3 +273,48 @@ def test_finite_update_matches_numpy_adam():
     m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
     w = w - lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
   np.testing.assert_allclose(params['w'], w, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ epochs x minibatches
+
+
+def _recording_step(state, minibatch):
+  """A fake optimizer update that records which rows it saw and counts its calls."""
+  return state + 1, dict(rows=minibatch['id'], grad_norm=jnp.float32(state),
+                         entropy=jnp.float32(10 + state), skipped=jnp.int32(state % 2))
+
+
+@pytest.mark.parametrize('epochs, minibatches, group', [(1, 1, 4), (2, 3, 4), (3, 2, 1)])
+def test_minibatch_epochs_visit_every_row_once_per_epoch_in_whole_groups(epochs, minibatches,
+                                                                         group):
+  batch = dict(id=jnp.arange(24))
+  step = jax.jit(lambda s, b, r: update.minibatch_epochs(
+      _recording_step, s, b, r, num_epochs=epochs, num_minibatches=minibatches, group_size=group,
+      averaged=('grad_norm',)))
+  state, metrics = step(jnp.int32(0), batch, jax.random.PRNGKey(0))
+  num_updates = epochs * minibatches
+  assert int(state) == num_updates
+  assert float(metrics['grad_norm']) == pytest.approx(np.mean(np.arange(num_updates)))  # averaged
+  assert float(metrics['entropy']) == 10.0   # the first (on-policy) update's
+  assert int(metrics['skipped']) == sum(u % 2 for u in range(num_updates))   # counted
+  rows = np.asarray(metrics['rows'])   # the first update's rows
+  assert len(rows) == 24 // minibatches
+  assert all(set(rows[i:i + group]) == set(range(rows[i] // group * group,
+                                                 rows[i] // group * group + group))
+             for i in range(0, len(rows), group))   # whole, consecutive groups
+
+
+def test_minibatch_epochs_cover_the_batch_each_epoch_and_shuffle_between_calls():
+  def counting_step(counts_B, minibatch):   # the state counts how often each row was trained on
+    return counts_B.at[minibatch['id']].add(1), dict(rows=minibatch['id'], skipped=jnp.int32(0))
+
+  run = jax.jit(lambda b, r: update.minibatch_epochs(
+      counting_step, jnp.zeros(12, jnp.int32), b, r, num_epochs=2, num_minibatches=3,
+      group_size=2, averaged=()))
+  batch = dict(id=jnp.arange(12))
+  firsts = set()
+  for seed in range(4):
+    counts_B, metrics = run(batch, jax.random.PRNGKey(seed))
+    np.testing.assert_array_equal(counts_B, 2)   # every row once per epoch
+    firsts.add(tuple(np.asarray(metrics['rows'])))
+  assert len(firsts) > 1   # the minibatch order depends on the key

@@ -35,8 +35,8 @@ def with_batch(config, value):
 def check(config):
   rollout, train = config.rollout, config.train
   if rollout.G < 2:
-    raise ValueError(f'rollout.G must be >= 2 for GRPO (group z-scores need 2 responses), '
-                     f'got {rollout.G}')
+    raise ValueError(f'rollout.G must be >= 2 for {config.algo} (a group baseline needs 2 '
+                     f'responses), got {rollout.G}')
   if train.num_minibatches >= 1 and rollout.P * rollout.G % train.num_minibatches == 0 and (
       rollout.P % train.num_minibatches):
     raise ValueError(f'train.num_minibatches ({train.num_minibatches}) must divide rollout.P '
@@ -44,7 +44,17 @@ def check(config):
   if train.micro_batch and train.micro_batch % rollout.G:
     raise ValueError(f'train.micro_batch ({train.micro_batch}) must be a multiple of rollout.G '
                      f'({rollout.G}): the gradient noise scale needs whole groups per micro-batch')
-  config_checks.check_policy_loss('grpo', config.grpo)
+  config_checks.check_policy_loss(config.algo, config[config.algo])
+
+
+def policy_batch(rollout, advantages_B, keep_B, prompt_BxT, valid_BxT):
+  """The policy-gradient batch of a rollout: one advantage per response, spread over its tokens;
+  rows not kept (keep_B False) are masked out."""
+  mask_BxL = (rollout.mask_BxL & keep_B[:, None]).astype(jnp.float32)
+  return policy_loss.PolicyBatch(
+      prompt_BxT=prompt_BxT, prompt_valid_BxT=valid_BxT, response_BxL=rollout.tokens_BxL,
+      mask_BxL=mask_BxL, old_logp_BxL=rollout.logp_BxL,
+      advantages_BxL=advantages_B[:, None] * mask_BxL, weights_BxL=jnp.zeros_like(mask_BxL))
 
 
 def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
@@ -52,32 +62,31 @@ def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
   rewards_PxG = rewards_B.reshape(-1, G)
   advantages_B = losses.group_advantages(rewards_PxG, grpo_cfg.normalize_std).reshape(-1)
   zero_var_P = losses.zero_variance_groups(rewards_PxG)
-  keep_B = jnp.repeat(~zero_var_P, G) if grpo_cfg.filter_zero_variance else jnp.ones_like(advantages_B,
-                                                                                            bool)
-  mask_BxL = (rollout.mask_BxL & keep_B[:, None]).astype(jnp.float32)
-  batch = policy_loss.PolicyBatch(
-      prompt_BxT=prompt_BxT, prompt_valid_BxT=valid_BxT, response_BxL=rollout.tokens_BxL,
-      mask_BxL=mask_BxL, old_logp_BxL=rollout.logp_BxL,
-      advantages_BxL=advantages_B[:, None] * mask_BxL, weights_BxL=jnp.zeros_like(mask_BxL))
-  stats = dict(zero_variance_frac=jnp.mean(zero_var_P), retained=jnp.sum(keep_B))
-  return batch, stats
+  keep_B = (jnp.repeat(~zero_var_P, G) if grpo_cfg.filter_zero_variance
+            else jnp.ones_like(advantages_B, bool))
+  batch = policy_batch(rollout, advantages_B, keep_B, prompt_BxT, valid_BxT)
+  return batch, dict(zero_variance_frac=jnp.mean(zero_var_P), retained=jnp.sum(keep_B))
 
 
-def make(config, model, params, mesh, rng):
-  """The GRPO Algorithm for `config`, starting from policy `params` (`rng` is not used)."""
+def make(config, model, params, mesh, rng, batch_fn=group_batch):
+  """The GRPO Algorithm for `config`, starting from policy `params` (`rng` is not used).
+
+  `batch_fn(rollout, rewards_B, prompt_BxT, valid_BxT, G, section) -> (batch, stats)` makes the
+  advantages: group z-scores here; other group-baseline algorithms (rljax.algos.rloo) pass theirs.
+  """
   del rng
-  G, train = config.rollout.G, config.train
+  G, train, section = config.rollout.G, config.train, config[config.algo]
   num_micro = algos.micro_batches(config)
   optimizer, schedule = optim.make_optimizer(config.optimizer, batch_size(config),
                                              optim.planned_updates(train, batch_size(config)))
 
   def make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params):
     del state, ref_params
-    return group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, config.grpo)
+    return batch_fn(rollout, rewards_B, prompt_BxT, valid_BxT, G, section)
 
-  loss_fn = policy_loss.make_policy_loss(model, config.grpo, config.rollout.temperature, num_micro,
+  loss_fn = policy_loss.make_policy_loss(model, section, config.rollout.temperature, num_micro,
                                          train.logits_chunk)
-  step = functools.partial(policy_loss.policy_update, loss_fn, optimizer, config.grpo.loss_agg,
+  step = functools.partial(policy_loss.policy_update, loss_fn, optimizer, section.loss_agg,
                            num_micro)
 
   def update(state, batch, ref_params, rng):
@@ -93,4 +102,4 @@ def make(config, model, params, mesh, rng):
       make_batch=sharding.on_mesh(jax.jit(make_batch), mesh),
       update=sharding.on_mesh(jax.jit(update, donate_argnums=0), mesh),
       updates_per_batch=train.num_epochs * train.num_minibatches,
-      schedules=dict(lr=schedule), needs_reference=bool(config.grpo.kl_coef))
+      schedules=dict(lr=schedule), needs_reference=bool(section.kl_coef))
