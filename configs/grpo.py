@@ -52,8 +52,13 @@ def get_config(arg=None):
   # Rollouts: P prompts x G responses = the batch unit of the lr rule. max_new_tokens=0: from the task.
   config.rollout = dict(P=arg.P, G=arg.G, max_new_tokens=0, temperature=1.0, top_k=0, top_p=1.0)
 
-  config.grpo = dict(normalize_std=True, filter_zero_variance=False, clip_low=0.2, clip_high=0.2,
-                     kl_coef=0.0, kl_estimator='k3', loss_agg='token-mean', moe_aux_coef=1e-3)
+  # The policy loss (docs/reference/losses.md). normalize_std=False is Dr. GRPO; adv_eps is added
+  # to the group std. clip_ratio_c > 1 turns on dual-clip for A < 0 (0: off). kl_estimator, as a
+  # kl_coef loss term: 'k3' follows the gradient of KL(ref || pi), 'k2' that of KL(pi || ref);
+  # 'k1' has zero expected gradient and is refused. loss_agg: one of losses.AGGREGATION_MODES.
+  config.grpo = dict(normalize_std=True, adv_eps=1e-6, filter_zero_variance=False, clip_low=0.2,
+                     clip_high=0.2, clip_ratio_c=0.0, kl_coef=0.0, kl_estimator='k3',
+                     loss_agg='token-mean', moe_aux_coef=1e-3)
 
   # lr = lr * sqrt(P*G / base_batch): 5e-5 at P=16, G=8 is what RECIPE.md measured to work.
   # decay: the lr after warmup, held ('constant') or annealed to 0 at the budget's end ('linear',

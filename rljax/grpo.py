@@ -18,7 +18,8 @@ from rljax import sharding
 def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
   """GRPO advantages over groups of G consecutive rows; zero-variance groups optionally dropped."""
   rewards_PxG = rewards_B.reshape(-1, G)
-  advantages_B = losses.group_advantages(rewards_PxG, grpo_cfg.normalize_std).reshape(-1)
+  advantages_B = losses.group_advantages(rewards_PxG, grpo_cfg.normalize_std,
+                                         grpo_cfg.adv_eps).reshape(-1)
   zero_var_P = losses.zero_variance_groups(rewards_PxG)
   keep_B = jnp.repeat(~zero_var_P, G) if grpo_cfg.filter_zero_variance else jnp.ones_like(advantages_B,
                                                                                             bool)
