@@ -57,6 +57,7 @@ def initialize_distributed():
 
 
 def fail(message, code):
+  message = str(message).replace('\n', ' ')   # one line, always
   print(f'rljax: error: {message}', file=sys.stderr, flush=True)
   sys.exit(code)
 
@@ -125,23 +126,19 @@ def parse_flags(argv, flag_values=None):
     fail(flag_error_message(error, argv), EXIT_BAD_INPUT)
 
 
-def main(argv):
-  if len(argv) > 1:
-    fail(f'unexpected arguments: {argv[1:]}', EXIT_BAD_INPUT)
-  if not FLAGS['verbosity'].present:  # orbax and TFDS are chatty at INFO
-    logging.set_verbosity(logging.WARNING)
-  config = FLAGS.config
-  initialize_distributed()
-  # Imported after flag parsing: jax reads XLA_FLAGS when first imported.
+def run(config, workdir):
+  """Trains `config` (or runs the protocol) in `workdir`; every failure of the exit-code contract
+  becomes its line on stderr and its exit code."""
+  # Imported here, after flag parsing: jax reads XLA_FLAGS when first imported.
   from rljax import preemption  # pylint: disable=g-import-not-at-top
   from rljax import protocol  # pylint: disable=g-import-not-at-top
   from rljax import train  # pylint: disable=g-import-not-at-top
   try:
     with preemption.StopRequest() as stop:
       if config.get('mode', 'train') == 'protocol':
-        protocol.run(config, FLAGS.workdir)
+        protocol.run(config, workdir)
       else:
-        train.train(config, FLAGS.workdir, stop)
+        train.train(config, workdir, stop)
   except ValueError as error:  # bad input
     fail(error, EXIT_BAD_INPUT)
   except FloatingPointError as error:  # persistent NaN / inf
@@ -149,6 +146,15 @@ def main(argv):
   except preemption.Preempted as stopped:
     print(f'rljax: {stopped}', file=sys.stderr, flush=True)
     sys.exit(preemption.EXIT_CODE)
+
+
+def main(argv):
+  if len(argv) > 1:
+    fail(f'unexpected arguments: {argv[1:]}', EXIT_BAD_INPUT)
+  if not FLAGS['verbosity'].present:  # orbax and TFDS are chatty at INFO
+    logging.set_verbosity(logging.WARNING)
+  initialize_distributed()
+  run(FLAGS.config, FLAGS.workdir)
 
 
 if __name__ == '__main__':
