@@ -19,6 +19,7 @@ import pytest
 from safetensors import safe_open
 
 from configs import grpo as grpo_config
+from rljax import checkpoint
 from rljax import hf
 from rljax import hf_tokenizer
 from rljax import model as model_lib
@@ -240,6 +241,27 @@ def test_export_reloads_in_transformers_with_the_same_logits(name, tmp_path):
 # ------------------------------------------------------------------ bad checkpoints
 
 
+@pytest.mark.e2e
+def test_export_cli_prints_one_line_saying_what_it_wrote(tmp_path):
+  """`python -m rljax.hf_export` from a real orbax checkpoint of a run: stdout is one line, stderr
+  is empty (no orbax INFO logs), and the export holds the checkpointed params."""
+  cfg, params = load('tiny_qwen3')
+  params = jax.tree.map(lambda x: x * 2, params)
+  run, out = tmp_path / 'run', tmp_path / 'out'
+  saver = checkpoint.Checkpointer(str(run), every=1, keep=1)
+  saver.save(5, {'params': params}, {'step': 5}, force=True)
+  saver.close()
+  result = subprocess.run(
+      [sys.executable, '-m', 'rljax.hf_export', f'--workdir={run}', f'--base={model_dir("tiny_qwen3")}',
+       f'--out={out}'], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu'),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0 and result.stderr == '', result.stderr
+  assert result.stdout == (f'rljax.hf_export: wrote step 5 of {run} as a Hugging Face checkpoint '
+                           f'to {out} (1 safetensors file, 0.2 MB, float32)\n')
+  for a, b in zip(jax.tree.leaves(hf.load_params(str(out), cfg)), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_missing_tensor_is_named(tmp_path):
   cfg, params = load('tiny_qwen3')
   hf.save_params(params, cfg, str(tmp_path))
@@ -347,6 +369,7 @@ import sys
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from configs import grpo as grpo_config
+from rljax import checkpoint
 from rljax import hf
 assert jax.device_count() == 8
 name = sys.argv[1]

@@ -2,6 +2,7 @@
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -10,6 +11,8 @@ import pytest
 
 from rljax import grpo
 from rljax import losses
+from rljax import model as model_lib
+from rljax import policy_loss
 from rljax import sampler
 
 RTOL, ATOL = 2e-6, 1e-6
@@ -335,6 +338,36 @@ def test_dual_clip_random_and_gradient():
   adv = rng.normal(size=(8, 40)).astype(np.float32)
   ref_clipped = check_surrogate(log_ratio, adv, .2, .28, 3.0)
   assert np.any((adv < 0) & (np.exp(log_ratio) > 3.0) & (ref_clipped == 1))   # dual-clip active
+
+
+
+@pytest.mark.parametrize('c', [0.0, 3.0])
+def test_policy_loss_applies_the_configured_dual_clip(c):
+  """cfg.clip_ratio_c reaches the loss of a real (tiny) model: its pg loss equals the float64
+  reference of the surrogate on that model's own log-probs."""
+  cfg = model_lib.ModelConfig(vocab_size=16, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                              head_dim=8, num_experts=0, dense_hidden=32)
+  model = model_lib.Transformer(cfg)
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0)))
+  rng = np.random.default_rng(14)
+  b, t, l = 4, 3, 5
+  mask = np.ones((b, l), np.float32)
+  batch = policy_loss.PolicyBatch(
+      prompt_BxT=jnp.asarray(rng.integers(0, 16, (b, t))), prompt_valid_BxT=jnp.ones((b, t), bool),
+      response_BxL=jnp.asarray(rng.integers(0, 16, (b, l))), mask_BxL=jnp.asarray(mask),
+      old_logp_BxL=jnp.full((b, l), -9.0),    # ratios of about e^6: far past c = 3
+      advantages_BxL=jnp.asarray(rng.choice([-1.0, 1.0], (b, 1)) * mask),
+      weights_BxL=losses.token_weights(mask, 'token-mean'))
+  loss_cfg = ml_collections.ConfigDict(dict(clip_low=.2, clip_high=.2, clip_ratio_c=c, kl_coef=0.0,
+                                            kl_estimator='k3', moe_aux_coef=0.0))
+  _, metrics = policy_loss.make_policy_loss(model, loss_cfg, 1.0, 1)(params, batch)
+  logp, _, _ = policy_loss.response_logprobs(model, params, batch.prompt_BxT,
+                                             batch.prompt_valid_BxT, batch.response_BxL, 1.0)
+  adv, logp = np.asarray(batch.advantages_BxL), np.asarray(logp, np.float64)
+  expected = np.mean([ref_surrogate(logp[i, j] + 9.0, adv[i, j], .2, .2, c)[0]
+                      for i in range(b) for j in range(l)])
+  close(metrics['pg_loss'], expected, rtol=1e-5)
+  assert np.any(adv < 0)
 
 
 # ----------------------------------------------------------------------------------------------
