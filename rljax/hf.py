@@ -235,7 +235,7 @@ def _open_safetensors(path, listed_in=None):
 
 
 class _Files(contextlib.ExitStack):
-  """The safetensors files of a checkpoint, all opened (headers checked) up front, by tensor name."""
+  """The safetensors files of a checkpoint by tensor name, all opened (headers checked) up front."""
 
   def __init__(self, hf_dir):
     super().__init__()
@@ -248,7 +248,8 @@ class _Files(contextlib.ExitStack):
         if not isinstance(weight_map, dict) or not weight_map:
           raise ValueError(f'{index} has no weight_map of tensor names to files')
         for file in sorted(set(weight_map.values())):
-          self._open[file] = self.enter_context(_open_safetensors(os.path.join(hf_dir, file), index))
+          path = os.path.join(hf_dir, file)
+          self._open[file] = self.enter_context(_open_safetensors(path, listed_in=index))
       elif os.path.exists(single):
         self._open['model.safetensors'] = self.enter_context(_open_safetensors(single))
         weight_map = {name: 'model.safetensors' for name in self._open['model.safetensors'].keys()}

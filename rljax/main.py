@@ -26,7 +26,7 @@ EXIT_NON_FINITE = 3
 
 
 def define_flags(flag_values):
-  """The command line of rljax.main, on `flag_values` (flags.FLAGS when run; tests use their own)."""
+  """rljax.main's command line, on `flag_values` (flags.FLAGS when run; tests use their own)."""
   config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/grpo.py:runlocal',
                                   flag_values=flag_values, lock_config=True)
   flags.DEFINE_string('workdir', None, 'Where metrics, checkpoints and reports go.',

@@ -252,8 +252,8 @@ def test_export_cli_prints_one_line_saying_what_it_wrote(tmp_path):
   saver.save(5, {'params': params}, {'step': 5}, force=True)
   saver.close()
   result = subprocess.run(
-      [sys.executable, '-m', 'rljax.hf_export', f'--workdir={run}', f'--base={model_dir("tiny_qwen3")}',
-       f'--out={out}'], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu'),
+      [sys.executable, '-m', 'rljax.hf_export', f'--workdir={run}',
+       f'--base={model_dir("tiny_qwen3")}', f'--out={out}'], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu'),
       capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0 and result.stderr == '', result.stderr
   assert result.stdout == (f'rljax.hf_export: wrote step 5 of {run} as a Hugging Face checkpoint '
