@@ -13,8 +13,13 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0)
   config = common.base_config(arg.P, arg.G, arg.runlocal, arg.seed)
   config.algo = 'grpo'
-  config.grpo = dict(normalize_std=True, filter_zero_variance=False, clip_low=0.2, clip_high=0.2,
-                     kl_coef=0.0, kl_estimator='k3', loss_agg='token-mean', moe_aux_coef=1e-3)
+  # The policy loss (docs/reference/losses.md). normalize_std=False is Dr. GRPO; adv_eps is added
+  # to the group std. clip_ratio_c > 1 turns on dual-clip for A < 0 (0: off). kl_estimator, as a
+  # kl_coef loss term: 'k3' follows the gradient of KL(ref || pi), 'k2' that of KL(pi || ref);
+  # 'k1' has zero expected gradient and is refused. loss_agg: one of losses.AGGREGATION_MODES.
+  config.grpo = dict(normalize_std=True, adv_eps=1e-6, filter_zero_variance=False, clip_low=0.2,
+                     clip_high=0.2, clip_ratio_c=0.0, kl_coef=0.0, kl_estimator='k3',
+                     loss_agg='token-mean', moe_aux_coef=1e-3)
   # 5e-5 at P*G = 128 learns fastest per sample on the arithmetic task (docs/method.md); the
   # runlocal demo anneals a higher lr to 0 over its one fixed budget (docs/guide/grpo.md).
   if arg.runlocal:

@@ -39,6 +39,15 @@ def check_policy_loss(name, cfg):
   if cfg.clip_low < 0 or cfg.clip_high < 0 or cfg.kl_coef < 0:
     raise ValueError(f'{name}.clip_low, clip_high and kl_coef must be >= 0, got {cfg.clip_low}, '
                      f'{cfg.clip_high}, {cfg.kl_coef}')
+  if cfg.kl_coef > 0 and cfg.kl_estimator == 'k1':
+    raise ValueError(f"{name}.kl_estimator 'k1' with kl_coef > 0: k1's expected gradient is 0, so "
+                     "it does not regularise; use 'k3' (gradient of KL(ref||pi)) or 'k2' (of "
+                     "KL(pi||ref))")
+  if cfg.clip_ratio_c and not cfg.clip_ratio_c > 1:
+    raise ValueError(f'{name}.clip_ratio_c (dual-clip) must be > 1, or 0 for off, got '
+                     f'{cfg.clip_ratio_c}')
+  if 'adv_eps' in cfg and not cfg.adv_eps >= 0:
+    raise ValueError(f'{name}.adv_eps must be >= 0, got {cfg.adv_eps}')
 
 
 def check_decay(name, opt, config, batch):

@@ -33,12 +33,25 @@ RUNTIME_FIELDS = ('moe_impl', 'dtype', 'param_dtype', 'remat')  # not part of th
 # config.json <-> ModelConfig
 
 
+def _read_json(path):
+  """The JSON object in `path`; ValueError naming the file when it is anything else."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except OSError as error:
+    raise ValueError(f'cannot read {path}: {error.strerror or error}') from None
+  except ValueError as error:   # JSONDecodeError, UnicodeDecodeError
+    raise ValueError(f'{path} is not valid JSON ({error})') from None
+  if not isinstance(value, dict):
+    raise ValueError(f'{path} is not a JSON object')
+  return value
+
+
 def read_config(hf_dir):
   path = os.path.join(hf_dir, 'config.json')
   if not os.path.exists(path):
     raise ValueError(f'{hf_dir} is not a Hugging Face model directory: no config.json')
-  with open(path) as f:
-    return json.load(f)
+  return _read_json(path)
 
 
 def _rope_theta(hf):
@@ -103,7 +116,9 @@ def policy_config(config) -> model_lib.ModelConfig:
   if not hf_path:
     return model_lib.ModelConfig.from_config(config.model)
   runtime = {k: config.model[k] for k in RUNTIME_FIELDS if k in config.model}
-  return model_config(read_config(hf_path), **runtime)
+  cfg = model_config(read_config(hf_path), **runtime)
+  check_checkpoint(hf_path, cfg)
+  return cfg
 
 
 def hf_config(cfg: model_lib.ModelConfig, **extra) -> dict:
@@ -208,21 +223,42 @@ def _read_piece(tensor, m: Mapping, piece_index):
   return np.transpose(block.reshape(read_shape)[tuple(inner_index)], perm)
 
 
+def _open_safetensors(path, listed_in=None):
+  """safe_open(path), which reads and validates the header only; ValueError naming the file when it
+  is missing, empty, truncated or not safetensors at all."""
+  if not os.path.isfile(path):
+    raise ValueError(f'{path} is missing' + (f' (listed in {listed_in})' if listed_in else ''))
+  try:
+    return safe_open(path, framework='numpy')
+  except (safetensors.SafetensorError, OSError) as error:
+    raise ValueError(f'{path} is not a readable safetensors file ({error})') from None
+
+
 class _Files(contextlib.ExitStack):
-  """Lazily opened safetensors files of a checkpoint, by tensor name."""
+  """The safetensors files of a checkpoint by tensor name, all opened (headers checked) up front."""
 
   def __init__(self, hf_dir):
     super().__init__()
-    index = os.path.join(hf_dir, 'model.safetensors.index.json')
-    if os.path.exists(index):
-      with open(index) as f:
-        weight_map = json.load(f)['weight_map']
-    elif os.path.exists(os.path.join(hf_dir, 'model.safetensors')):
-      with safe_open(os.path.join(hf_dir, 'model.safetensors'), framework='numpy') as f:
-        weight_map = {name: 'model.safetensors' for name in f.keys()}
-    else:
-      raise ValueError(f'{hf_dir} has neither model.safetensors nor model.safetensors.index.json')
-    self.dir, self.weight_map, self._open = hf_dir, weight_map, {}
+    self.dir, self._open = hf_dir, {}
+    index, single = (os.path.join(hf_dir, name) for name in ('model.safetensors.index.json',
+                                                             'model.safetensors'))
+    try:
+      if os.path.exists(index):
+        weight_map = _read_json(index).get('weight_map')
+        if not isinstance(weight_map, dict) or not weight_map:
+          raise ValueError(f'{index} has no weight_map of tensor names to files')
+        for file in sorted(set(weight_map.values())):
+          path = os.path.join(hf_dir, file)
+          self._open[file] = self.enter_context(_open_safetensors(path, listed_in=index))
+      elif os.path.exists(single):
+        self._open['model.safetensors'] = self.enter_context(_open_safetensors(single))
+        weight_map = {name: 'model.safetensors' for name in self._open['model.safetensors'].keys()}
+      else:
+        raise ValueError(f'{hf_dir} has neither model.safetensors nor model.safetensors.index.json')
+    except BaseException:
+      self.close()
+      raise
+    self.weight_map = weight_map
 
   def tensor(self, name):
     if name not in self.weight_map:
@@ -230,11 +266,7 @@ class _Files(contextlib.ExitStack):
       hint = (' (this checkpoint stores fused expert tensors; save it with transformers in the '
               'original per-expert hub format)') if fused else ''
       raise ValueError(f'tensor {name!r} is missing from the checkpoint in {self.dir}{hint}')
-    file = self.weight_map[name]
-    if file not in self._open:
-      self._open[file] = self.enter_context(
-          safe_open(os.path.join(self.dir, file), framework='numpy'))
-    return self._open[file].get_slice(name)
+    return self._open[self.weight_map[name]].get_slice(name)
 
 
 def _leaf_loader(files, m: Mapping, shape, dtype) -> Callable:
@@ -295,6 +327,16 @@ def abstract_params(cfg: model_lib.ModelConfig):
   """Shapes and dtypes of the (unboxed) rljax params of `cfg`, without allocating them."""
   boxed = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.PRNGKey(0)))
   return nn.unbox(boxed)
+
+
+def check_checkpoint(hf_dir, cfg: model_lib.ModelConfig):
+  """Raises ValueError, naming the file or tensor, unless every safetensors file of `hf_dir` is
+  readable and holds every tensor of `cfg` with the shape it implies. Reads headers only, so a bad
+  checkpoint fails before anything is built."""
+  table = mappings(cfg)
+  with _Files(hf_dir) as files:
+    for path, leaf in _flatten_paths(abstract_params(cfg)):
+      _check_shapes(files, table[path], cfg, path, leaf.shape)
 
 
 def load_params(hf_dir, cfg: model_lib.ModelConfig, shardings: Any = None):

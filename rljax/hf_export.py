@@ -11,6 +11,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 import orbax.checkpoint as ocp
 
 from rljax import hf
@@ -27,7 +28,8 @@ def run_params(workdir, step=None):
   directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
   if not os.path.isdir(directory):
     raise ValueError(f'{workdir} has no checkpoints/ directory')
-  manager = ocp.CheckpointManager(directory, item_names=('state', 'meta'))
+  manager = ocp.CheckpointManager(directory, item_names=('state', 'meta'),
+                                  options=ocp.CheckpointManagerOptions(create=False))
   step = manager.latest_step() if step is None else step
   if step is None or step not in manager.all_steps():
     raise ValueError(f'no checkpoint {"at step " + str(step) if step else ""} in {directory}; '
@@ -46,15 +48,26 @@ def export(workdir, base, out, dtype=None, step=None):
   return step
 
 
+def summary(out):
+  """'N safetensors files, X MB, DTYPE': what an export wrote into `out`."""
+  files = [name for name in os.listdir(out) if name.endswith('.safetensors')]
+  size = sum(os.path.getsize(os.path.join(out, name)) for name in files)
+  dtype = hf.read_config(out).get('torch_dtype')
+  return f'{len(files)} safetensors file{"s" * (len(files) != 1)}, {size / 1e6:.1f} MB, {dtype}'
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if not flags.FLAGS['verbosity'].present:   # orbax logs every restore step at INFO
+    logging.set_verbosity(logging.WARNING)
   try:
     step = export(_WORKDIR.value, _BASE.value, _OUT.value, _DTYPE.value, _STEP.value)
   except ValueError as error:
     print(f'rljax.hf_export: error: {error}', file=sys.stderr)
     sys.exit(2)
-  print(f'exported step {step} of {_WORKDIR.value} to {_OUT.value}')
+  print(f'rljax.hf_export: wrote step {step} of {_WORKDIR.value} as a Hugging Face checkpoint to '
+        f'{_OUT.value} ({summary(_OUT.value)})')
 
 
 if __name__ == '__main__':

@@ -11,8 +11,12 @@ accumulation never changes the objective.
 import jax
 import jax.numpy as jnp
 
-AGGREGATION_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm')
+AGGREGATION_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum',
+                     'seq-mean-token-sum-norm')
 KL_KINDS = ('k1', 'k2', 'k3')
+# |log pi/pi_old| beyond this cannot come from a trust-region step; clamping it keeps the ratio
+# finite in float32 (exp overflows above ~88.7, and inf * 0 is NaN). The bound is verl's.
+LOG_RATIO_LIMIT = 20.0
 
 
 def _safe_div(num, den):
@@ -60,16 +64,22 @@ def token_weights(mask_BxL, mode):
   then add up to exactly the full-batch loss, whatever the split.
     token-mean:              every valid token in the batch counts the same.
     seq-mean-token-mean:     mean over tokens within a sequence, then over non-empty sequences.
+    seq-mean-token-sum:      sum over tokens within a sequence, then mean over non-empty sequences.
     seq-mean-token-sum-norm: token sum divided by the constant B * L (Dr. GRPO): no length bias.
+      B counts every row, empty or masked out (filter_zero_variance) ones included: each token's
+      weight is then one constant for the whole run, and since filtered rows have advantage 0,
+      filtering leaves the policy-gradient loss exactly as without it.
   """
   mask_BxL = jnp.asarray(mask_BxL, jnp.float32)
   b, l = mask_BxL.shape
   if mode == 'token-mean':
     return _safe_div(mask_BxL, jnp.sum(mask_BxL))
+  len_Bx1 = jnp.sum(mask_BxL, axis=1, keepdims=True)
+  num_seqs = jnp.sum(len_Bx1 > 0)
   if mode == 'seq-mean-token-mean':
-    len_Bx1 = jnp.sum(mask_BxL, axis=1, keepdims=True)
-    num_seqs = jnp.sum(len_Bx1 > 0)
     return _safe_div(mask_BxL, len_Bx1 * num_seqs)
+  if mode == 'seq-mean-token-sum':
+    return _safe_div(mask_BxL, num_seqs)
   if mode == 'seq-mean-token-sum-norm':
     return mask_BxL / (b * l)
   raise ValueError(f'Unknown aggregation mode {mode!r}; valid modes: {AGGREGATION_MODES}.')
@@ -91,27 +101,35 @@ def masked_mean(x, mask):
 # ----------------------------------------------------------------------------------------------
 
 
-def clipped_surrogate(logp_BxL, old_logp_BxL, advantages_BxL, clip_low, clip_high):
-  """PPO/GRPO clipped objective as a per-token loss, and where the clip is active.
+def clipped_surrogate(logp_BxL, old_logp_BxL, advantages_BxL, clip_low, clip_high,
+                      clip_ratio_c=0.0):
+  """PPO/GRPO clipped objective as a per-token loss, and where a clip is active.
 
   The pessimistic min stops the update once the ratio has moved past the trust region in the
   direction the advantage favours. Asymmetric bounds (clip_high > clip_low, DAPO "clip-higher")
-  leave more room to raise the probability of unlikely tokens. `clipped_BxL` is 1.0 where the
-  clipped branch is strictly smaller, i.e. where the token gets no gradient.
+  leave more room to raise the probability of unlikely tokens. For A < 0 the min alone leaves
+  the loss unbounded as the ratio grows; dual-clip (clip_ratio_c = c > 1, Ye et al. 2020) caps
+  it at -c * A. 0 turns dual-clip off. The log-ratio is clamped to +-LOG_RATIO_LIMIT.
+  `clipped_BxL` is 1.0 where a clipped branch was taken, i.e. where the token gets no gradient.
   """
-  ratio_BxL = jnp.exp(logp_BxL - old_logp_BxL)
+  log_ratio_BxL = jnp.clip(logp_BxL - old_logp_BxL, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+  ratio_BxL = jnp.exp(log_ratio_BxL)
   unclipped_BxL = ratio_BxL * advantages_BxL
   clipped_obj_BxL = jnp.clip(ratio_BxL, 1.0 - clip_low, 1.0 + clip_high) * advantages_BxL
-  loss_BxL = -jnp.minimum(unclipped_BxL, clipped_obj_BxL)
-  clipped_BxL = (clipped_obj_BxL < unclipped_BxL).astype(jnp.float32)
-  return loss_BxL, clipped_BxL
+  objective_BxL = jnp.minimum(unclipped_BxL, clipped_obj_BxL)
+  dual_BxL = jnp.maximum(objective_BxL, clip_ratio_c * advantages_BxL)
+  objective_BxL = jnp.where((advantages_BxL < 0) & (clip_ratio_c > 0), dual_BxL, objective_BxL)
+  clipped_BxL = (objective_BxL != unclipped_BxL).astype(jnp.float32)
+  return -objective_BxL, clipped_BxL
 
 
 def kl_penalty(logp_BxL, ref_logp_BxL, kind):
   """Per-token estimate of KL(pi || ref) from tokens sampled from pi (Schulman's k1, k2, k3).
 
-  k1 is unbiased but noisy and can be negative; k2 is low-variance but biased; k3 is unbiased,
-  low-variance and always >= 0 (computed with expm1 so that it stays accurate near 0).
+  As values: k1 is unbiased but noisy and can be negative; k2 is low-variance but biased; k3 is
+  unbiased, low-variance and always >= 0 (computed with expm1 so that it stays accurate near 0).
+  As loss terms their expected gradients differ: k1 gives 0 (no regularisation at all), k2 the
+  gradient of KL(pi || ref), k3 that of KL(ref || pi) (docs/reference/losses.md).
   """
   log_ratio_BxL = logp_BxL - ref_logp_BxL
   if kind == 'k1':

@@ -11,6 +11,7 @@ finds the coordinator itself; elsewhere pass --coordinator_address, --num_proces
 --process_id (or RLJAX_COORDINATOR_ADDRESS, RLJAX_NUM_PROCESSES, RLJAX_PROCESS_ID).
 """
 import os
+import re
 import sys
 
 from absl import app
@@ -18,18 +19,25 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+FLAGS = flags.FLAGS
+
 EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE = 3
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/grpo.py:runlocal',
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Where metrics, checkpoints and reports go.')
-_COORDINATOR = flags.DEFINE_string('coordinator_address', os.environ.get('RLJAX_COORDINATOR_ADDRESS'),
-                                   'host:port of process 0, for multi-process runs.')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', int(os.environ.get('RLJAX_NUM_PROCESSES', 1)),
-                                      'Number of processes (hosts).')
-_PROCESS_ID = flags.DEFINE_integer('process_id', int(os.environ.get('RLJAX_PROCESS_ID', 0)),
-                                   'Index of this process.')
+
+def define_flags(flag_values):
+  """rljax.main's command line, on `flag_values` (flags.FLAGS when run; tests use their own)."""
+  config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/grpo.py:runlocal',
+                                  flag_values=flag_values, lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Where metrics, checkpoints and reports go.',
+                      flag_values=flag_values)
+  flags.DEFINE_string('coordinator_address', os.environ.get('RLJAX_COORDINATOR_ADDRESS'),
+                      'host:port of process 0, for multi-process runs.', flag_values=flag_values)
+  flags.DEFINE_integer('num_processes', int(os.environ.get('RLJAX_NUM_PROCESSES', 1)),
+                       'Number of processes (hosts).', flag_values=flag_values)
+  flags.DEFINE_integer('process_id', int(os.environ.get('RLJAX_PROCESS_ID', 0)),
+                       'Index of this process.', flag_values=flag_values)
+  flags.mark_flags_as_required(['config', 'workdir'], flag_values=flag_values)
 
 
 def _cluster_detected():
@@ -42,60 +50,95 @@ def _cluster_detected():
 def initialize_distributed():
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU meshes across processes
-  if _COORDINATOR.value:
-    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  if FLAGS.coordinator_address:
+    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   elif _cluster_detected():
     jax.distributed.initialize()
 
 
 def fail(message, code):
+  message = str(message).replace('\n', ' ')   # one line, always
   print(f'rljax: error: {message}', file=sys.stderr, flush=True)
   sys.exit(code)
 
 
+def _causes(error):
+  """error, then what it was raised from or during, down to the root."""
+  while error is not None:
+    yield error
+    error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+
+
+def _config_file(argv):
+  """The file of --config=FILE[:ARGS] or --config FILE[:ARGS]; None without one."""
+  for i, arg in enumerate(argv):
+    if arg.startswith(('--config=', '-config=')):
+      return arg.partition('=')[2].partition(':')[0]
+    if arg in ('--config', '-config') and i + 1 < len(argv):
+      return argv[i + 1].partition(':')[0]
+  return None
+
+
+def _unknown_field(error, argv):
+  """'unknown config field a.b (did you mean a.c?)' from ml_collections' KeyError / AttributeError
+  (whose text is a repr of a repr, with the suggestion on a second line)."""
+  while error.args and isinstance(error.args[0], BaseException):
+    error = error.args[0]
+  text = str(error.args[0]) if error.args else str(error)
+  suggestion = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
+  name = re.search(r'^\W*(?:Key ")?([^\'"\n]+)', text)
+  name = suggestion.group(2) if suggestion else (name.group(1) if name else text)
+  paths = [arg.partition('=')[0].lstrip('-').split('.')[1:] for arg in argv
+           if arg.startswith('--config.')]
+  path = next((p for p in paths if name in p), [name])
+  message = f'unknown config field {".".join(path)}'
+  if suggestion:
+    fixed = [suggestion.group(1) if part == name else part for part in path]
+    message += f' (did you mean {".".join(fixed)}?)'
+  return message
+
+
 def flag_error_message(error, argv):
-  """One line naming the bad flag or config field, from whatever absl / ml_collections raised."""
+  """One line naming the bad flag, config file or config field, from whatever absl / ml_collections
+  raised while parsing `argv`."""
+  config_file = _config_file(argv)
+  if config_file is not None and not os.path.isfile(config_file):
+    return f'no config file {config_file}'
   if isinstance(error, flags.UnrecognizedFlagError) and error.flagname.startswith('config.'):
-    return f'unknown config field {error.flagname[len("config."):]!r} (--{error.flagname})'
-  if isinstance(error, (AttributeError, KeyError)):  # a top-level --config.<name> that does not exist
-    name = str(error).strip('"\'')
-    used = [arg for arg in argv
-            if arg.startswith('--config.') and name in arg.partition('=')[0].split('.')[1:]]
-    return f'unknown config field {name!r}' + (f' ({used[0]})' if used else '')
+    return f'unknown config field {error.flagname[len("config."):]}'
+  if isinstance(error, (AttributeError, KeyError)):  # a --config.a.b=... that names no field
+    return _unknown_field(error, argv)
   if '\n' not in str(error):
     return str(error)
-  root = error   # the config file's own exception, behind absl's wrapping and traceback text
-  while root.__cause__ or (root.__context__ and not root.__suppress_context__):
-    root = root.__cause__ or root.__context__
+  root = list(_causes(error))[-1]   # the config file's own exception, behind absl's wrapping
   lines = [line.strip() for line in str(root).splitlines() if line.strip()]
   return lines[-1] if lines else str(error).splitlines()[0]
 
 
-def parse_flags(argv):
+def parse_flags(argv, flag_values=None):
   """absl flag parsing where every failure is one `rljax: error:` line and exit code 2."""
+  flag_values = FLAGS if flag_values is None else flag_values
   try:
-    return flags.FLAGS(argv)
+    remaining = flag_values(argv)
+    flag_values.config.keys()   # a config file that failed to load raises only when first read
+    return remaining
   except Exception as error:  # pylint: disable=broad-except
     fail(flag_error_message(error, argv), EXIT_BAD_INPUT)
 
 
-def main(argv):
-  if len(argv) > 1:
-    fail(f'unexpected arguments: {argv[1:]}', EXIT_BAD_INPUT)
-  if not flags.FLAGS['verbosity'].present:  # orbax and TFDS are chatty at INFO
-    logging.set_verbosity(logging.WARNING)
-  config = _CONFIG.value
-  initialize_distributed()
-  # Imported after flag parsing: jax reads XLA_FLAGS when first imported.
+def run(config, workdir):
+  """Trains `config` (or runs the protocol) in `workdir`; every failure of the exit-code contract
+  becomes its line on stderr and its exit code."""
+  # Imported here, after flag parsing: jax reads XLA_FLAGS when first imported.
   from rljax import preemption  # pylint: disable=g-import-not-at-top
   from rljax import protocol  # pylint: disable=g-import-not-at-top
   from rljax import train  # pylint: disable=g-import-not-at-top
   try:
     with preemption.StopRequest() as stop:
       if config.get('mode', 'train') == 'protocol':
-        protocol.run(config, _WORKDIR.value)
+        protocol.run(config, workdir)
       else:
-        train.train(config, _WORKDIR.value, stop)
+        train.train(config, workdir, stop)
   except ValueError as error:  # bad input
     fail(error, EXIT_BAD_INPUT)
   except FloatingPointError as error:  # persistent NaN / inf
@@ -105,6 +148,15 @@ def main(argv):
     sys.exit(preemption.EXIT_CODE)
 
 
+def main(argv):
+  if len(argv) > 1:
+    fail(f'unexpected arguments: {argv[1:]}', EXIT_BAD_INPUT)
+  if not FLAGS['verbosity'].present:  # orbax and TFDS are chatty at INFO
+    logging.set_verbosity(logging.WARNING)
+  initialize_distributed()
+  run(FLAGS.config, FLAGS.workdir)
+
+
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['config', 'workdir'])
+  define_flags(FLAGS)
   app.run(main, flags_parser=parse_flags)

@@ -59,8 +59,8 @@ def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL,
 def make_policy_loss(model, cfg, temperature, num_micro, logits_chunk=0):
   """`loss_fn(params, batch, ref_params) -> (loss, metric sums)` for rljax.update.
 
-  cfg: clip_low, clip_high, kl_coef, kl_estimator, moe_aux_coef. With kl_coef == 0 no reference
-  model exists at all (ref_params is None).
+  cfg: clip_low, clip_high, clip_ratio_c (dual-clip; absent or 0: off), kl_coef, kl_estimator,
+  moe_aux_coef. With kl_coef == 0 no reference model exists at all (ref_params is None).
   """
   def loss_fn(params, batch, ref_params=None):
     logp_BxL, entropy_BxL, aux_loss = response_logprobs(
@@ -68,7 +68,7 @@ def make_policy_loss(model, cfg, temperature, num_micro, logits_chunk=0):
         logits_chunk)
     pg_BxL, clipped_BxL = losses.clipped_surrogate(logp_BxL, batch.old_logp_BxL,
                                                    batch.advantages_BxL, cfg.clip_low,
-                                                   cfg.clip_high)
+                                                   cfg.clip_high, cfg.get('clip_ratio_c', 0.0))
     weights_BxL, mask_BxL = batch.weights_BxL, batch.mask_BxL
     pg_loss = jnp.sum(weights_BxL * pg_BxL)
     loss = pg_loss + cfg.moe_aux_coef * aux_loss / num_micro

@@ -82,10 +82,10 @@ def test_rloo_advantages_are_reward_minus_the_mean_of_the_others():
 
 
 def test_grpo_minibatches_and_micro_batches_must_hold_whole_groups():
-  config = grpo_config.get_config('runlocal,P=4,G=4')
-  config.train.micro_batch = 6
-  with pytest.raises(ValueError, match=r'micro_batch \(6\) must be a multiple of rollout.G'):
+  config = grpo_config.get_config('runlocal,P=4,G=6')
+  config.train.micro_batch = 8   # divides the 24 rows, splits groups of 6
+  with pytest.raises(ValueError, match=r'micro_batch \(8\) must be a multiple of rollout.G'):
     grpo.check(config)
-  config.train.micro_batch, config.train.num_minibatches = 8, 8   # 16 rows in 8: groups split
+  config.train.micro_batch, config.train.num_minibatches = 6, 8   # 24 rows in 8: groups split
   with pytest.raises(ValueError, match=r'num_minibatches \(8\) must divide rollout.P \(4\)'):
     grpo.check(config)

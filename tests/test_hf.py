@@ -8,6 +8,8 @@ export in transformers is skipped when they are not installed.
 import json
 import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +18,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from configs import grpo as grpo_config
+from rljax import checkpoint
 from rljax import hf
 from rljax import hf_tokenizer
 from rljax import model as model_lib
@@ -237,6 +241,27 @@ def test_export_reloads_in_transformers_with_the_same_logits(name, tmp_path):
 # ------------------------------------------------------------------ bad checkpoints
 
 
+@pytest.mark.e2e
+def test_export_cli_prints_one_line_saying_what_it_wrote(tmp_path):
+  """`python -m rljax.hf_export` from a real orbax checkpoint of a run: stdout is one line, stderr
+  is empty (no orbax INFO logs), and the export holds the checkpointed params."""
+  cfg, params = load('tiny_qwen3')
+  params = jax.tree.map(lambda x: x * 2, params)
+  run, out = tmp_path / 'run', tmp_path / 'out'
+  saver = checkpoint.Checkpointer(str(run), every=1, keep=1)
+  saver.save(5, {'params': params}, {'step': 5}, force=True)
+  saver.close()
+  result = subprocess.run(
+      [sys.executable, '-m', 'rljax.hf_export', f'--workdir={run}',
+       f'--base={model_dir("tiny_qwen3")}', f'--out={out}'], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu'),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0 and result.stderr == '', result.stderr
+  assert result.stdout == (f'rljax.hf_export: wrote step 5 of {run} as a Hugging Face checkpoint '
+                           f'to {out} (1 safetensors file, 0.2 MB, float32)\n')
+  for a, b in zip(jax.tree.leaves(hf.load_params(str(out), cfg)), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_missing_tensor_is_named(tmp_path):
   cfg, params = load('tiny_qwen3')
   hf.save_params(params, cfg, str(tmp_path))
@@ -265,12 +290,86 @@ def test_not_a_model_dir(tmp_path):
     hf.load_params(str(tmp_path), cfg)
 
 
+
+def copy_model(name, tmp_path):
+  return pathlib.Path(shutil.copytree(model_dir(name), tmp_path / name))
+
+
+def truncate(path, size):
+  data = path.read_bytes()
+  path.write_bytes(data[:size(len(data))])
+
+
+# (name, file to break, how, expected message): every case is one ValueError naming the file.
+BAD_FILES = [
+    ('tiny_qwen3', 'model.safetensors', lambda n: n // 2, 'is not a readable safetensors file'),
+    ('tiny_qwen3', 'model.safetensors', lambda n: n - 1, 'is not a readable safetensors file'),
+    ('tiny_qwen3', 'model.safetensors', lambda n: 8, 'is not a readable safetensors file'),
+    ('tiny_qwen3', 'model.safetensors', lambda n: 0, 'is not a readable safetensors file'),
+    ('tiny_qwen3_moe', 'model-00002-of-00002.safetensors', lambda n: n - 100,
+     'is not a readable safetensors file'),
+    ('tiny_qwen3_moe', 'model-00001-of-00002.safetensors', None,
+     r'is missing \(listed in .*model.safetensors.index.json\)'),
+    ('tiny_qwen3_moe', 'model.safetensors.index.json', lambda n: n // 2, 'is not valid JSON'),
+]
+
+
+@pytest.mark.parametrize('name, file, size, message', BAD_FILES,
+                         ids=['half', 'one-byte-short', 'eight-bytes', 'empty', 'shard-truncated',
+                              'shard-missing', 'index-not-json'])
+def test_unreadable_checkpoint_files_are_named(tmp_path, name, file, size, message):
+  """Up front, from the headers (hf.policy_config runs this before anything is built), and again
+  when loading."""
+  directory = copy_model(name, tmp_path)
+  if size is None:
+    (directory / file).unlink()
+  else:
+    truncate(directory / file, size)
+  cfg = hf.model_config(hf.read_config(str(directory)))
+  pattern = f'^{re.escape(str(directory / file))} {message}'
+  with pytest.raises(ValueError, match=pattern):
+    hf.check_checkpoint(str(directory), cfg)
+  with pytest.raises(ValueError, match=pattern):
+    hf.load_params(str(directory), cfg)
+
+
+def test_config_json_that_is_not_json_is_named(tmp_path):
+  directory = copy_model('tiny_qwen3', tmp_path)
+  truncate(directory / 'config.json', lambda n: n // 2)
+  with pytest.raises(ValueError, match=f'^{re.escape(str(directory / "config.json"))} is not '
+                     'valid JSON'):
+    hf.read_config(str(directory))
+  (directory / 'config.json').write_text('[1, 2]')
+  with pytest.raises(ValueError, match='config.json is not a JSON object'):
+    hf.read_config(str(directory))
+
+
+def test_policy_config_checks_the_checkpoint_up_front(tmp_path):
+  """A training config with init.hf_path: a bad checkpoint fails when the model config is read,
+  before the dataset, the model or any compilation."""
+  config = grpo_config.get_config('runlocal')
+  good = hf.policy_config(_with_hf_path(config, model_dir('tiny_qwen3_moe')))
+  assert good.num_experts == 8
+  directory = copy_model('tiny_qwen3_moe', tmp_path)
+  (directory / 'model-00002-of-00002.safetensors').unlink()
+  with pytest.raises(ValueError, match='model-00002-of-00002.safetensors is missing'):
+    hf.policy_config(_with_hf_path(config, str(directory)))
+
+
+def _with_hf_path(config, path):
+  config = config.copy_and_resolve_references()
+  config.init.hf_path = path
+  return config
+
+
 # ------------------------------------------------------------------ placement on a mesh
 
 SHARDED_SCRIPT = r'''
 import sys
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from configs import grpo as grpo_config
+from rljax import checkpoint
 from rljax import hf
 assert jax.device_count() == 8
 name = sys.argv[1]

@@ -2,15 +2,21 @@
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
+from rljax.algos import grpo
 from rljax import losses
+from rljax import model as model_lib
+from rljax import policy_loss
+from rljax import sampler
 
 RTOL, ATOL = 2e-6, 1e-6
-MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm')
+MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm')
 
 
 def close(actual, expected, rtol=RTOL, atol=ATOL):
@@ -72,6 +78,35 @@ def test_zero_variance_groups():
   np.testing.assert_array_equal(losses.zero_variance_groups(rewards), expected)
 
 
+
+def group_rollout(b, l, lengths=None):
+  """A sampler.Rollout of B responses of width L; `lengths` right-pads them (default: all full)."""
+  lengths = np.full(b, l) if lengths is None else np.asarray(lengths)
+  mask = np.arange(l)[None, :] < lengths[:, None]
+  return sampler.Rollout(tokens_BxL=jnp.zeros((b, l), jnp.int32), logp_BxL=jnp.zeros((b, l)),
+                         mask_BxL=jnp.asarray(mask), lengths_B=jnp.asarray(lengths))
+
+
+def grpo_cfg(**overrides):
+  return ml_collections.ConfigDict(
+      {**dict(normalize_std=True, adv_eps=1e-6, filter_zero_variance=False), **overrides})
+
+
+def run_group_batch(rewards_PxG, rollout, cfg):
+  b = rewards_PxG.size
+  prompt = jnp.zeros((b, 2), jnp.int32)
+  return grpo.group_batch(rollout, jnp.asarray(rewards_PxG).reshape(-1), prompt,
+                          jnp.ones((b, 2), bool), rewards_PxG.shape[1], cfg)
+
+
+@pytest.mark.parametrize('eps', [1e-4, 0.5])
+def test_group_batch_uses_the_configured_adv_eps(eps):
+  """grpo.adv_eps is the epsilon added to the group std (TRL uses 1e-4, verl 1e-6)."""
+  rewards = np.array([[1, 0, 0, 0], [.5, .5, .5, .5], [0, 1, 1, .3]], np.float32)
+  batch, _ = run_group_batch(rewards, group_rollout(12, 3), grpo_cfg(adv_eps=eps))
+  close(np.asarray(batch.advantages_BxL)[:, 0].reshape(3, 4),
+        ref_group_advantages(rewards, True, eps), rtol=1e-5)
+
 # ----------------------------------------------------------------------------------------------
 # Aggregation.
 # ----------------------------------------------------------------------------------------------
@@ -86,6 +121,9 @@ def ref_aggregate(per_token, lengths, l, mode):
   if mode == 'seq-mean-token-mean':
     means = [sum(per_token[i, :n].astype(np.float64)) / n for i, n in enumerate(lengths) if n > 0]
     return sum(means) / len(means) if means else 0.0
+  if mode == 'seq-mean-token-sum':
+    sums = [sum(per_token[i, :n].astype(np.float64)) for i, n in enumerate(lengths) if n > 0]
+    return sum(sums) / len(sums) if sums else 0.0
   if mode == 'seq-mean-token-sum-norm':
     return sum(per_token[i, t] for i in range(b) for t in range(lengths[i])) / (b * l)
   raise AssertionError(mode)
@@ -126,6 +164,39 @@ def test_split_invariance(mode, num_micro):
     naive = np.mean([float(losses.aggregate(l_mb, m_mb, mode)) for l_mb, m_mb in
                      zip(np.split(per_token, num_micro), np.split(mask, num_micro))])
     assert abs(naive - full) > 1e-4
+
+
+
+def test_seq_mean_token_sum_norm_counts_filtered_and_empty_rows():
+  """Dr. GRPO's normaliser is B * L with every row of the batch counted, empty and filtered ones
+  included: filter_zero_variance (whose rows have advantage 0) then leaves the policy-gradient
+  loss and its gradient exactly as without filtering. token-mean, by contrast, renormalises."""
+  rng = np.random.default_rng(11)
+  p, g, l = 4, 4, 6
+  rewards = np.array([[1, 0, 1, 1], [1, 1, 1, 1], [0, .5, 1, 0], [0, 0, 0, 0]], np.float32)
+  lengths = rng.integers(1, l + 1, size=p * g)
+  lengths[[2, 9]] = 0                          # empty responses in kept groups
+  rollout = group_rollout(p * g, l, lengths)
+  logp = jnp.asarray(rng.normal(-1, .3, size=(p * g, l)), jnp.float32)
+
+  def pg_loss_and_grad(cfg, mode):
+    batch, _ = run_group_batch(rewards, rollout, cfg)
+    weights = losses.token_weights(batch.mask_BxL, mode)
+    loss = lambda lp: jnp.sum(weights * losses.clipped_surrogate(
+        lp, jnp.zeros_like(lp) - 1, batch.advantages_BxL, .2, .2)[0])
+    return batch, weights, float(loss(logp)), np.asarray(jax.grad(loss)(logp))
+
+  batch, weights, filtered, filtered_grad = pg_loss_and_grad(
+      grpo_cfg(filter_zero_variance=True), 'seq-mean-token-sum-norm')
+  kept = np.repeat([1, 0, 1, 0], g)[:, None] * (np.arange(l)[None, :] < lengths[:, None])
+  np.testing.assert_array_equal(np.asarray(batch.mask_BxL), kept)
+  close(weights, kept / (p * g * l))           # 16 * 6, not the 6 non-empty kept rows * 6
+  _, _, unfiltered, unfiltered_grad = pg_loss_and_grad(grpo_cfg(), 'seq-mean-token-sum-norm')
+  close(filtered, unfiltered)
+  close(filtered_grad, unfiltered_grad)
+  _, _, filtered_mean, _ = pg_loss_and_grad(grpo_cfg(filter_zero_variance=True), 'token-mean')
+  _, _, unfiltered_mean, _ = pg_loss_and_grad(grpo_cfg(), 'token-mean')
+  assert abs(filtered_mean - unfiltered_mean) > 1e-3
 
 
 def test_masked_mean():
@@ -200,6 +271,105 @@ def test_clipped_surrogate_random_and_gradient():
   assert np.all(np.asarray(grad)[ref_clipped == 1] == 0.0)
 
 
+
+def ref_surrogate(log_ratio, a, low, high, c=0.0):
+  """Float64 (loss, clipped, d loss / d logp) of one token: log-ratio clamped to +-20 (verl),
+  dual-clip at c * A for A < 0 when c > 0 (Ye et al. 2020)."""
+  clamped = min(max(log_ratio, -20.0), 20.0)
+  r = math.exp(clamped)
+  unclipped = r * a
+  objective = min(unclipped, min(max(r, 1 - low), 1 + high) * a)
+  if c and a < 0:
+    objective = max(objective, c * a)
+  clipped = float(objective != unclipped)
+  grad = -r * a if objective == unclipped and clamped == log_ratio else 0.0
+  return -objective, clipped, grad
+
+
+def check_surrogate(log_ratio, adv, low, high, c, rtol=1e-5):
+  old = np.full(log_ratio.shape, -1.5, np.float32)
+  logp = (old + log_ratio).astype(np.float32)
+  refs = [[ref_surrogate(float(logp[i, t]) - float(old[i, t]), float(adv[i, t]), low, high, c)
+           for t in range(logp.shape[1])] for i in range(logp.shape[0])]
+  ref_loss, ref_clipped, ref_grad = (np.array([[x[k] for x in row] for row in refs])
+                                     for k in range(3))
+  loss, clipped = jax.jit(losses.clipped_surrogate)(logp, old, adv, low, high, c)
+  grad = jax.grad(lambda lp: jnp.sum(losses.clipped_surrogate(lp, old, adv, low, high, c)[0]))(logp)
+  assert np.all(np.isfinite(loss)) and np.all(np.isfinite(grad))
+  close(loss, ref_loss, rtol=rtol)
+  np.testing.assert_array_equal(clipped, ref_clipped)
+  close(grad, ref_grad, rtol=rtol)
+  return ref_clipped
+
+
+@pytest.mark.parametrize('c', [0.0, 3.0])
+def test_clipped_surrogate_clamps_extreme_log_ratios(c):
+  """exp(100) overflows float32: unclamped, A = 0 gives NaN and A < 0 gives +inf."""
+  log_ratio = np.array([[-100, -30, -20.5, 20.5, 30, 88.8, 100]] * 3, np.float32)
+  adv = np.array([[-1.0] * 7, [0.0] * 7, [0.7] * 7], np.float32)
+  check_surrogate(log_ratio, adv, .2, .28, c)
+  loss, _ = losses.clipped_surrogate(np.float32([[100.]]), np.float32([[0.]]), np.float32([[0.]]),
+                                     .2, .28)
+  assert float(loss[0, 0]) == 0.0
+
+
+# (log-ratio, advantage, c, expected loss, expected clipped), clip_low = clip_high = 0.2
+DUAL_CLIP_CASES = [
+    (5.0, -1.0, 3.0, 3.0, 1.0),              # A < 0, ratio 148 > c: loss capped at -c A
+    (5.0, -1.0, 0.0, math.exp(5.0), 0.0),    # off: unbounded
+    (math.log(2.0), -1.0, 3.0, 2.0, 0.0),    # ratio below c: PPO's min as usual
+    (math.log(5.0), 1.0, 3.0, -1.2, 1.0),    # A > 0: dual-clip does not apply
+    (math.log(0.5), -1.0, 3.0, 0.8, 1.0),    # A < 0, ratio below 1 - low: ordinary clip
+]
+
+
+@pytest.mark.parametrize('log_ratio,adv,c,expected_loss,expected_clipped', DUAL_CLIP_CASES)
+def test_dual_clip_hand_cases(log_ratio, adv, c, expected_loss, expected_clipped):
+  old = np.array([[-1.3]], np.float32)
+  loss, clipped = losses.clipped_surrogate(old + np.float32(log_ratio), old,
+                                           np.array([[adv]], np.float32), .2, .2, c)
+  close(loss, [[expected_loss]], rtol=1e-5)
+  close(clipped, [[expected_clipped]], atol=0)
+
+
+def test_dual_clip_random_and_gradient():
+  rng = np.random.default_rng(12)
+  log_ratio = rng.uniform(-2.5, 2.5, size=(8, 40)).astype(np.float32)
+  adv = rng.normal(size=(8, 40)).astype(np.float32)
+  ref_clipped = check_surrogate(log_ratio, adv, .2, .28, 3.0)
+  assert np.any((adv < 0) & (np.exp(log_ratio) > 3.0) & (ref_clipped == 1))   # dual-clip active
+
+
+
+@pytest.mark.parametrize('c', [0.0, 3.0])
+def test_policy_loss_applies_the_configured_dual_clip(c):
+  """cfg.clip_ratio_c reaches the loss of a real (tiny) model: its pg loss equals the float64
+  reference of the surrogate on that model's own log-probs."""
+  cfg = model_lib.ModelConfig(vocab_size=16, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                              head_dim=8, num_experts=0, dense_hidden=32)
+  model = model_lib.Transformer(cfg)
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0)))
+  rng = np.random.default_rng(14)
+  b, t, l = 4, 3, 5
+  mask = np.ones((b, l), np.float32)
+  batch = policy_loss.PolicyBatch(
+      prompt_BxT=jnp.asarray(rng.integers(0, 16, (b, t))), prompt_valid_BxT=jnp.ones((b, t), bool),
+      response_BxL=jnp.asarray(rng.integers(0, 16, (b, l))), mask_BxL=jnp.asarray(mask),
+      old_logp_BxL=jnp.full((b, l), -9.0),    # ratios of about e^6: far past c = 3
+      advantages_BxL=jnp.asarray(rng.choice([-1.0, 1.0], (b, 1)) * mask),
+      weights_BxL=losses.token_weights(mask, 'token-mean'))
+  loss_cfg = ml_collections.ConfigDict(dict(clip_low=.2, clip_high=.2, clip_ratio_c=c, kl_coef=0.0,
+                                            kl_estimator='k3', moe_aux_coef=0.0))
+  _, metrics = policy_loss.make_policy_loss(model, loss_cfg, 1.0, 1)(params, batch)
+  logp, _, _ = policy_loss.response_logprobs(model, params, batch.prompt_BxT,
+                                             batch.prompt_valid_BxT, batch.response_BxL, 1.0)
+  adv, logp = np.asarray(batch.advantages_BxL), np.asarray(logp, np.float64)
+  expected = np.mean([ref_surrogate(logp[i, j] + 9.0, adv[i, j], .2, .2, c)[0]
+                      for i in range(b) for j in range(l)])
+  close(metrics['pg_loss'], expected, rtol=1e-5)
+  assert np.any(adv < 0)
+
+
 # ----------------------------------------------------------------------------------------------
 # KL estimators.
 # ----------------------------------------------------------------------------------------------
@@ -235,6 +405,31 @@ def test_kl_estimators_monte_carlo():
   for kind in ('k1', 'k3'):  # the unbiased ones
     est = float(jnp.mean(losses.kl_penalty(logp, ref, kind)))
     assert abs(est - true_kl) < 0.05 * true_kl, (kind, est, true_kl)
+
+
+
+def test_kl_estimator_gradients_as_loss_terms():
+  """Expected gradient of each estimator used as a loss term, E_{x~pi}[d k(x) / d theta] with the
+  samples held fixed (what autodiff of kl_coef * k gives), exactly over a 6-way categorical
+  pi = softmax(theta): k1 -> 0, k2 -> grad KL(pi || ref), k3 -> grad KL(ref || pi)."""
+  rng = np.random.default_rng(13)
+  theta = rng.normal(size=6)
+  q = rng.dirichlet(np.ones(6))
+  pi = np.exp(theta - theta.max()) / np.exp(theta - theta.max()).sum()
+  kl_pi_q = np.sum(pi * np.log(pi / q))
+  grad_kl_pi_q = pi * (np.log(pi / q) - kl_pi_q)    # d/dtheta of sum pi log(pi / q)
+  grad_kl_q_pi = pi - q                              # d/dtheta of -sum q log pi
+  expected = {'k1': np.zeros(6), 'k2': grad_kl_pi_q, 'k3': grad_kl_q_pi}
+
+  def expected_grad(kind):
+    def loss(th):
+      logp = jax.nn.log_softmax(th)
+      weights = jax.lax.stop_gradient(jnp.exp(logp))   # sampling probabilities: no gradient
+      return jnp.sum(weights * losses.kl_penalty(logp, jnp.log(jnp.float32(q)), kind))
+    return np.asarray(jax.grad(loss)(jnp.float32(theta)))
+
+  for kind, reference in expected.items():
+    close(expected_grad(kind), reference, rtol=1e-4, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -35,13 +35,14 @@ def with_batch(config, value):
 def check(config):
   rollout, train = config.rollout, config.train
   if rollout.G < 2:
-    raise ValueError(f'rollout.G must be >= 2 for {config.algo} (a group baseline needs 2 '
+    raise ValueError(f'rollout.G must be >= 2 for {config.algo.upper()} (a group baseline needs 2 '
                      f'responses), got {rollout.G}')
   if train.num_minibatches >= 1 and rollout.P * rollout.G % train.num_minibatches == 0 and (
       rollout.P % train.num_minibatches):
     raise ValueError(f'train.num_minibatches ({train.num_minibatches}) must divide rollout.P '
                      f'({rollout.P}): minibatches hold whole groups')
-  if train.micro_batch and train.micro_batch % rollout.G:
+  minibatch = rollout.P * rollout.G // max(train.num_minibatches, 1)
+  if train.micro_batch and minibatch % train.micro_batch == 0 and train.micro_batch % rollout.G:
     raise ValueError(f'train.micro_batch ({train.micro_batch}) must be a multiple of rollout.G '
                      f'({rollout.G}): the gradient noise scale needs whole groups per micro-batch')
   config_checks.check_policy_loss(config.algo, config[config.algo])
@@ -60,7 +61,8 @@ def policy_batch(rollout, advantages_B, keep_B, prompt_BxT, valid_BxT):
 def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
   """GRPO advantages over groups of G consecutive rows; zero-variance groups optionally dropped."""
   rewards_PxG = rewards_B.reshape(-1, G)
-  advantages_B = losses.group_advantages(rewards_PxG, grpo_cfg.normalize_std).reshape(-1)
+  advantages_B = losses.group_advantages(rewards_PxG, grpo_cfg.normalize_std,
+                                         grpo_cfg.adv_eps).reshape(-1)
   zero_var_P = losses.zero_variance_groups(rewards_PxG)
   keep_B = (jnp.repeat(~zero_var_P, G) if grpo_cfg.filter_zero_variance
             else jnp.ones_like(advantages_B, bool))
