@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from rljax import losses
 from rljax import model as model_lib
+from rljax import policy_loss
 
 
 class ValueHead(nn.Module):
@@ -82,11 +83,10 @@ def response_values(critic, critic_params, prompt_BxT, prompt_valid_BxT, respons
   Same left-padded layout and the same slice as the policy's log-probs, so value t and log-prob t
   are read at the same position.
   """
-  prompt_len, response_len = prompt_BxT.shape[1], response_BxL.shape[1]
-  tokens_BxS = jnp.concatenate([prompt_BxT, response_BxL], axis=1)
-  valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones_like(response_BxL, bool)], axis=1)
-  values_BxS, aux_loss = critic.apply({'params': critic_params}, tokens_BxS, valid_BxS)
-  return values_BxS[:, prompt_len - 1:prompt_len - 1 + response_len], aux_loss
+  values_BxS, aux_loss = critic.apply(
+      {'params': critic_params},
+      *policy_loss.prompt_and_response(prompt_BxT, prompt_valid_BxT, response_BxL))
+  return policy_loss.at_response(values_BxS, prompt_BxT.shape[1], response_BxL.shape[1]), aux_loss
 
 
 def make_critic_loss(critic, value_clip, moe_aux_coef, num_micro):

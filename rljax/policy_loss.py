@@ -23,6 +23,27 @@ class PolicyBatch(NamedTuple):
   weights_BxL: jax.Array       # aggregation weights from the FULL batch (losses.token_weights)
 
 
+def prompt_and_response(prompt_BxT, prompt_valid_BxT, response_BxL):
+  """The sequences a policy or critic reads: left-padded prompt, then the response."""
+  tokens_BxS = jnp.concatenate([prompt_BxT, response_BxL], axis=1)
+  valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones_like(response_BxL, bool)], axis=1)
+  return tokens_BxS, valid_BxS
+
+
+def at_response(x_BxS, prompt_len, response_len):
+  """The positions that predict (or, for a critic, choose) the response tokens: position t - 1
+  reads the state before token t."""
+  return x_BxS[:, prompt_len - 1:prompt_len - 1 + response_len]
+
+
+def mean_mismatch(metrics):
+  """The update's summed |logp - old_logp| as a per-token mean: sampler/trainer agreement."""
+  metrics = dict(metrics)
+  metrics['logprob_mismatch'] = metrics.pop('logprob_mismatch_sum') / jnp.maximum(
+      metrics['num_tokens'], 1)
+  return metrics
+
+
 def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL, temperature,
                       logits_chunk=0):
   """Log-probs and entropies of the response tokens under softmax(logits / temperature).
@@ -31,12 +52,11 @@ def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL,
   under `jax.checkpoint`, so the full [B, L, V] logits never exist at once, in the forward or the
   backward pass (with a real vocabulary they are the largest tensor of an RL step).
   """
-  prompt_len, response_len = prompt_BxT.shape[1], response_BxL.shape[1]
-  tokens_BxS = jnp.concatenate([prompt_BxT, response_BxL], axis=1)
-  valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones_like(response_BxL, bool)], axis=1)
+  response_len = response_BxL.shape[1]
   variables = {'params': params}
-  h_BxSxD, _, aux_loss = model.apply(variables, tokens_BxS, valid_BxS, method='hidden')
-  h_BxLxD = h_BxSxD[:, prompt_len - 1:prompt_len - 1 + response_len]  # positions predicting the response
+  h_BxSxD, _, aux_loss = model.apply(
+      variables, *prompt_and_response(prompt_BxT, prompt_valid_BxT, response_BxL), method='hidden')
+  h_BxLxD = at_response(h_BxSxD, prompt_BxT.shape[1], response_len)
 
   def logp_and_entropy(h_BxCxD, tokens_BxC):
     logits_BxCxV = model.apply(variables, h_BxCxD, method='logits') / temperature
@@ -98,6 +118,4 @@ def policy_update(loss_fn, optimizer, loss_agg, num_micro, params, opt_state, ba
   micro_loss = lambda p, b: loss_fn(p, b, ref_params)
   params, opt_state, metrics = update.apply_update(micro_loss, optimizer, params, opt_state, batch,
                                                    num_micro)
-  metrics['logprob_mismatch'] = metrics.pop('logprob_mismatch_sum') / jnp.maximum(
-      metrics['num_tokens'], 1)
-  return params, opt_state, metrics
+  return params, opt_state, mean_mismatch(metrics)

@@ -188,8 +188,7 @@ def shared_update(state, batch, ref_params, *, actor_loss, critic_loss, tx, loss
   skipped = 1 - opt_state.last_finite.astype(jnp.int32)
   metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads['policy']), skipped=skipped)
   metrics.update(critic_metrics(dict(metrics, grad_norm=optax.global_norm(grads['value_head']))))
-  metrics['logprob_mismatch'] = metrics.pop('logprob_mismatch_sum') / jnp.maximum(
-      metrics['num_tokens'], 1)
+  metrics = policy_loss.mean_mismatch(metrics)
   state = dict(params=joint['policy'], opt_state=opt_state,
                critic_params=dict(value_head=joint['value_head']))
   return state, metrics
