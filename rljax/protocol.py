@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 
 from rljax import algos
-from rljax import analysis
+from rljax import report as report_lib
 from rljax import config_checks
 from rljax import metrics as metrics_lib
 from rljax import optim
@@ -173,7 +173,7 @@ def run_once(cfg, run_dir, label):
 
 def summarise_throughput(run_dir, warmup):
   """Steady-state throughput of a short run: steps after the first `warmup` (they compile)."""
-  train_rows = analysis.load_run(run_dir)['train']
+  train_rows = report_lib.load_run(run_dir)['train']
   keep = train_rows['step'] > warmup
   if not keep.any():
     raise ValueError(f'{run_dir}: no steps after the {warmup} warm-up steps')
@@ -277,9 +277,9 @@ def run(config, workdir):
   for value in sweep:
     measure_throughput(config, workdir, value)
 
-  report = analysis.write_report(workdir)
+  report = report_lib.write_report(workdir)
   if p.confirm and confirm(config, workdir, report) is not None:
-    report = analysis.write_report(workdir)
+    report = report_lib.write_report(workdir)
   rec = report['recommended']
   print(f"[protocol] wrote {os.path.join(workdir, 'report.md')} in {time.time() - start:.0f} s "
         f"(this invocation); recommended batch: {rec['batch'] if rec else 'none'}", flush=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import protocol as protocol_config
-from rljax import analysis
+from rljax import report as report_lib
 from rljax import protocol
 from rljax import warmstart
 
@@ -200,7 +200,7 @@ def test_protocol_writes_runs_throughput_report_and_plots(resumed):
   assert sorted(c['batch'] for c in report['candidates']) == [8, 16, 32]
   assert [c['extrapolated'] for c in report['candidates']] == [False, False, True]
   assert 'Decision' in open(os.path.join(workdir, 'report.md')).read()
-  for plot in analysis.PLOTS:
+  for plot in report_lib.PLOTS:
     with open(os.path.join(workdir, plot), 'rb') as f:
       assert f.read(8) == b'\x89PNG\r\n\x1a\n', plot
 
@@ -229,5 +229,5 @@ def test_confirm_run_is_compared_with_the_prediction(resumed, data_dir):
   cfg = json.load(open(os.path.join(workdir, 'confirm', 'run_config.json')))
   assert spec['batch'] == 8 and cfg['seed'] == 1
   assert cfg['train']['target'] == pytest.approx(config.protocol.target + config.protocol.stop_margin)
-  report = analysis.build_report(workdir)
+  report = report_lib.build_report(workdir)
   assert report['confirm']['batch'] == 8 and 'measured_wallclock_s' in report['confirm']

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from rljax import analysis
+from rljax import report as report_lib
+from rljax import stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = 0.6
@@ -48,33 +49,33 @@ def make_run(acc_fn, batch, n_steps, prompts_u=None, eval_every=5, step_time=1.0
 
 def test_first_crossing_is_exact_on_piecewise_linear_data():
   x, y = [0, 10, 20, 30], [0.0, 0.2, 0.6, 0.8]
-  assert analysis.first_crossing(x, y, 0.4) == pytest.approx(15.0)
-  assert analysis.first_crossing(x, y, 0.7) == pytest.approx(25.0)
-  assert analysis.first_crossing(x, y, 0.6) == pytest.approx(20.0)
-  assert analysis.first_crossing(x, y, 0.0) == 0.0  # already there at the first point
-  assert np.isnan(analysis.first_crossing(x, y, 0.9))
-  assert np.isnan(analysis.first_crossing([], [], 0.5))
+  assert stats.first_crossing(x, y, 0.4) == pytest.approx(15.0)
+  assert stats.first_crossing(x, y, 0.7) == pytest.approx(25.0)
+  assert stats.first_crossing(x, y, 0.6) == pytest.approx(20.0)
+  assert stats.first_crossing(x, y, 0.0) == 0.0  # already there at the first point
+  assert np.isnan(stats.first_crossing(x, y, 0.9))
+  assert np.isnan(stats.first_crossing([], [], 0.5))
   # The FIRST upward crossing, even if the curve dips back below later.
-  assert analysis.first_crossing([0, 10, 20, 30], [0.0, 0.5, 0.3, 0.7], 0.4) == pytest.approx(8.0)
+  assert stats.first_crossing([0, 10, 20, 30], [0.0, 0.5, 0.3, 0.7], 0.4) == pytest.approx(8.0)
   # Column-wise on 2-D input, as the bootstrap uses it.
   y2 = np.array([[0.0, 0.0], [0.2, 1.0], [0.6, 1.0], [0.8, 1.0]])
-  np.testing.assert_allclose(analysis.first_crossing(x, y2, 0.4), [15.0, 4.0])
+  np.testing.assert_allclose(stats.first_crossing(x, y2, 0.4), [15.0, 4.0])
 
 
 def test_smooth_is_centred_and_keeps_lines():
-  np.testing.assert_allclose(analysis.smooth([0, 0, 3, 0, 0], 3), [0, 1, 1, 1, 0])
+  np.testing.assert_allclose(stats.smooth([0, 0, 3, 0, 0], 3), [0, 1, 1, 1, 0])
   line = np.linspace(0, 1, 9)
-  np.testing.assert_allclose(analysis.smooth(line, 5), line)  # no lag: crossings do not move
-  np.testing.assert_allclose(analysis.smooth([1.0, 5.0], 1), [1.0, 5.0])
+  np.testing.assert_allclose(stats.smooth(line, 5), line)  # no lag: crossings do not move
+  np.testing.assert_allclose(stats.smooth([1.0, 5.0], 1), [1.0, 5.0])
 
 
 def test_to_target_in_samples_steps_and_wallclock():
   run = make_run(lambda n: n / 1000.0, batch=100, n_steps=10, eval_every=1, step_time=2.0)
-  assert analysis.samples_to_target(run, 0.35) == pytest.approx(350.0)
-  assert analysis.steps_to_target(run, 0.35) == pytest.approx(3.5)
-  assert analysis.wallclock_to_target(run, 0.35) == pytest.approx(7.0)
-  assert np.isnan(analysis.samples_to_target(run, 2.0))
-  assert np.isnan(analysis.wallclock_to_target(run, 2.0))
+  assert stats.samples_to_target(run, 0.35) == pytest.approx(350.0)
+  assert stats.steps_to_target(run, 0.35) == pytest.approx(3.5)
+  assert stats.wallclock_to_target(run, 0.35) == pytest.approx(7.0)
+  assert np.isnan(stats.samples_to_target(run, 2.0))
+  assert np.isnan(stats.wallclock_to_target(run, 2.0))
 
 
 def test_load_run_splits_dedupes_and_reads_eval_correct(tmp_path):
@@ -89,7 +90,7 @@ def test_load_run_splits_dedupes_and_reads_eval_correct(tmp_path):
   (tmp_path / 'metrics.jsonl').write_text(text)
   (tmp_path / 'eval_correct.jsonl').write_text('{"step": 0, "samples": 0, "correct": "0100"}\n'
                                                '{"step": 2, "samples": 16, "correct": "1101"}\n')
-  run = analysis.load_run(str(tmp_path))
+  run = report_lib.load_run(str(tmp_path))
   np.testing.assert_array_equal(run['train']['step'], [1, 2])
   np.testing.assert_array_equal(run['train']['grad_norm'], [2.0, 3.0])
   assert np.isnan(run['train']['critic_grad_norm'][0])
@@ -108,10 +109,10 @@ def test_rn_of_a_curve_stretched_in_samples():
   base = [make_run(curve(), 128, 400)]
   stretched = make_run(curve(), 128, 400)
   stretched['eval']['samples'] = stretched['eval']['samples'] * 1.5
-  rn, lo, hi = analysis.rn_with_ci(base, [stretched], TARGET, n_boot=50, rng=0)
+  rn, lo, hi = stats.rn_with_ci(base, [stretched], TARGET, n_boot=50, rng=0)
   assert rn == pytest.approx(1.5)
   assert lo == pytest.approx(1.5) and hi == pytest.approx(1.5)  # one seed, no prompts: no noise
-  assert analysis.samples_to_target(base[0], TARGET) == pytest.approx(BASE_N, rel=0.01)
+  assert stats.samples_to_target(base[0], TARGET) == pytest.approx(BASE_N, rel=0.01)
 
 
 def seeded_runs(rng, n_seeds, stretch, prompts_u):
@@ -130,7 +131,7 @@ def test_bootstrap_ci_covers_truth_and_shrinks_with_seeds():
     for n_seeds in (3, 12):
       base = seeded_runs(rng, n_seeds, 1.0, prompts_u)
       arm = seeded_runs(rng, n_seeds, 1.5, prompts_u)
-      rn, lo, hi = analysis.rn_with_ci(base, arm, TARGET, n_boot=200, rng=rng)
+      rn, lo, hi = stats.rn_with_ci(base, arm, TARGET, n_boot=200, rng=rng)
       assert lo <= rn <= hi
       widths[n_seeds].append(hi - lo)
       covered[n_seeds].append(lo <= 1.5 <= hi)
@@ -144,20 +145,20 @@ def test_bootstrap_resamples_prompts_when_eval_correct_is_logged():
   prompts_u = np.random.default_rng(1).uniform(size=200)
   base = [make_run(curve(), 128, 400, prompts_u)]
   arm = [make_run(curve(1.5), 128, 400, prompts_u)]
-  _, lo, hi = analysis.rn_with_ci(base, arm, TARGET, n_boot=200, rng=0)
+  _, lo, hi = stats.rn_with_ci(base, arm, TARGET, n_boot=200, rng=0)
   assert hi > lo
   for run in base + arm:
     run['eval_correct'] = None
-  _, lo, hi = analysis.rn_with_ci(base, arm, TARGET, n_boot=200, rng=0)
+  _, lo, hi = stats.rn_with_ci(base, arm, TARGET, n_boot=200, rng=0)
   assert hi == lo
 
 
 def test_arm_that_never_reaches_the_target():
   base = [make_run(curve(), 128, 400) for _ in range(2)]
   arm = [make_run(curve(), 128, 400), make_run(curve(100.0), 128, 400)]
-  rn, _, hi = analysis.rn_with_ci(base, arm, TARGET, n_boot=50, rng=0)
+  rn, _, hi = stats.rn_with_ci(base, arm, TARGET, n_boot=50, rng=0)
   assert np.isinf(rn) and np.isinf(hi)
-  rn, _, _ = analysis.rn_with_ci(arm, base, TARGET, n_boot=50, rng=0)
+  rn, _, _ = stats.rn_with_ci(arm, base, TARGET, n_boot=50, rng=0)
   assert np.isnan(rn)  # base never gets there: undefined, not 0
 
 
@@ -171,12 +172,12 @@ def test_aligned_range_is_contiguous_around_the_base():
       {'name': 'e', 'batch': 2048, 'rN': 1.0, 'rN_ci': [0.9, 1.1]},  # beyond a gap: not counted
       {'name': 'fixed', 'batch': 4096, 'rN': 1.0, 'rN_ci': [0.9, 1.1], 'control': True},
   ]
-  aligned = analysis.aligned_range(arms, tolerance=0.1)
+  aligned = stats.aligned_range(arms, tolerance=0.1)
   assert (aligned['lo'], aligned['hi'], aligned['batches']) == (128, 512, [128, 256, 512])
   assert not aligned['within_noise']  # batch 512 is within tolerance but its CI excludes 1
   arms[3]['rN_ci'] = [0.95, 1.2]
-  assert analysis.aligned_range(arms, tolerance=0.1)['within_noise']
-  assert analysis.aligned_range(arms, tolerance=0.01)['batches'] == [256]
+  assert stats.aligned_range(arms, tolerance=0.1)['within_noise']
+  assert stats.aligned_range(arms, tolerance=0.01)['batches'] == [256]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def test_aligned_range_is_contiguous_around_the_base():
 def test_grad_norm_slope_recovers_minus_half_with_a_sane_stderr():
   rng = np.random.default_rng(0)
   batches = 2.0**np.arange(3, 11)
-  fits = [analysis.grad_norm_slope(batches, 5 * batches**-0.5 *
+  fits = [stats.grad_norm_slope(batches, 5 * batches**-0.5 *
                                    np.exp(0.05 * rng.standard_normal(len(batches))))
           for _ in range(400)]
   slopes, stderrs = np.array(fits).T
@@ -196,12 +197,12 @@ def test_grad_norm_slope_recovers_minus_half_with_a_sane_stderr():
   # The reported stderr matches the actual spread of fitted slopes over noise draws
   # (its square is unbiased for the slope's variance; dividing by n, not n - 2, is 15% too big).
   assert np.sqrt(np.mean(stderrs**2)) == pytest.approx(np.std(slopes), rel=0.07)
-  assert np.isnan(analysis.grad_norm_slope([8, 16], [1.0, 0.7])[1])  # no residual dof
+  assert np.isnan(stats.grad_norm_slope([8, 16], [1.0, 0.7])[1])  # no residual dof
 
 
 def test_doubling_ratios_are_per_doubling():
   batches = [64, 128, 512]
-  ratios = analysis.doubling_ratios(batches, [np.sqrt(64 / b) for b in batches])
+  ratios = stats.doubling_ratios(batches, [np.sqrt(64 / b) for b in batches])
   assert [(r['from'], r['to']) for r in ratios] == [(64, 128), (128, 512)]
   assert ratios[1]['ratio'] == pytest.approx(0.5)
   for r in ratios:
@@ -219,13 +220,13 @@ def test_decision_more_throughput_loses_to_a_larger_sample_penalty():
       {'batch': 128, 'throughput_samples_per_s': 1000.0, 'rN': 1.0},
       {'batch': 256, 'throughput_samples_per_s': 1200.0, 'rN': 1.5, 'rN_ci': [1.3, 1.7]},
   ]
-  decisions = analysis.decide(candidates, n)
+  decisions = stats.decide(candidates, n)
   assert [d['recommended'] for d in decisions] == [True, False]
   assert decisions[1]['predicted_wallclock_s'] == pytest.approx(n * 1.5 / 1200)
   assert decisions[1]['predicted_wallclock_ci_s'] == pytest.approx([n * 1.3 / 1200, n * 1.7 / 1200])
-  assert analysis.predict_wallclock(n, 1.5, 1200.0) == pytest.approx(125.0)
+  assert stats.predict_wallclock(n, 1.5, 1200.0) == pytest.approx(125.0)
   candidates[1]['rN'] = 1.1  # now 1.2x throughput beats the 1.1x penalty
-  assert [d['recommended'] for d in analysis.decide(candidates, n)] == [False, True]
+  assert [d['recommended'] for d in stats.decide(candidates, n)] == [False, True]
 
 
 def test_decision_marks_extrapolated_batches_and_bounds_their_rn():
@@ -235,14 +236,14 @@ def test_decision_marks_extrapolated_batches_and_bounds_their_rn():
       {'batch': 512, 'throughput_samples_per_s': 1400.0, 'rN': 1.2},
       {'batch': 4096, 'throughput_samples_per_s': 5000.0, 'rN': None},
   ]
-  decisions = {d['batch']: d for d in analysis.decide(candidates, 1e5)}
+  decisions = {d['batch']: d for d in stats.decide(candidates, 1e5)}
   big, small = decisions[4096], decisions[64]
   assert big['extrapolated'] and not decisions[512]['extrapolated']
   assert (big['rN_used'], big['rN_bound']) == (1.2, 'lower')  # never silently 1
   assert (small['rN_used'], small['rN_bound']) == (1.0, 'upper')
   assert 'bound' in big['note']
   assert decisions[512]['recommended'] and not big['recommended']
-  allowed = {d['batch']: d for d in analysis.decide(candidates, 1e5, allow_extrapolated=True)}
+  allowed = {d['batch']: d for d in stats.decide(candidates, 1e5, allow_extrapolated=True)}
   assert allowed[4096]['recommended']
 
 
@@ -329,7 +330,7 @@ def workdir(tmp_path_factory):
 
 
 def test_build_report_end_to_end(workdir):
-  report = analysis.build_report(workdir)
+  report = report_lib.build_report(workdir)
   arms = {a['name']: a for a in report['arms']}
   assert arms['P16']['base'] and arms['P16']['rN'] == 1.0
   for name in ('P8', 'P32'):
@@ -362,7 +363,7 @@ def test_cli_rebuilds_the_report_files(workdir):
   top_keys = {'grad_norm_slope', 'grad_norm_slope_stderr', 'noise_scale', 'aligned_range',
               'recommended', 'target', 'confirm'}
   assert top_keys <= set(report)
-  for plot in analysis.PLOTS:
+  for plot in report_lib.PLOTS:
     assert os.path.getsize(os.path.join(workdir, plot)) > 1000
   with open(os.path.join(workdir, 'report.md')) as f:
     markdown = f.read()
@@ -393,7 +394,7 @@ def test_report_with_an_unreached_arm_and_no_throughput_files(tmp_path):
                 ppo=True)
   write_json(str(tmp_path / 'protocol.json'),
              {'target': TARGET, 'base_arm': 'B256', 'algo': 'ppo', 'n_boot': 100})
-  report = analysis.write_report(str(tmp_path))
+  report = report_lib.write_report(str(tmp_path))
   arms = {a['name']: a for a in report['arms']}
   assert arms['B1024']['rN_status'] == 'not reached' and np.isinf(arms['B1024']['rN'])
   assert (report['aligned_range']['lo'], report['aligned_range']['hi']) == (256, 512)
