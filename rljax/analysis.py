@@ -10,10 +10,6 @@ from absl import flags
 
 from rljax import report as report_lib
 
-# ----------------------------------------------------------------------------------------------
-# CLI.
-# ----------------------------------------------------------------------------------------------
-
 
 def main(argv):
   """Rebuilds DIR/report.{json,md} and the plots from logged runs, without training."""
@@ -25,9 +21,8 @@ def main(argv):
     report = report_lib.write_report(flags.FLAGS.workdir)
   except (OSError, ValueError) as e:
     sys.exit(f'rljax.analysis: {e}')
-  rec = report['recommended']
   print(f"wrote {os.path.join(flags.FLAGS.workdir, 'report.md')}; recommended batch: "
-        f"{rec['batch'] if rec else 'none'}")
+        f"{report['recommended']} ({report['decision']['verdict']})")
 
 
 if __name__ == '__main__':

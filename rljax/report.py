@@ -1,7 +1,12 @@
-"""The protocol's report: one declared schema of its directory, read back into numbers and words.
+"""The protocol's directory (one declared schema, written by rljax.protocol and read back here) and
+the report built from it: numbers (report.json) and words (report.md).
 
-The protocol (rljax.protocol) writes the directory and this module reads it; both use the paths
-and fields declared here.
+Layout of a protocol workdir D (SCHEMA names each JSON file and the fields it must hold):
+  D/protocol.json                        the protocol's settings
+  D/calibration.json                     lr0 and where it came from ('calibrated' or 'given')
+  D/<group>/<arm>/arm.json               one arm: a batch at an lr; group is one of GROUPS
+  D/<group>/<arm>/seed_<k>/metrics.jsonl an ordinary training run of that arm
+  D/throughput/<batch>/round_<r>.json    one steady-state throughput measurement
 """
 import json
 import os
@@ -10,19 +15,55 @@ import numpy as np
 
 from rljax import metrics
 from rljax import stats
+from rljax import workdir as workdir_lib
 
-PLOTS = ('eval_vs_samples.png', 'eval_vs_steps.png', 'eval_vs_wallclock.png',
+SCHEMA = {
+    'protocol': ('protocol.json', (
+        'algo', 'target', 'targets', 'target_fractions', 'base_arm', 'base_batch', 'rn_tolerance',
+        'smooth_window', 'level', 'n_draws', 'seed', 'throughput_warmup')),
+    'calibration': ('calibration.json', ('lr0', 'source')),
+    'arm': ('{group}/{arm}/arm.json', ('name', 'batch', 'value', 'lr', 'lr_rule', 'control')),
+    'throughput': ('throughput/{batch}/round_{round}.json', (
+        'batch', 'round', 'samples_per_s', 'step_time_s', 'rollout_time_s', 'update_time_s',
+        'steps_measured', 'warmup_steps')),
+}
+GROUPS = ('calibration', 'arms', 'confirm')   # calibration: lr0 at the base batch; arms: align
+PLOTS = ('eval_vs_samples.png', 'eval_vs_steps.png', 'eval_vs_wallclock.png', 'lr0_calibration.png',
          'grad_norm_vs_batch.png', 'throughput_vs_batch.png', 'time_to_target_vs_batch.png')
 
+# ------------------------------------------------------------------------------------------------
+# The schema: one writer (rljax.protocol) and one reader (below) of the same paths and fields.
+# ------------------------------------------------------------------------------------------------
 
-# ----------------------------------------------------------------------------------------------
-# Loading runs.
-# ----------------------------------------------------------------------------------------------
+
+def path(workdir, kind, **where):
+  """The file of `kind` (a SCHEMA key) in the workdir, e.g. path(D, 'arm', group='arms', arm='P16')."""
+  return os.path.join(workdir, SCHEMA[kind][0].format(**where))
 
 
-def _read_json(path):
-  with open(path) as f:
-    return json.load(f)
+def run_dir(workdir, group, arm, seed):
+  return os.path.join(workdir, group, arm, f'seed_{seed}')
+
+
+def _checked(kind, value, where):
+  missing = [k for k in SCHEMA[kind][1] if k not in value]
+  if missing:
+    raise ValueError(f'{where}: {kind} record lacks {missing}')
+  return value
+
+
+def write(workdir, kind, value, **where):
+  """Writes one record of the schema, atomically; ValueError if it lacks a declared field."""
+  target = path(workdir, kind, **where)
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  workdir_lib.write_json_atomic(target, _checked(kind, _jsonable(value), target))
+
+
+def read(workdir, kind, **where):
+  """One record of the schema, or None when there is none; ValueError if it lacks a field."""
+  source = path(workdir, kind, **where)
+  value = workdir_lib.read_json(source)
+  return None if value is None else _checked(kind, value, source)
 
 
 def _last_per_step(rows):
@@ -31,51 +72,28 @@ def _last_per_step(rows):
   return [by_step[step] for step in sorted(by_step)]
 
 
-def _is_number(value):
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _columns(rows, required):
   """Numeric fields as float arrays (nan where a row lacks one); `required` ones always exist."""
+  is_number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
   columns = {key: np.zeros(0) for key in required}
   for key in sorted({key for row in rows for key in row}):
     values = [row.get(key) for row in rows]
-    if all(v is None or _is_number(v) for v in values):
+    if all(v is None or is_number(v) for v in values):
       columns[key] = np.array([np.nan if v is None else v for v in values], float)
   return columns
 
 
-def load_run(run_dir):
-  """One run's logs as numpy columns: {'dir', 'train', 'eval', 'eval_correct'}.
-
-  Training and eval rows of metrics.jsonl are told apart by the `"eval": true` marker; each keeps
-  one row per step. eval_correct is {'step', 'samples', 'correct_TxM'} (T evals x M held-out
-  prompts, bool) when eval_correct.jsonl exists, so that held-out prompts can be resampled.
-  """
-  rows = metrics.read_jsonl(os.path.join(run_dir, 'metrics.jsonl'))
-  run = {
-      'dir': run_dir,
+def load_run(directory):
+  """One run's metrics.jsonl as numpy columns: {'dir', 'train', 'eval'}, one row per step each
+  (training and eval rows are told apart by the `"eval": true` marker)."""
+  rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
+  return {
+      'dir': directory,
       'train': _columns(_last_per_step([r for r in rows if not r.get('eval')]),
                         ('step', 'samples', 'step_time_s', 'grad_norm')),
       'eval': _columns(_last_per_step([r for r in rows if r.get('eval')]),
                        ('step', 'samples', 'eval_accuracy')),
-      'eval_correct': None,
   }
-  path = os.path.join(run_dir, 'eval_correct.jsonl')
-  if os.path.exists(path):
-    rows = _last_per_step(metrics.read_jsonl(path))
-    if len({len(row['correct']) for row in rows}) > 1:
-      raise ValueError(f'{path}: rows score different numbers of prompts')
-    if rows:
-      run['eval_correct'] = {
-          'step': np.array([row['step'] for row in rows], float),
-          'samples': np.array([row['samples'] for row in rows], float),
-          'correct_TxM': np.array([[c == '1' for c in row['correct']] for row in rows]),
-      }
-  return run
-
-
-# ----------------------------------------------------------------------------------------------
 
 
 def _seed_number(name):
@@ -83,325 +101,381 @@ def _seed_number(name):
   return (0, int(suffix), '') if suffix.isdigit() else (1, 0, suffix)
 
 
+def load_group(workdir, group):
+  """[{'spec': arm.json, 'runs': [load_run per seed]}] of one run group, arms with logs only."""
+  root = os.path.join(workdir, group)
+  arms = []
+  for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    spec = read(workdir, 'arm', group=group, arm=name)
+    if spec is None:
+      continue
+    seeds = sorted((d for d in os.listdir(os.path.join(root, name)) if d.startswith('seed_') and
+                    os.path.isfile(os.path.join(root, name, d, 'metrics.jsonl'))),
+                   key=_seed_number)
+    if seeds:
+      arms.append({'spec': spec, 'runs': [load_run(os.path.join(root, name, d)) for d in seeds]})
+  return arms
+
+
+def load_throughput(workdir):
+  """{batch: [round records, by round]} from D/throughput/<batch>/round_<r>.json."""
+  root, table = os.path.join(workdir, 'throughput'), {}
+  for batch in sorted(os.listdir(root), key=lambda b: (len(b), b)) if os.path.isdir(root) else []:
+    rounds = sorted(f for f in os.listdir(os.path.join(root, batch)) if f.startswith('round_')
+                    and f.endswith('.json')) if os.path.isdir(os.path.join(root, batch)) else []
+    records = [read(workdir, 'throughput', batch=batch, round=f[len('round_'):-len('.json')])
+               for f in rounds]
+    if records:
+      table[int(batch)] = records
+  return table
+
+
 def load_workdir(workdir):
-  """Specs, runs, throughput and the confirm run of a protocol workdir (layout: module doc)."""
+  """Everything the report reads from a protocol workdir."""
   if not workdir or not os.path.isdir(workdir):
     raise FileNotFoundError(f'protocol workdir {workdir!r} does not exist')
-  arms_dir = os.path.join(workdir, 'arms')
-  arms = []
-  for name in sorted(os.listdir(arms_dir)) if os.path.isdir(arms_dir) else []:
-    arm_dir = os.path.join(arms_dir, name)
-    spec_path = os.path.join(arm_dir, 'arm.json')
-    if not os.path.isfile(spec_path):
-      continue
-    seeds = sorted((d for d in os.listdir(arm_dir) if d.startswith('seed_') and
-                    os.path.isfile(os.path.join(arm_dir, d, 'metrics.jsonl'))), key=_seed_number)
-    spec = {'name': name, **_read_json(spec_path)}
-    if 'batch' not in spec:
-      raise ValueError(f'{spec_path} has no "batch"')
-    if seeds:
-      arms.append({'spec': spec,
-                   'runs': [load_run(os.path.join(arm_dir, d)) for d in seeds]})
-  if not arms:
-    raise ValueError(f'no arms with logged runs in {arms_dir} (expected '
+  data = {group: load_group(workdir, group) for group in GROUPS}
+  if not data['arms']:
+    raise ValueError(f"no arms with logged runs in {os.path.join(workdir, 'arms')} (expected "
                      'arms/<arm>/arm.json and arms/<arm>/seed_<k>/metrics.jsonl)')
-  protocol_path = os.path.join(workdir, 'protocol.json')
-  if not os.path.isfile(protocol_path):
-    raise FileNotFoundError(f'{protocol_path} not found')
-  throughput_dir = os.path.join(workdir, 'throughput')
-  throughput = [_read_json(os.path.join(throughput_dir, f))
-                for f in sorted(os.listdir(throughput_dir)) if f.endswith('.json')
-                ] if os.path.isdir(throughput_dir) else []
-  confirm_dir = os.path.join(workdir, 'confirm')
-  has_confirm = os.path.isfile(os.path.join(confirm_dir, 'metrics.jsonl'))
-  confirm_spec = os.path.join(confirm_dir, 'arm.json')
-  return {
-      'workdir': workdir,
-      'protocol': _read_json(protocol_path),
-      'arms': arms,
-      'throughput': {int(t['batch']): t for t in throughput},
-      'confirm': load_run(confirm_dir) if has_confirm else None,
-      'confirm_spec': _read_json(confirm_spec) if os.path.isfile(confirm_spec) else None,
-  }
+  protocol = read(workdir, 'protocol')
+  if protocol is None:
+    raise FileNotFoundError(f"{path(workdir, 'protocol')} not found")
+  return dict(data, workdir=workdir, protocol=protocol,
+              calibration_choice=read(workdir, 'calibration'),
+              throughput=load_throughput(workdir))
 
 
+# ------------------------------------------------------------------------------------------------
+# Numbers.
+# ------------------------------------------------------------------------------------------------
 
 
+def _settings(protocol):
+  return dict(window=int(protocol['smooth_window']), level=float(protocol['level']),
+              tolerance=float(protocol['rn_tolerance']), n_draws=int(protocol['n_draws']),
+              seed=int(protocol['seed']), warmup=int(protocol['throughput_warmup']))
 
-def _throughput_table(data):
-  """Steady-state throughput per batch: throughput/ files, else the align runs' own logs."""
-  table = {b: dict(t, source='throughput/') for b, t in data['throughput'].items()}
-  for arm in data['arms']:
-    batch = int(arm['spec']['batch'])
-    if batch not in table:
-      table[batch] = dict(stats.steady_state(arm['runs']), batch=batch)
+
+def _targets(protocol, base_runs, window):
+  """The report's targets (user-given, else by the rule of stats.targets_from_base); the primary
+  one, on which the decision rests, is the middle one."""
+  targets = [float(t) for t in protocol['targets']] or stats.targets_from_base(
+      base_runs, protocol['target_fractions'], window)
+  rule = 'given' if protocol['targets'] else (
+      f"start + f x (top - start) of the base arm, f = {list(protocol['target_fractions'])}")
+  if not targets:   # the base arm never rose: fall back to the stop target, stated
+    targets, rule = [float(protocol['target'])], 'the stop target (the base arm did not rise)'
+  return dict(targets=targets, primary=targets[len(targets) // 2], rule=rule)
+
+
+def _own_throughput(runs, warmup):
+  """Steady-state samples/s of each align run (the same rule as the throughput rounds)."""
+  values = []
+  for r in runs:
+    per_step = np.diff(np.concatenate([[0.0], r['train']['samples']]))
+    values.append(stats.steady_throughput(per_step, r['train']['step_time_s'], warmup))
+  return values
+
+
+def _noise_terms(runs, window):
+  """Per run, the four noise-scale columns over the matched sample window."""
+  lo, hi = window
+  keep = lambda r: (r['train']['samples'] > lo) & (r['train']['samples'] <= hi)
+  return [[r['train'][k][keep(r)] for k in stats.NOISE_KEYS] for r in runs
+          if all(k in r['train'] for k in stats.NOISE_KEYS)]
+
+
+def _median_in_window(runs, key, window):
+  lo, hi = window
+  values = np.concatenate([r['train'][key][(r['train']['samples'] > lo) &
+                                           (r['train']['samples'] <= hi)]
+                           for r in runs if key in r['train']] or [np.zeros(0)])
+  values = values[np.isfinite(values)]
+  return float(np.median(values)) if len(values) else np.nan
+
+
+def _rn_at(base, arm, target, settings):
+  """rN of an arm against the base at one target, with its interval and alignment."""
+  n = lambda runs: [stats.to_target(r, target, settings['window']) for r in runs]
+  per_seed = n(arm['runs'])
+  result = stats.rn_interval(n(base['runs']), per_seed, settings['level'],
+                             [stats.samples_reached(r) for r in arm['runs']])
+  geo = stats.log_mean_interval(per_seed) if np.isfinite(per_seed).all() else {'mean': np.inf}
+  return dict(target=target, samples_to_target=geo['mean'], samples_to_target_per_seed=per_seed,
+              rN=result['rN'], rN_ci=[result['lo'], result['hi']], rN_df=result['df'],
+              rN_status=result['status'],
+              alignment=stats.alignment(result['lo'], result['hi'], settings['tolerance']))
+
+
+def _arm_summary(arm, base, targets, settings, window):
+  spec, runs = arm['spec'], arm['runs']
+  per_target = [_rn_at(base, arm, t, settings) for t in targets['targets']]
+  primary = per_target[targets['targets'].index(targets['primary'])]
+  wallclock = [stats.wallclock_to_target(r, targets['primary'], settings['window']) for r in runs]
+  noise = stats.noise_scale_interval(_noise_terms(runs, window), rng=settings['seed'],
+                                     level=settings['level'])
+  own = _own_throughput(runs, settings['warmup'])
+  return dict(
+      {k: spec.get(k) for k in ('name', 'batch', 'value', 'P', 'G', 'lr', 'lr_rule')},
+      control=bool(spec['control']), base=arm is base, n_seeds=len(runs),
+      seeds_reached=int(np.isfinite(primary['samples_to_target_per_seed']).sum()),
+      **{k: v for k, v in primary.items() if k != 'target'},
+      steps_to_target=float(np.mean([stats.to_target(r, targets['primary'], settings['window'],
+                                                     'step') for r in runs])),
+      wallclock_to_target_s=float(np.mean(wallclock)), per_target=per_target,
+      grad_norm_median=_median_in_window(runs, 'grad_norm', window),
+      critic_grad_norm_median=_median_in_window(runs, 'critic_grad_norm', window),
+      noise_scale=noise['value'], noise_scale_ci=[noise['lo'], noise['hi']],
+      own_throughput_per_seed=own, own_throughput=stats.throughput_interval(own, settings['level']))
+
+
+def _matched_sample_window(arms):
+  """(0, S]: S = the fewest samples any run logged, so every arm's gradients are summarised over
+  the same stretch of training in samples (the grad norm drifts as the policy learns)."""
+  ends = [r['train']['samples'][-1] for a in arms for r in a['runs'] if len(r['train']['samples'])]
+  return (0.0, float(min(ends)) if ends else 0.0)
+
+
+def _throughput_table(data, arms, settings):
+  """Per batch: the throughput rounds when measured, else each align seed's own steady state."""
+  table = {}
+  for batch, records in data['throughput'].items():
+    rounds = [r['samples_per_s'] for r in records]
+    table[batch] = dict(batch=batch, source='throughput rounds', per_round=rounds,
+                        rollout_time_s=float(np.median([r['rollout_time_s'] for r in records])),
+                        update_time_s=float(np.median([r['update_time_s'] for r in records])),
+                        **stats.throughput_interval(rounds, settings['level']))
+  for a in arms:
+    if a['batch'] not in table and not a['control']:
+      rounds = a['own_throughput_per_seed']
+      table[a['batch']] = dict(batch=a['batch'], source='align runs (one value per seed)',
+                               per_round=rounds, rollout_time_s=np.nan, update_time_s=np.nan,
+                               **stats.throughput_interval(rounds, settings['level']))
   return dict(sorted(table.items()))
 
 
-def _find_base(arms, base_name):
-  if base_name is None:
-    raise ValueError('protocol.json has no "base_arm"')
-  for arm in arms:
-    if arm['spec']['name'] == base_name:
-      return arm
-  raise ValueError(f'base arm {base_name!r} from protocol.json has no logged runs in arms/')
-
-
-def _arm_summary(arm, base, settings, window, throughput):
-  spec, runs = arm['spec'], arm['runs']
-  target, smooth_window = settings['target'], settings['smooth_window']
-  n = [stats.samples_to_target(r, target, smooth_window) for r in runs]
-  rn, lo, hi = stats.rn_with_ci(base['runs'], runs, target, settings['n_boot'], settings['rng'],
-                          smooth_window)
-  status = 'ok' if np.isfinite(rn) else ('not reached' if np.isinf(rn) else 'base not reached')
-  return {
-      'name': spec['name'],
-      'batch': int(spec['batch']),
-      'P': spec.get('P'),
-      'G': spec.get('G'),
-      'lr': spec.get('lr'),
-      'lr_rule': spec.get('lr_rule'),
-      'control': bool(spec.get('control', False)),
-      'base': arm is base,
-      'n_seeds': len(runs),
-      'seeds_reached': int(np.isfinite(n).sum()),
-      'samples_to_target': stats.mean_over_seeds(n),
-      'samples_to_target_per_seed': n,
-      'steps_to_target': stats.mean_over_seeds([stats.steps_to_target(r, target, smooth_window)
-                                           for r in runs]),
-      'wallclock_to_target_s': stats.mean_over_seeds([stats.wallclock_to_target(r, target, smooth_window)
-                                                 for r in runs]),
-      'rN': rn,
-      'rN_ci': [lo, hi],
-      'rN_status': status,
-      'throughput_samples_per_s': float(throughput[int(spec['batch'])]['samples_per_s']),
-      'grad_norm_median': stats.median_in_window(runs, 'grad_norm', window),
-      'critic_grad_norm_median': stats.median_in_window(runs, 'critic_grad_norm', window),
-      'noise_scale': stats.runs_noise_scale(runs, window),
-  }
-
-
-def _candidates(arms, throughput):
-  """One candidate per batch: the best-rN sqrt arm measured there, plus throughput-only batches."""
-  candidates = {}
-  for a in arms:
-    best = candidates.get(a['batch'])
-    if not a['control'] and (best is None or a['rN'] < best['rN']):
-      candidates[a['batch']] = {'batch': a['batch'], 'arm': a['name'], 'rN': a['rN'],
-                                'rN_ci': a['rN_ci'],
-                                'throughput_samples_per_s': a['throughput_samples_per_s']}
-  for batch, t in throughput.items():
-    candidates.setdefault(batch, {'batch': batch, 'arm': None, 'rN': None, 'rN_ci': None,
-                                  'throughput_samples_per_s': float(t['samples_per_s'])})
-  return list(candidates.values())
-
-
-def _confirm(data, report, settings):
-  """Predicted vs measured time to target for the confirmation run, if there is one."""
-  run = data['confirm']
-  if run is None:
-    return None
-  spec = data['confirm_spec'] or {}
-  batch = spec.get('batch', (report['recommended'] or {}).get('batch'))
-  match = [d for d in report['candidates'] if d['batch'] == batch]
-  predicted = match[0]['predicted_wallclock_s'] if match else np.nan
-  rn = match[0]['rN_used'] if match else np.nan
-  target, window = settings['target'], settings['smooth_window']
-  measured = stats.wallclock_to_target(run, target, window)
-  return {
-      'batch': batch,
-      'predicted_wallclock_s': predicted,
-      'measured_wallclock_s': measured,
-      'measured_over_predicted': measured / predicted if predicted else np.nan,
-      'predicted_samples_to_target': report['base_samples_to_target'] * rn,
-      'measured_samples_to_target': stats.samples_to_target(run, target, window),
-  }
-
-
-def _report(data):
-  """The report from loaded workdir data (see build_report)."""
-  protocol = data['protocol']
-  if 'target' not in protocol:
-    raise ValueError('protocol.json has no "target"')
-  settings = {
-      'target': float(protocol['target']),
-      'smooth_window': int(protocol.get('smooth_window', 1)),
-      'n_boot': int(protocol.get('n_boot', 1000)),
-      'rng': np.random.default_rng(protocol.get('seed', 0)),
-  }
-  base = _find_base(data['arms'], protocol.get('base_arm'))
-  window = stats.matched_sample_window([r for arm in data['arms'] for r in arm['runs']])
-  throughput = _throughput_table(data)
-  arms = [_arm_summary(arm, base, settings, window, throughput) for arm in data['arms']]
-  arms.sort(key=lambda a: (a['control'], a['batch'], a['name']))
-  base_summary = next(a for a in arms if a['base'])
-  for a in arms:
-    a['rel_throughput'] = a['throughput_samples_per_s'] / base_summary['throughput_samples_per_s']
-    a['steps_ratio'] = stats.ratio(a['steps_to_target'], base_summary['steps_to_target']).item()
-  tolerance = float(protocol.get('rn_tolerance', 0.1))
-  aligned = stats.aligned_range(arms, tolerance)
+def _decisions(arms, throughput, targets, base_batch, settings):
+  """stats.decide at every target: the primary one decides, the others show if J matters."""
   sqrt_arms = [a for a in arms if not a['control']]
-  fit_arms = [a for a in sqrt_arms if a['batch'] in aligned['batches']]
-  slope, stderr = stats.grad_norm_slope([a['batch'] for a in fit_arms],
-                                  [a['grad_norm_median'] for a in fit_arms])
-  critic_slope, critic_stderr = stats.grad_norm_slope([a['batch'] for a in fit_arms],
-                                                [a['critic_grad_norm_median'] for a in fit_arms])
-  base_n = base_summary['samples_to_target']
-  candidates = stats.decide(_candidates(arms, throughput), base_n,
-                      bool(protocol.get('allow_extrapolated', False)))
-  base_seconds = stats.predict_wallclock(base_n, 1.0, base_summary['throughput_samples_per_s'])
-  for d in candidates:
-    d['relative_wallclock'] = d['predicted_wallclock_s'] / base_seconds
-  report = {
-      'workdir': data['workdir'],
-      'algo': protocol.get('algo'),
-      'target': settings['target'],
-      'base_arm': base_summary['name'],
-      'base_batch': base_summary['batch'],
-      'base_samples_to_target': base_n,
-      'smooth_window': settings['smooth_window'],
-      'n_boot': settings['n_boot'],
-      'arms': arms,
-      'aligned_range': aligned,
-      'grad_norm_window_samples': list(window),
-      'grad_norm_fit_batches': sorted({a['batch'] for a in fit_arms}),
-      'grad_norm_slope': slope,
-      'grad_norm_slope_stderr': stderr,
-      'critic_grad_norm_slope': critic_slope,
-      'critic_grad_norm_slope_stderr': critic_stderr,
-      'doubling_ratios': stats.doubling_ratios([a['batch'] for a in sqrt_arms],
-                                         [a['grad_norm_median'] for a in sqrt_arms]),
-      'noise_scale': base_summary['noise_scale'],
-      'throughput': list(throughput.values()),
-      'candidates': candidates,
-      'recommended': next((d for d in candidates if d['recommended']), None),
-  }
-  report['confirm'] = _confirm(data, report, settings)
-  report['summary'] = _summary(report)
+  result = []
+  for i, target in enumerate(targets['targets']):
+    candidates = [dict(batch=b, throughput_rounds=t['per_round'], samples_per_seed=next(
+        (a['per_target'][i]['samples_to_target_per_seed'] for a in sqrt_arms if a['batch'] == b),
+        [])) for b, t in throughput.items()]
+    result.append(dict(target=target, **stats.decide(
+        candidates, base_batch, settings['level'], settings['n_draws'], settings['seed'])))
+  return result
+
+
+def _calibration(data, settings):
+  """lr0: the calibration sweep's choice recomputed from its logs, beside calibration.json."""
+  choice = data['calibration_choice'] or {'lr0': None, 'source': 'not recorded'}
+  runs = data['calibration']
+  if not runs:
+    return dict(choice, lrs=[])
+  target = float(data['protocol']['target'])
+  sweep = stats.choose_lr([a['spec']['lr'] for a in runs],
+                          [[stats.to_target(r, target, settings['window']) for r in a['runs']]
+                           for a in runs], settings['level'])
+  return dict(choice, target=target, recomputed_lr0=sweep['lr0'], at_edge=sweep['at_edge'],
+              lrs=sweep['lrs'])
+
+
+def _confirm(data, decision, targets, settings):
+  """Measured time and samples to the primary target of the confirmation runs, per batch."""
+  rows = {c['batch']: c for c in decision['candidates']}
+  result = []
+  for arm in data['confirm']:
+    batch, t = arm['spec']['batch'], targets['primary']
+    measured = [stats.wallclock_to_target(r, t, settings['window']) for r in arm['runs']]
+    samples = [stats.to_target(r, t, settings['window']) for r in arm['runs']]
+    result.append(dict(batch=batch, n_seeds=len(arm['runs']), measured_wallclock_per_seed=measured,
+                       measured_samples_per_seed=samples,
+                       measured_wallclock_s=float(np.mean(measured)),
+                       predicted_wallclock_s=rows.get(batch, {}).get('predicted_wallclock_s')))
+  return sorted(result, key=lambda c: c['batch'])
+
+
+def _gradients(arms, aligned):
+  """Grad-norm slopes (over the aligned range, and over every sqrt batch), doubling ratios and the
+  critical batch from the grad-norm curve."""
+  sqrt_arms = [a for a in arms if not a['control']]
+  inside = [a for a in sqrt_arms if a['batch'] in aligned['batches']]
+  column = lambda rows, key: ([a['batch'] for a in rows], [a[key] for a in rows])
+  return dict(
+      grad_norm_fit_batches=sorted({a['batch'] for a in inside}),
+      grad_norm_slope=stats.grad_norm_slope(*column(inside, 'grad_norm_median')),
+      grad_norm_slope_all=stats.grad_norm_slope(*column(sqrt_arms, 'grad_norm_median')),
+      critic_grad_norm_slope=stats.grad_norm_slope(*column(inside, 'critic_grad_norm_median')),
+      doubling_ratios=stats.doubling_ratios(*column(sqrt_arms, 'grad_norm_median')),
+      noise_scale_from_grad_norms=stats.noise_scale_from_grad_norms(
+          *column(sqrt_arms, 'grad_norm_median')))
+
+
+def _controls(arms):
+  """Each fixed-lr control's rN against the sqrt arm at the same batch (ratio of rNs)."""
+  sqrt_by_batch = {a['batch']: a for a in arms if not a['control']}
+  for a in arms:
+    twin = sqrt_by_batch.get(a['batch']) if a['control'] else None
+    a['rN_vs_same_batch_sqrt'] = (a['rN'] / twin['rN'] if twin and np.isfinite(twin['rN'])
+                                  else np.nan)
+
+
+def build(data):
+  """The report, as a dict, from load_workdir's data (non-finite floats kept: inf = unbounded)."""
+  protocol, settings = data['protocol'], _settings(data['protocol'])
+  base = next((a for a in data['arms'] if a['spec']['name'] == protocol['base_arm']), None)
+  if base is None:
+    raise ValueError(f"base arm {protocol['base_arm']!r} from protocol.json has no logged runs")
+  targets = _targets(protocol, base['runs'], settings['window'])
+  window = _matched_sample_window(data['arms'])
+  arms = [_arm_summary(a, base, targets, settings, window) for a in data['arms']]
+  arms.sort(key=lambda a: (a['control'], a['batch'], a['name']))
+  _controls(arms)
+  aligned = stats.aligned_range(arms, settings['tolerance'])
+  throughput = _throughput_table(data, arms, settings)
+  decisions = _decisions(arms, throughput, targets, int(protocol['base_batch']), settings)
+  primary = decisions[targets['targets'].index(targets['primary'])]
+  report = dict(
+      workdir=data['workdir'], algo=protocol['algo'], stop_target=float(protocol['target']),
+      **targets, base_arm=protocol['base_arm'], base_batch=int(protocol['base_batch']),
+      level=settings['level'], smooth_window=settings['window'],
+      calibration=_calibration(data, settings), arms=arms, aligned_range=aligned,
+      grad_norm_window_samples=list(window), **_gradients(arms, aligned),
+      throughput=list(throughput.values()), decision=primary, decisions=decisions,
+      recommended=primary['recommended'], confirm=_confirm(data, primary, targets, settings))
+  report['summary'] = summary(report)
   return report
 
 
 def build_report(workdir):
-  """The report of a protocol workdir as a dict (non-finite floats kept: inf = not reached)."""
-  return _report(load_workdir(workdir))
+  return build(load_workdir(workdir))
 
 
-# ----------------------------------------------------------------------------------------------
-# Words: what exceeds the noise and what does not.
-# ----------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
+# Words.
+# ------------------------------------------------------------------------------------------------
 
 
 def _num(x, spec='.3g'):
   if x is None or (isinstance(x, float) and np.isnan(x)):
     return 'n/a'
-  if np.isinf(x):
-    return 'not reached'
-  return format(x, spec)
+  return 'unbounded' if np.isinf(x) else format(x, spec)
 
 
 def _count(x):
   return _num(x) if not np.isfinite(x) else (f'{x / 1e3:.1f}k' if x >= 1e3 else f'{x:.0f}')
 
 
+def _ci(ci, spec='.2f'):
+  return f'[{_num(ci[0], spec)}, {_num(ci[1], spec)}]'
+
+
+def _calibration_sentence(c):
+  if c['source'] == 'given':
+    return f"lr0 = {_num(c['lr0'])} was given, not calibrated."
+  if not c['lrs']:
+    return 'No lr0 calibration in this workdir.'
+  rows = ', '.join(f"{_num(r['lr'])}: {_count(r['samples_to_target'])}" for r in c['lrs'])
+  edge = (' It is at the edge of the sweep: the best lr may lie beyond it.' if c.get('at_edge')
+          else '')
+  return (f"lr0 calibration at the base batch (samples to J = {c['target']:g}, geometric mean "
+          f"over seeds): {rows}; chosen lr0 = {_num(c['lr0'])}.{edge}")
+
+
 def _arm_sentence(a):
-  if a['rN_status'] == 'not reached':
-    return (f"`{a['name']}` (batch {a['batch']}) did not reach the target on "
-            f"{a['n_seeds'] - a['seeds_reached']}/{a['n_seeds']} seeds: rN is unbounded.")
-  if a['rN_status'] != 'ok':
-    return f"`{a['name']}`: rN undefined because the base arm does not reach the target."
-  ci = a['rN_ci']
-  verdict = ('within noise (the CI includes 1)' if stats.ci_includes(ci, 1.0) else
-             'beyond noise: it needs ' + ('more' if ci[0] > 1 else 'fewer') +
-             ' samples than the base (the CI excludes 1)')
-  return (f"`{a['name']}` (batch {a['batch']}, lr {_num(a['lr'])}): rN {a['rN']:.2f} "
-          f"[{_num(ci[0], '.2f')}, {_num(ci[1], '.2f')}], {verdict}.")
+  if a['rN_status'] == 'base not reached':
+    return f"`{a['name']}`: rN undefined, the base arm does not reach the target on every seed."
+  twin = (f"; against the sqrt arm at the same batch {_num(a['rN_vs_same_batch_sqrt'], '.2f')}"
+          if a['control'] else '')
+  missed = (f" ({a['n_seeds'] - a['seeds_reached']}/{a['n_seeds']} seeds did not reach it)"
+            if a['rN_status'] == 'not reached' else '')
+  return (f"`{a['name']}` (batch {a['batch']}, lr {_num(a['lr'])}): rN {_num(a['rN'], '.2f')} "
+          f"{_ci(a['rN_ci'])}{missed}, {a['alignment']}{twin}.")
 
 
-def _summary(report):
-  """A plain-language paragraph: which differences exceed the noise and which do not."""
+def _aligned_sentence(aligned):
+  t = aligned['tolerance']
+  text = (f"Aligned range (rN's interval inside [{1 - t:g}, {1 + t:g}]): batches "
+          f"{aligned['batches']}")
+  if aligned['batches'] == [aligned['lo']]:
+    text += ' (the base alone)'
+  if aligned['undetermined']:
+    text += (f"; undetermined (the interval straddles the band, more seeds would tell): "
+             f"{aligned['undetermined']}")
+  not_aligned = [b for b, s in aligned['status'].items() if s == 'not aligned']
+  return text + (f'; not aligned: {not_aligned}.' if not_aligned else '.')
+
+
+def _gradient_sentence(report):
+  fits = [('the aligned range', report['grad_norm_slope']), ('all sqrt arms',
+                                                         report['grad_norm_slope_all'])]
+  parts = [f"over {name}: {_num(f['slope'])} {_ci(f['ci'], '.3f')} (t, df {f['df']}; "
+           f"{f['verdict']})" for name, f in fits if np.isfinite(f['slope'])]
+  noise = ', '.join(f"{a['name']} {_num(a['noise_scale'])} {_ci(a['noise_scale_ci'], '.3g')}"
+                    for a in report['arms'] if not a['control'])
+  return (f"Grad norm vs batch, log-log slope {'; '.join(parts) or 'n/a'}. B_simple per arm "
+          f"(block bootstrap over steps): {noise}; from the grad-norm curve: "
+          f"{_num(report['noise_scale_from_grad_norms'])}.")
+
+
+def summary(report):
+  """A plain-language paragraph: what exceeds the noise and what does not."""
   base = next(a for a in report['arms'] if a['base'])
-  if not np.isfinite(base['samples_to_target']):
-    return (f"Target J = {report['target']:g} is not reached by every seed of the base "
-            f"`{base['name']}` ({base['seeds_reached']}/{base['n_seeds']}): rN is undefined and "
-            'nothing can be compared or recommended. Lower the target or train longer.')
-  lines = []
-  lines.append(f"Target J = {report['target']:g}. Base `{base['name']}` (batch "
-               f"{base['batch']}) reaches it after {_count(base['samples_to_target'])} samples "
-               f"({base['seeds_reached']}/{base['n_seeds']} seeds); resampling its own seeds "
-               f"and prompts gives rN in [{_num(base['rN_ci'][0], '.2f')}, "
-               f"{_num(base['rN_ci'][1], '.2f')}], the noise floor of this comparison.")
+  lines = [_calibration_sentence(report['calibration'])]
+  lines.append(f"Targets ({report['rule']}): {[round(t, 4) for t in report['targets']]}; the "
+               f"decision uses J = {report['primary']:.4g}. Base `{base['name']}` (batch "
+               f"{base['batch']}) needs {_count(base['samples_to_target'])} samples.")
   lines += [_arm_sentence(a) for a in report['arms'] if not a['base']]
-  aligned = report['aligned_range']
-  lines.append(f"Aligned range (|rN - 1| <= {aligned['tolerance']:g}): batch {aligned['lo']} to "
-               f"{aligned['hi']}; " + (
-                   'every arm in it is also within noise of the base.' if aligned['within_noise']
-                   else 'but some arm in it has a CI that excludes 1, so the overlap is only '
-                   'within tolerance, not within noise.'))
-  slope, stderr = report['grad_norm_slope'], report['grad_norm_slope_stderr']
-  if np.isfinite(slope):
-    gap = slope - stats.NOISE_DOMINATED_SLOPE
-    verdict = ('no stderr with 2 batches' if not np.isfinite(stderr) else
-               'consistent with it within 2 stderr' if abs(gap) <= 2 * stderr else
-               ('flatter' if gap > 0 else 'steeper') + ' than it beyond 2 stderr')
-    lines.append(f"Grad norm vs batch over the aligned range: log-log slope {slope:.3f} +- "
-                 f"{_num(stderr, '.2g')} (noise-dominated theory -0.5: {verdict}).")
-  if np.isfinite(report['noise_scale']):
-    lines.append(f"Gradient noise scale B_simple of the base arm: {report['noise_scale']:.3g} "
-                 'responses.')
-  rec = report['recommended']
-  if rec is None:
-    lines.append('No batch can be recommended: no candidate has both a measured rN and a '
-                 'finite predicted wall-clock.')
-  else:
-    ci = rec['predicted_wallclock_ci_s']
-    base_s = rec['predicted_wallclock_s'] / rec['relative_wallclock']
-    rel_ci = [c / base_s for c in ci] if ci else [np.nan, np.nan]
-    robust = ('the base itself is fastest' if rec['batch'] == report['base_batch'] else
-              'its rN is extrapolated, so this is a bound, not a measurement' if not ci else
-              'the saving is beyond noise (the whole CI is below 1)' if rel_ci[1] < 1 else
-              'the difference from the base is within noise')
-    lines.append(f"Recommended batch {rec['batch']}: predicted {_num(rec['predicted_wallclock_s'])}"
-                 f" s to target, {rec['relative_wallclock']:.2f}x the base wall-clock (rN CI gives "
-                 f"[{_num(rel_ci[0], '.2f')}, {_num(rel_ci[1], '.2f')}]); {robust}. Throughputs "
-                 'are single steady-state measurements, without a CI.')
-  extrapolated = [d['batch'] for d in report['candidates'] if d['extrapolated']]
-  if extrapolated:
-    lines.append(f'Batches {extrapolated} were not in the align sweep: their rN is only a bound '
-                 'from the nearest measured batch (see the decision table).')
-  confirm = report['confirm']
-  if confirm:
-    lines.append(f"Confirmation run at batch {confirm['batch']}: measured "
-                 f"{_num(confirm['measured_wallclock_s'])} s to target vs predicted "
-                 f"{_num(confirm['predicted_wallclock_s'])} s (ratio "
-                 f"{_num(confirm['measured_over_predicted'], '.2f')}; measured time includes "
-                 'compilation, the prediction uses steady-state throughput).')
+  lines.append(_aligned_sentence(report['aligned_range']))
+  lines.append(_gradient_sentence(report))
+  lines.append(report['decision']['statement'])
+  others = {d['target']: d['recommended'] for d in report['decisions']}
+  if len(set(others.values())) > 1:
+    lines.append(f'The recommendation depends on the target: {others}.')
+  for c in report['confirm']:
+    lines.append(f"Confirmation at batch {c['batch']} ({c['n_seeds']} seeds): measured "
+                 f"{_num(c['measured_wallclock_s'])} s to J vs predicted "
+                 f"{_num(c['predicted_wallclock_s'])} s (measured includes compilation).")
   return ' '.join(lines)
 
 
-def _markdown(report):
-  rows = ['| arm | batch | P x G | lr | samples to target | wall-clock (s) | rN [95% CI] | '
-          'rel. throughput | steps ratio |', '|' + '---|' * 9]
+def _arms_table(report):
+  rows = ['| arm | batch | lr | samples to J | rN [CI] | alignment | rN at ' +
+          ', '.join(f'{t:.3g}' for t in report['targets']) + ' | B_simple [CI] | own samples/s |',
+          '|' + '---|' * 9]
   for a in report['arms']:
     tag = ' (base)' if a['base'] else (' (control)' if a['control'] else '')
-    p_by_g = f"{a['P']} x {a['G']}" if a['P'] is not None else '-'
-    rows.append(f"| {a['name']}{tag} | {a['batch']} | {p_by_g} | {_num(a['lr'])} | "
-                f"{_count(a['samples_to_target'])} | {_num(a['wallclock_to_target_s'], '.1f')} | "
-                f"{_num(a['rN'], '.2f')} [{_num(a['rN_ci'][0], '.2f')}, "
-                f"{_num(a['rN_ci'][1], '.2f')}] | {a['rel_throughput']:.2f} | "
-                f"{_num(a['steps_ratio'], '.2f')} |")
-  decision = ['| batch | samples/s | rN used | predicted wall-clock (s) | relative | note |',
-              '|' + '---|' * 6]
-  for d in report['candidates']:
-    star = ' **recommended**' if d['recommended'] else ''
-    decision.append(f"| {d['batch']}{star} | {d['throughput_samples_per_s']:.4g} | "
-                    f"{_num(d['rN_used'], '.2f')} ({d['rN_bound']}) | "
-                    f"{_num(d['predicted_wallclock_s'], '.4g')} | "
-                    f"{_num(d['relative_wallclock'], '.2f')} | {d['note']} |")
-  figures = '\n'.join(f'![{p}]({p})' for p in PLOTS)
-  return (f"# Align, then accelerate: {report['workdir']}\n\n## Arms (target J = "
-          f"{report['target']:g})\n\n" + '\n'.join(rows) + '\n\n## Decision\n\n' +
-          '\n'.join(decision) + '\n\n## What exceeds the noise\n\n' + report['summary'] +
-          '\n\n## Plots\n\n' + figures + '\n')
+    at = ', '.join(_num(p['rN'], '.2f') for p in a['per_target'])
+    rows.append(f"| {a['name']}{tag} | {a['batch']} | {_num(a['lr'])} | "
+                f"{_count(a['samples_to_target'])} | {_num(a['rN'], '.2f')} {_ci(a['rN_ci'])} | "
+                f"{a['alignment']} | {at} | {_num(a['noise_scale'])} "
+                f"{_ci(a['noise_scale_ci'], '.3g')} | {_num(a['own_throughput']['median'], '.4g')} |")
+  return rows
+
+
+def _decision_table(report):
+  thr = {t['batch']: t for t in report['throughput']}
+  rows = ['| batch | samples/s median [CI] | rounds | predicted s to J | relative [CI] | '
+          'P(fastest) | note |', '|' + '---|' * 7]
+  for c in report['decision']['candidates']:
+    t, star = thr[c['batch']], ' **recommended**' if c['batch'] == report['recommended'] else ''
+    rows.append(f"| {c['batch']}{star} | {_num(t['median'], '.4g')} {_ci([t['lo'], t['hi']], '.4g')}"
+                f" | {t['rounds']} | {_num(c.get('predicted_wallclock_s'), '.4g')} | "
+                f"{_num(c.get('relative_wallclock'), '.2f')} "
+                f"{_ci(c.get('relative_wallclock_ci', [None, None]))} | "
+                f"{_num(c.get('p_fastest'), '.2f')} | {c['why_not']} |")
+  return rows
+
+
+def markdown(report):
+  figures = '\n'.join(f'![{p}]({p})' for p in report.get('plots', PLOTS))
+  return (f"# Align, then accelerate: {report['workdir']}\n\n## Arms (decision target J = "
+          f"{report['primary']:.4g})\n\n" + '\n'.join(_arms_table(report)) +
+          '\n\n## Decision\n\n' + '\n'.join(_decision_table(report)) + '\n\n' +
+          report['decision']['statement'] + '\n\n## What exceeds the noise\n\n' +
+          report['summary'] + '\n\n## Plots\n\n' + figures + '\n')
 
 
 def _jsonable(x):
@@ -409,7 +483,7 @@ def _jsonable(x):
   if isinstance(x, (np.ndarray, np.generic)):
     x = x.tolist()
   if isinstance(x, dict):
-    return {k: _jsonable(v) for k, v in x.items()}
+    return {str(k): _jsonable(v) for k, v in x.items()}
   if isinstance(x, (list, tuple)):
     return [_jsonable(v) for v in x]
   if isinstance(x, float) and not np.isfinite(x):
@@ -417,17 +491,15 @@ def _jsonable(x):
   return x
 
 
-# ----------------------------------------------------------------------------------------------
-
-
-def write_report(workdir):
+def write_report(workdir, with_plots=True):
   """Writes report.json, report.md and the PNG plots into the workdir; returns the report."""
   data = load_workdir(workdir)
-  report = dict(_report(data), plots=list(PLOTS))
+  report = dict(build(data), plots=list(PLOTS) if with_plots else [])
   with open(os.path.join(workdir, 'report.json'), 'w') as f:
     json.dump(_jsonable(report), f, indent=2)
   with open(os.path.join(workdir, 'report.md'), 'w') as f:
-    f.write(_markdown(report))
-  from rljax import plots  # pylint: disable=g-import-not-at-top  (matplotlib only here)
-  plots.write_plots(workdir, data, report)
+    f.write(markdown(report))
+  if with_plots:
+    from rljax import plots  # pylint: disable=g-import-not-at-top  (matplotlib only here)
+    plots.write_plots(workdir, data, report)
   return report
