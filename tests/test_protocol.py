@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,9 +35,9 @@ TINY = {
     'protocol.throughput': (8,), 'protocol.max_samples': 48,
     'protocol.eval_every_samples': 16, 'protocol.throughput_warmup': 2,
     'protocol.throughput_steps': 2, 'protocol.throughput_rounds': 2, 'protocol.n_draws': 200,
-    'protocol.calibration_factors': (0.5, 1.0), 'protocol.calibration_seeds': 1,
     'protocol.max_seeds': 2, 'protocol.extra_seeds': 1, 'protocol.confirm_seeds': 1,
     'protocol.target': 0.01,
+    'protocol.lr0': 1e-5,   # given: a tiny model never reaches a target, so nothing to calibrate
 }
 
 
@@ -121,6 +122,44 @@ def test_a_given_lr0_skips_the_calibration(tmp_path):
   assert protocol.calibrate(config, str(tmp_path)) == 3e-5
   assert report_lib.read(str(tmp_path), 'calibration') == {'lr0': 3e-5, 'source': 'given'}
   assert not (tmp_path / 'calibration').exists()
+
+
+def _finished_run(run_dir, accuracies, batch=128):
+  """A run that protocol.run_once will skip: metrics.jsonl with evals every 1024 samples, done.json."""
+  os.makedirs(run_dir)
+  rows = [dict(step=8 * i, samples=1024 * i, eval=True, eval_accuracy=a)
+          for i, a in enumerate(accuracies)]
+  rows += [dict(step=s, samples=batch * s, step_time_s=0.1, grad_norm=1.0)
+           for s in range(1, 8 * len(accuracies) - 7)]
+  (Path(run_dir) / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  (Path(run_dir) / 'done.json').write_text('{}')
+
+
+def test_calibration_chooses_the_lr_with_the_fewest_samples_to_target(tmp_path):
+  """The calibration phase over finished runs (skipped, not retrained): 5 lrs x 2 seeds."""
+  config = protocol_config.get_config('runlocal')
+  config.protocol.target, config.protocol.smooth_window = 0.37, 1
+  sweep = protocol.calibration_arms(config, str(tmp_path))
+  crossings = {0: [6, 7], 1: [4, 5], 2: [2, 3], 3: [3, 3], 4: [None, 5]}   # evals to 0.37
+  for i, arm in enumerate(sweep):
+    for seed, k in enumerate(crossings[i]):
+      accuracies = [0.3] * (k or 8) + [0.4] * (2 if k else 0)
+      _finished_run(report_lib.run_dir(str(tmp_path), 'calibration', arm.name, seed), accuracies)
+  lr0 = protocol.calibrate(config, str(tmp_path))
+  assert lr0 == sweep[2].config.optimizer.lr == 5e-5   # 2.x and 3.x evals: the fewest samples
+  assert report_lib.read(str(tmp_path), 'calibration') == {'lr0': 5e-5, 'source': 'calibrated',
+                                                           'at_edge': False}
+  arms = protocol.arms(config, str(tmp_path), lr0)
+  assert protocol._arm_spec(arms[0])['lr'] == 5e-5
+
+
+def test_calibration_that_never_reaches_the_target_fails_clearly(tmp_path):
+  config = protocol_config.get_config('runlocal')
+  for arm in protocol.calibration_arms(config, str(tmp_path)):
+    for seed in range(2):
+      _finished_run(report_lib.run_dir(str(tmp_path), 'calibration', arm.name, seed), [0.3] * 5)
+  with pytest.raises(ValueError, match='no lr reached protocol.target'):
+    protocol.calibrate(config, str(tmp_path))
 
 
 def test_extra_seeds_go_to_arms_whose_interval_holds_the_break_even_point():
@@ -249,14 +288,14 @@ def test_resume_skips_finished_arms_and_shares_one_warm_start(resumed):
 def test_protocol_writes_runs_throughput_report_and_plots(resumed):
   workdir = resumed['workdir']
   calibration = report_lib.read(workdir, 'calibration')
-  assert calibration['source'] == 'calibrated'
-  assert sorted(os.listdir(os.path.join(workdir, 'calibration'))) == ['lr2.5e-05', 'lr5e-05']
+  assert calibration == {'lr0': 1e-5, 'source': 'given'}
   for arm in ('P2', 'P4', 'P4_fixed_lr'):
     done = json.load(open(os.path.join(workdir, 'arms', arm, 'seed_0', 'done.json')))
     assert done['samples'] >= 48 or done['eval_accuracy'] >= 0.04
     spec = report_lib.read(workdir, 'arm', group='arms', arm=arm)
     assert spec['batch'] == int(arm[1]) * 4 and spec['control'] == arm.endswith('fixed_lr')
-    assert spec['lr'] == pytest.approx(calibration['lr0'])   # P2 at lr0; P4 fixed, or sqrt x 2
+    sqrt_factor = 2**0.5 if arm == 'P4' else 1.0   # P2 at lr0, the control at the base's lr
+    assert spec['lr'] == pytest.approx(calibration['lr0'] * sqrt_factor)
   for batch in (8, 16, 32):   # 32 = P8 is beyond the align sweep
     for r in range(2):
       t = report_lib.read(workdir, 'throughput', batch=batch, round=r)

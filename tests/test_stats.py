@@ -167,8 +167,8 @@ def seeded_runs(rng, n_seeds, stretch, prompts_u):
 
 def test_rn_interval_covers_the_truth_at_the_default_seed_count():
   """400 synthetic sweeps with known rN = 1.5, 3 seeds per arm, seed log-sd 0.25 (what the CPU
-  protocol's seeds showed) and the eval noise of 300 held-out prompts. A percentile bootstrap of
-  the same data covers about 78%; a z-interval (1.96 instead of t at df = 4) about 88%."""
+  protocol's seeds showed) and the eval noise of 300 held-out prompts. It covers about 95%; a
+  z-interval (1.96 instead of t at df = 4) about 87%, which fails this test."""
   rng = np.random.default_rng(0)
   covered = []
   for _ in range(400):
