@@ -4,8 +4,9 @@
   python -m rljax.main --config=configs/protocol.py:algo=ppo,runlocal --workdir=D
   python -m rljax.analysis --workdir=D      # rebuilds D/report.* from the logs, no training
 
-Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized protocol sized to finish
-within an hour on 2 cores: docs/guide/protocol.md), seeds (seeds per arm). Every arm is configs/<algo>.py at one batch:
+Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized protocol, sized to finish
+within an hour on 2 cores: docs/guide/protocol.md), seeds (seeds per arm to start with). Every arm
+is configs/<algo>.py at one batch:
 `--config.arm.a.b=value` changes a field of every arm (e.g. --config.arm.data.dir=/tmp/data),
 `--config.protocol.x=value` a protocol setting (e.g. --config.protocol.sweep='(8,16,32)').
 Batches are given as the algo's batch argument (GRPO: P prompts of G responses; PPO: B).

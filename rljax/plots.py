@@ -105,8 +105,9 @@ def _plot_grad_norm(path, report):
     ax.plot(batches, np.exp(intercept) * batches**slope, 'C1-',
             label=f'fit over aligned range: slope {slope:.3f}')
   if np.isfinite(base['grad_norm_median']):
-    ax.plot(batches, base['grad_norm_median'] * (batches / base['batch'])**stats.NOISE_DOMINATED_SLOPE,
-            'k--', lw=1, label='slope -1/2 through base')
+    reference = (batches / base['batch'])**stats.NOISE_DOMINATED_SLOPE
+    ax.plot(batches, base['grad_norm_median'] * reference, 'k--', lw=1,
+            label='slope -1/2 through base')
   ax.set(yscale='log', ylabel='median grad norm (matched sample window)')
   _batch_axis(ax, batches.astype(int))
   ax.legend(fontsize=8)

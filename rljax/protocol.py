@@ -95,7 +95,8 @@ def check(config):
   p = config.protocol
   if config.arm.rollout.P:
     raise ValueError(f'arm.rollout.P ({config.arm.rollout.P}) is set per arm by the protocol: '
-                     'sweep the batch with protocol.sweep and protocol.base, not --config.arm.rollout.P')
+                     'sweep the batch with protocol.sweep and protocol.base, not '
+                     '--config.arm.rollout.P')
   values = list(p.sweep) + list(p.control) + list(p.throughput)
   if any(not isinstance(v, int) or v < 1 for v in values):
     raise ValueError(f'protocol.sweep, .control and .throughput must be positive integers, got '
@@ -301,9 +302,11 @@ def measure_throughputs(config, workdir, arm_list, lr0):
 
 
 def _seeds_of(workdir, arm):
+  """The seeds an align arm has started, from its seed_<k> directories."""
   root = os.path.join(workdir, 'arms', arm.name)
-  return sorted(int(d[len('seed_'):]) for d in os.listdir(root)
-                if d.startswith('seed_') and d[len('seed_'):].isdigit()) if os.path.isdir(root) else []
+  names = os.listdir(root) if os.path.isdir(root) else []
+  return sorted(int(d[len('seed_'):]) for d in names
+                if d.startswith('seed_') and d[len('seed_'):].isdigit())
 
 
 def _straddling(report, counts, max_seeds):

@@ -37,7 +37,7 @@ PLOTS = ('eval_vs_samples.png', 'eval_vs_steps.png', 'eval_vs_wallclock.png', 'l
 
 
 def path(workdir, kind, **where):
-  """The file of `kind` (a SCHEMA key) in the workdir, e.g. path(D, 'arm', group='arms', arm='P16')."""
+  """The file of `kind` (a SCHEMA key), e.g. path(D, 'arm', group='arms', arm='P16')."""
   return os.path.join(workdir, SCHEMA[kind][0].format(**where))
 
 
@@ -451,7 +451,8 @@ def _arms_table(report):
     rows.append(f"| {a['name']}{tag} | {a['batch']} | {_num(a['lr'])} | "
                 f"{_count(a['samples_to_target'])} | {_num(a['rN'], '.2f')} {_ci(a['rN_ci'])} | "
                 f"{a['alignment']} | {at} | {_num(a['noise_scale'])} "
-                f"{_ci(a['noise_scale_ci'], '.3g')} | {_num(a['own_throughput']['median'], '.4g')} |")
+                f"{_ci(a['noise_scale_ci'], '.3g')} | "
+                f"{_num(a['own_throughput']['median'], '.4g')} |")
   return rows
 
 
@@ -461,7 +462,8 @@ def _decision_table(report):
           'P(fastest) | note |', '|' + '---|' * 7]
   for c in report['decision']['candidates']:
     t, star = thr[c['batch']], ' **recommended**' if c['batch'] == report['recommended'] else ''
-    rows.append(f"| {c['batch']}{star} | {_num(t['median'], '.4g')} {_ci([t['lo'], t['hi']], '.4g')}"
+    rows.append(f"| {c['batch']}{star} | {_num(t['median'], '.4g')} "
+                f"{_ci([t['lo'], t['hi']], '.4g')}"
                 f" | {t['rounds']} | {_num(c.get('predicted_wallclock_s'), '.4g')} | "
                 f"{_num(c.get('relative_wallclock'), '.2f')} "
                 f"{_ci(c.get('relative_wallclock_ci', [None, None]))} | "

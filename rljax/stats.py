@@ -1,4 +1,4 @@
-"""Statistics of training logs, in plain numpy: the trainer's noise scale and the protocol's numbers.
+"""Statistics of training logs in plain numpy: the trainer's noise scale, the protocol's numbers.
 
 A run, as rljax.report.load_run gives it, is {'train': columns, 'eval': columns} of float arrays.
 Conventions:
@@ -432,7 +432,8 @@ def _resolved(candidate):
     return 'not in the align sweep: no measured rN'
   if not np.isfinite(n).all():
     return 'a seed did not reach the target: rN unbounded'
-  if not len(candidate.get('throughput_rounds') or []):
+  rounds = np.asarray(candidate.get('throughput_rounds') or [], float)
+  if not len(rounds) or not (np.isfinite(rounds) & (rounds > 0)).all():
     return 'no throughput measurement'
   return ''
 
