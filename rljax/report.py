@@ -365,6 +365,8 @@ def _num(x, spec='.3g'):
 
 
 def _count(x):
+  if x is not None and np.isinf(x):
+    return 'not reached'
   return _num(x) if not np.isfinite(x) else (f'{x / 1e3:.1f}k' if x >= 1e3 else f'{x:.0f}')
 
 

@@ -348,6 +348,8 @@ def noise_scale_interval(runs_terms, block=10, n_boot=2000, rng=0, level=0.95):
     return dict(value=np.nan, lo=np.nan, hi=np.nan, blocks=0)
   sums = np.array(sums)
   value = sums[:, 1].sum() / sums[:, 0].sum() if sums[:, 0].sum() > 0 else np.nan
+  if len(sums) < 2:   # one block: nothing to resample
+    return dict(value=float(value), lo=np.nan, hi=np.nan, blocks=1)
   pick = np.random.default_rng(rng).integers(0, len(sums), size=(n_boot, len(sums)))
   grad, trace = sums[pick, 0].sum(axis=1), sums[pick, 1].sum(axis=1)
   with np.errstate(divide='ignore', invalid='ignore'):

@@ -162,6 +162,44 @@ def test_calibration_that_never_reaches_the_target_fails_clearly(tmp_path):
     protocol.calibrate(config, str(tmp_path))
 
 
+def test_add_seeds_spends_its_budget_on_the_straddling_arm(tmp_path, monkeypatch):
+  """The adaptive-seed phase over finished runs: only P32's rN interval holds its break-even rN
+  (1.5 = its throughput over the base's), so it alone gets seeds 3 and 4. A new seed's training
+  is stood in for by revealing a finished run (the e2e test below trains for real)."""
+  config, workdir = protocol_config.get_config('runlocal'), str(tmp_path)
+  config.protocol.update(lr0=5e-5, smooth_window=1, extra_seeds=2, max_seeds=5)
+  arm_list = protocol.arms(config, workdir)
+  protocol.write_protocol_json(config, workdir, arm_list[0])
+  crossings = dict(P16=[4, 5, 6], P32=[5, 8, 10, 6, 9], P64=[4, 5, 6], P128=[4, 5, 6],
+                   P32_fixed_lr=[4, 5, 6])   # evals to the target, per seed
+  for arm in arm_list:
+    report_lib.write(workdir, 'arm', protocol._arm_spec(arm), group='arms', arm=arm.name)
+    for seed, k in enumerate(crossings[arm.name]):
+      _finished_run(report_lib.run_dir(workdir, 'arms', arm.name, seed), [0.3] * k + [0.4] * 2,
+                    arm.batch)
+  for batch, thr in {128: 1000.0, 256: 1500.0, 512: 2000.0, 1024: 3000.0}.items():
+    for r in range(3):
+      report_lib.write(workdir, 'throughput', dict(
+          batch=batch, round=r, samples_per_s=thr * (1 + 0.01 * r), step_time_s=0.1,
+          rollout_time_s=0.02, update_time_s=0.08, steps_measured=4, warmup_steps=2),
+                       batch=batch, round=r)
+  for seed in (3, 4):   # what the new seeds "train": done already, so run_once skips them
+    os.remove(os.path.join(report_lib.run_dir(workdir, 'arms', 'P32', seed), 'done.json'))
+    os.rename(report_lib.run_dir(workdir, 'arms', 'P32', seed),
+              report_lib.run_dir(workdir, 'arms', 'P32', seed) + '_later')
+  original_run_once = protocol.run_once
+  def run_once(cfg, run_dir, label):
+    if os.path.exists(run_dir + '_later'):
+      os.rename(run_dir + '_later', run_dir)
+      (Path(run_dir) / 'done.json').write_text('{}')
+    return original_run_once(cfg, run_dir, label)
+  monkeypatch.setattr(protocol, 'run_once', run_once)
+  protocol.add_seeds(config, workdir, arm_list)
+  seeds = {a.name: protocol._seeds_of(workdir, a) for a in arm_list}
+  assert seeds == dict(P16=[0, 1, 2], P32=[0, 1, 2, 3, 4], P64=[0, 1, 2], P128=[0, 1, 2],
+                       P32_fixed_lr=[0, 1, 2])
+
+
 def test_extra_seeds_go_to_arms_whose_interval_holds_the_break_even_point():
   """Break-even rN = throughput ratio with the base: 1.5 at 256, 2.0 at 512, 3.0 at 1024."""
   report = {'base_batch': 128, 'throughput': [

@@ -285,6 +285,8 @@ def test_noise_scale_interval_covers_the_truth():
   assert np.mean(covered) >= 0.85
   longer = stats.noise_scale_interval([gaussian_noise_terms(rng, 1200)], n_boot=500, rng=0)
   assert longer['hi'] - longer['lo'] < 0.6 * np.mean(widths)
+  one_block = stats.noise_scale_interval([gaussian_noise_terms(rng, 6)], block=10)
+  assert np.isfinite(one_block['value']) and np.isnan(one_block['lo'])   # no interval from 1 block
 
 
 def test_noise_scale_from_the_grad_norm_curve():
