@@ -56,6 +56,7 @@ def get_config(arg=None):
       max_seeds=arg.seeds + 2,     # per arm, when its rN interval straddles the break-even point
       extra_seeds=4,               # added seeds in all
       warmstart_seed=0,            # every arm and seed starts from this one warm start
+      seed_offset=0,               # D/.../seed_<k> trains with seed seed_offset + k: a replicate
       # J: runs stop at target + stop_margin; the calibration compares samples to target. runlocal
       # starts at 0.315 and rises to ~0.38 in ~8k samples, then climbs slowly.
       target=0.37 if arg.runlocal else 0.8,

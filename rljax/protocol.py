@@ -81,6 +81,7 @@ def arm_config(config, workdir, value, lr0, control=False):
   if control:   # the paper's failure case: a larger batch at the base arm's lr
     arm.optimizer.lr_rule = 'constant'
   arm.mode = 'train'
+  arm.seed = p.seed_offset   # run seed_<k> trains with seed seed_offset + k
   arm.train.eval_every = max(1, p.eval_every_samples // batch)
   arm.train.checkpoint_every = arm.train.eval_every * p.checkpoint_every_evals
   arm.train.max_samples, arm.train.max_steps = p.max_samples, 0
@@ -105,6 +106,8 @@ def check(config):
     raise ValueError(f'protocol.sweep {tuple(p.sweep)} / control {tuple(p.control)} repeat a batch')
   if p.base not in p.sweep:
     raise ValueError(f'protocol.base ({p.base}) must be one of protocol.sweep {tuple(p.sweep)}')
+  if p.seed_offset < 0:
+    raise ValueError(f'protocol.seed_offset must be >= 0, got {p.seed_offset}')
   if p.num_seeds < 1 or p.max_seeds < p.num_seeds or p.extra_seeds < 0:
     raise ValueError(f'protocol.num_seeds ({p.num_seeds}) must be >= 1 and <= max_seeds '
                      f'({p.max_seeds}), extra_seeds ({p.extra_seeds}) >= 0')
@@ -222,7 +225,7 @@ def run_arm_seeds(workdir, group, arm, seeds, label):
   report_lib.write(workdir, 'arm', _arm_spec(arm), group=group, arm=arm.name)
   for seed in seeds:
     cfg = ml_collections.ConfigDict(arm.config.to_dict())
-    cfg.seed = seed
+    cfg.seed = arm.config.seed + seed
     run_once(cfg, report_lib.run_dir(workdir, group, arm.name, seed),
              f'{label}: {arm.name} seed {seed}')
 

@@ -81,7 +81,10 @@ def test_runlocal_arms_follow_the_sqrt_rule_on_one_sample_grid():
     assert spec['lr'] == pytest.approx(base_lr * ratio)
     assert arm.config.train.eval_every * arm.batch == 1024   # one sample grid for every arm
     assert arm.config.warmstart.dir == '/tmp/D/warmstart' and arm.config.warmstart.seed == 0
+    assert arm.config.seed == 0
   assert arms['P32_fixed_lr'].config.optimizer.lr_rule == 'constant'
+  config.protocol.seed_offset = 100   # a replicate protocol: other seeds, the same warm start
+  assert {a.config.seed for a in protocol.arms(config, '/tmp/D')} == {100}
   given = {a.name: protocol._arm_spec(a)['lr'] for a in protocol.arms(config, 'D', lr0=2e-5)}
   assert given['P16'] == 2e-5 and given['P64'] == pytest.approx(4e-5)
   assert given['P32_fixed_lr'] == 2e-5
@@ -236,6 +239,7 @@ def test_arm_overrides_apply_to_every_arm_but_not_to_the_batch():
     ('throughput', (0, 8), 'positive integers'),
     ('max_seeds', 2, 'max_seeds'),
     ('lr0', -1.0, 'protocol.lr0'),
+    ('seed_offset', -1, 'seed_offset'),
     ('calibration_factors', (1.0,), 'calibration_factors'),
     ('targets', (0.3, 1.2), 'targets'),
 ])
