@@ -1,11 +1,12 @@
-"""The align-then-accelerate protocol (PAPER.md), run by the same main as one training:
+"""The align-then-accelerate protocol (arXiv 2608.29296), run by the same main as one training:
 
   python -m rljax.main --config=configs/protocol.py:runlocal --workdir=D
   python -m rljax.main --config=configs/protocol.py:algo=ppo,runlocal --workdir=D
   python -m rljax.analysis --workdir=D      # rebuilds D/report.* from the logs, no training
 
-Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized sweep that finishes in
-about half an hour on 2 cores), seeds (seeds per arm). Every arm is configs/<algo>.py at one batch:
+Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized protocol, sized to finish
+within an hour on 2 cores: docs/guide/protocol.md), seeds (seeds per arm to start with). Every arm
+is configs/<algo>.py at one batch:
 `--config.arm.a.b=value` changes a field of every arm (e.g. --config.arm.data.dir=/tmp/data),
 `--config.protocol.x=value` a protocol setting (e.g. --config.protocol.sweep='(8,16,32)').
 Batches are given as the algo's batch argument (GRPO: P prompts of G responses; PPO: B).
@@ -30,15 +31,12 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, algo='grpo', runlocal=False, seeds=3)
   arm = arm_config(arg.algo, 'runlocal' if arg.runlocal else '')
   unit = arm.rollout.G   # responses per batch argument (GRPO: G responses to each of P prompts)
-  if arg.runlocal:   # batches in responses (G=8: P = 16 ... 256), timed from P = 4
-    sweep, base, control = (128, 256, 512, 1024, 2048), 128, (256,)
-    throughput = (32, 64) + sweep
-  else:              # the paper's GRPO sweep (G=8: P = 64 ... 2048), and PPO's B = 256 ... 4096
+  if arg.runlocal:   # batches in responses (G=8: P = 16 ... 128); evals every 1024 samples
+    sweep, base, control = (128, 256, 512, 1024), 128, (256,)
+  else:              # the paper's GRPO sweep (G=8: P = 64 ... 2048)
     sweep, base, control = (512, 1024, 2048, 4096, 8192, 16384), 1024, (2048,)
-    throughput = sweep + (32768,)
-  if arg.algo == 'ppo' and not arg.runlocal:
-    sweep, base, control, throughput = (256, 512, 1024, 2048, 4096), 256, (512,), (256, 512, 1024,
-                                                                                   2048, 4096, 8192)
+  if arg.algo == 'ppo' and not arg.runlocal:   # PPO's B = 256 ... 4096
+    sweep, base, control = (256, 512, 1024, 2048, 4096), 256, (512,)
 
   config = ml_collections.ConfigDict()
   config.mode = 'protocol'
@@ -48,32 +46,49 @@ def get_config(arg=None):
       sweep=tuple(b // unit for b in sweep),        # sqrt-lr arms
       base=base // unit,                            # rN is measured against this arm
       control=tuple(b // unit for b in control),    # fixed-lr arms at the base arm's lr
-      throughput=tuple(b // unit for b in throughput),
-      num_seeds=arg.seeds,
+      throughput=(),               # batches timed beyond the sweep (shown, never recommended)
+      # lr0, the lr at the base batch: > 0 given; 0 calibrated first, over the lr that config.arm
+      # gives the base batch x each factor (a 4x range), calibration_seeds seeds each.
+      lr0=0.0,
+      calibration_factors=(0.5, 0.71, 1.0, 1.41, 2.0),
+      calibration_seeds=2,
+      num_seeds=arg.seeds,         # seeds per arm to start with
+      max_seeds=arg.seeds + 2,     # per arm, when its rN interval straddles the break-even point
+      extra_seeds=4,               # added seeds in all
       warmstart_seed=0,            # every arm and seed starts from this one warm start
-      target=0.40 if arg.runlocal else 0.8,   # J: held-out greedy accuracy (runlocal starts at 0.315)
+      seed_offset=0,               # D/.../seed_<k> trains with seed seed_offset + k: a replicate
+      # J: runs stop at target + stop_margin; the calibration compares samples to target. runlocal
+      # starts at 0.315 and rises to ~0.38 in ~8k samples, then climbs slowly.
+      target=0.37 if arg.runlocal else 0.8,
       stop_at_target=True,
-      stop_margin=0.03,            # runs go on to J + margin so the smoothed crossing is bracketed
+      stop_margin=0.03,
+      # rN is reported at start + f x (top - start) of the base arm's curve for each f (the middle
+      # one decides), unless `targets` gives the accuracies.
+      target_fractions=(0.3, 0.5, 0.7),
+      targets=(),
       max_samples=32_000 if arg.runlocal else 4_000_000,   # budget of each run, in responses
-      eval_every_samples=1024 if arg.runlocal else 16_384,
+      eval_every_samples=1024 if arg.runlocal else 16_384,  # a multiple of every arm's batch
       checkpoint_every_evals=4,
       smooth_window=5,             # evals in the centred moving average before the crossing
-      rn_tolerance=0.2,            # |rN - 1| within this counts as aligned
-      n_boot=1000,
+      rn_tolerance=0.2,            # rN's interval inside [1 - tol, 1 + tol]: aligned
+      level=0.95,                  # of every interval
+      n_draws=4000,                # joint bootstrap draws of the decision
       analysis_seed=0,
+      throughput_rounds=3,         # interleaved across batches
       throughput_warmup=2,         # steps left out of the steady state (compilation)
-      throughput_steps=6,
-      confirm=True,                # a run to target at the recommended batch
+      throughput_steps=4,
+      confirm=True,                # runs to target at the base and at the fastest batch
+      confirm_seeds=2,
       compilation_cache=True,      # in D/jax_cache: every seed after the first skips compiling
   )
-  # Every arm's training config; the protocol sets only its batch-dependent fields (P for GRPO).
+  # Every arm's training config; the protocol sets its batch (P for GRPO, B for PPO) and its lr.
   config.arm = arm
   config.arm.rollout.P = 0   # set per arm by the protocol, from protocol.sweep
-  if arg.algo == 'grpo':   # arms hold RECIPE.md's lr (the runlocal demo anneals a higher one over
+  if arg.algo == 'grpo':   # arms hold a constant lr (the runlocal demo anneals a higher one over
     config.arm.optimizer.update(lr=5e-5, decay='constant')   # its fixed budget; arms stop at J)
   if arg.runlocal:
     config.arm.train.eval_size = 1000   # all the test split: ~1.5 points std error per eval
     # Stop the warm start right at its threshold (accuracy jumps ~0.27 -> 0.41 within 25 steps
-    # there): RL from that earlier policy climbs slowly enough for rN to be resolved (RECIPE.md).
+    # there): RL from that earlier policy climbs slowly enough for rN to be resolved.
     config.arm.warmstart.eval_every = 5
   return config

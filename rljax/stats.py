@@ -1,9 +1,319 @@
-"""Statistics of training logs, in plain numpy: what the trainer and the protocol's report share."""
+"""Statistics of training logs in plain numpy: the trainer's noise scale, the protocol's numbers.
+
+A run, as rljax.report.load_run gives it, is {'train': columns, 'eval': columns} of float arrays.
+Conventions:
+- Runs are compared against cumulative retained training responses ("samples"), never steps.
+- A run that never reaches a target gives nan for it; anything computed from it says so in a status.
+- Intervals are two-sided at `level` (0.95 unless given); each function names its method.
+"""
 import collections
 
 import numpy as np
 
 NOISE_KEYS = ('grad_sq_small', 'grad_sq_big', 'b_small', 'b_big')
+NOISE_DOMINATED_SLOPE = -0.5
+NOISE_DOMINATED_DOUBLING = 2**-0.5  # grad norm ratio per doubling of batch when noise dominates.
+
+# ------------------------------------------------------------------------------------------------
+# Student t quantiles (integer degrees of freedom), without scipy.
+# ------------------------------------------------------------------------------------------------
+
+
+def _t_central(t, df):
+  """P(|T| <= t) for Student's t with integer df: the closed forms of Abramowitz & Stegun 26.7."""
+  theta = np.arctan(t / np.sqrt(df))
+  c2, total, term = np.cos(theta)**2, 1.0, 1.0
+  if df % 2:
+    for k in range(1, (df - 1) // 2):
+      term *= 2 * k / (2 * k + 1) * c2
+      total += term
+    tail = np.sin(theta) * np.cos(theta) * total if df > 1 else 0.0
+    return 2 / np.pi * (theta + tail)
+  for k in range(1, df // 2):
+    term *= (2 * k - 1) / (2 * k) * c2
+    total += term
+  return np.sin(theta) * total
+
+
+def t_quantile(level, df):
+  """t such that P(|T_df| <= t) = level (e.g. 12.706 for level 0.95, df 1), by bisection."""
+  df = int(df)
+  if df < 1 or not 0 < level < 1:
+    return np.nan
+  lo, hi = 0.0, 1.0
+  while _t_central(hi, df) < level:
+    lo, hi = hi, 2 * hi
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if _t_central(mid, df) < level else (lo, mid)
+  return (lo + hi) / 2
+
+
+# ------------------------------------------------------------------------------------------------
+# Eval curves and first crossings.
+# ------------------------------------------------------------------------------------------------
+
+
+def smooth(y, window):
+  """Centred moving average over `window` points (rounded down to odd), along axis 0.
+
+  Centred, not trailing: a trailing average lags by (window - 1) / 2 evals, which in samples is
+  longer at a larger batch unless every arm is evaluated on the same sample grid. Near the ends
+  the window shrinks symmetrically, so it stays centred (end points are kept).
+  """
+  y = np.asarray(y, float)
+  half = max(int(window), 1) // 2
+  if half == 0 or len(y) == 0:
+    return y
+  n = len(y)
+  cumsum = np.concatenate([np.zeros((1,) + y.shape[1:]), np.cumsum(y, axis=0)])
+  i = np.arange(n)
+  h = np.minimum(np.minimum(i, n - 1 - i), half)
+  width = (2 * h + 1).reshape((n,) + (1,) * (y.ndim - 1))
+  return (cumsum[i + h + 1] - cumsum[i - h]) / width
+
+
+def first_crossing(x, y, target):
+  """x where y first reaches `target`, linearly interpolated between the two bracketing points.
+
+  nan if y never reaches it; x[0] if y starts at or above it.
+  """
+  x, y = np.asarray(x, float), np.asarray(y, float)
+  above = np.flatnonzero(y >= target)
+  if len(above) == 0:
+    return np.nan
+  i = above[0]
+  if i == 0:
+    return float(x[0])
+  frac = (target - y[i - 1]) / (y[i] - y[i - 1])
+  return float(x[i - 1] + frac * (x[i] - x[i - 1]))
+
+
+def eval_xy(run, x_key):
+  """An eval curve (x, accuracy) with unlogged points dropped."""
+  ev = run['eval']
+  ok = np.isfinite(ev['eval_accuracy']) & np.isfinite(ev[x_key])
+  return ev[x_key][ok], ev['eval_accuracy'][ok]
+
+
+def wallclock_at(run, samples):
+  """Training seconds (cumulative step_time_s) when the run had consumed `samples` responses."""
+  train = run['train']
+  seconds = np.concatenate([[0.0], np.cumsum(np.nan_to_num(train['step_time_s']))])
+  return np.interp(samples, np.concatenate([[0.0], train['samples']]), seconds)
+
+
+def to_target(run, target, window=1, x_key='samples'):
+  """Samples (or steps) at which the smoothed eval curve first reaches target; nan if never."""
+  x, y = eval_xy(run, x_key)
+  return first_crossing(x, smooth(y, window), target)
+
+
+def wallclock_to_target(run, target, window=1):
+  """Training seconds at the samples-to-target crossing (compilation included, eval excluded)."""
+  samples = to_target(run, target, window)
+  return float(wallclock_at(run, samples)) if np.isfinite(samples) else np.nan
+
+
+def samples_reached(run):
+  """The samples of the last eval: a lower bound on samples-to-target of a run that missed it."""
+  x, _ = eval_xy(run, 'samples')
+  return float(x[-1]) if len(x) else np.nan
+
+
+def targets_from_base(base_runs, fractions, window=1):
+  """Targets on the rising part of the base arm's curve: start + f x (top - start) for each f.
+
+  start: the seed mean of the smoothed accuracy at the first eval (the warm start); top: the
+  lowest over seeds of the highest smoothed accuracy, so every base seed reaches every target
+  with f < 1. Empty when the base arm does not rise.
+  """
+  curves = [smooth(eval_xy(r, 'samples')[1], window) for r in base_runs]
+  curves = [y for y in curves if len(y)]
+  if not curves:
+    return []
+  start = float(np.mean([y[0] for y in curves]))
+  top = float(min(np.max(y) for y in curves))
+  return [start + f * (top - start) for f in fractions] if top > start else []
+
+
+# ------------------------------------------------------------------------------------------------
+# Samples to target per seed: geometric means and the sample penalty rN.
+# ------------------------------------------------------------------------------------------------
+
+
+def log_mean_interval(values, level=0.95):
+  """Geometric mean of positive values with a t-interval on their logs (df = n - 1)."""
+  logs = np.log(np.asarray(values, float))
+  n = len(logs)
+  if n == 0:
+    return dict(mean=np.nan, lo=np.nan, hi=np.nan, df=0)
+  mean = float(np.exp(logs.mean()))
+  if n < 2:
+    return dict(mean=mean, lo=np.nan, hi=np.nan, df=0)
+  half = t_quantile(level, n - 1) * logs.std(ddof=1) / np.sqrt(n)
+  return dict(mean=mean, lo=float(np.exp(logs.mean() - half)),
+              hi=float(np.exp(logs.mean() + half)), df=n - 1)
+
+
+def rn_interval(base_n, arm_n, level=0.95, arm_floor=None):
+  """rN = geometric mean samples-to-target of the arm's seeds / of the base's, with an interval.
+
+  Method: a two-sample t-interval on log samples-to-target with the seed spread pooled over both
+  arms (df = n_base + n_arm - 2): seed-to-seed spread is multiplicative, and with 3 seeds a
+  percentile bootstrap under-covers. Eval-set noise is in each seed's crossing, so the seeds'
+  spread carries it. An arm seed that never reached the target (nan) makes rN unbounded
+  ('not reached'); its `arm_floor` (samples it did reach) then gives a lower end. A base seed
+  that never reached it leaves rN undefined ('base not reached').
+  """
+  base_n, arm_n = np.asarray(base_n, float), np.asarray(arm_n, float)
+  result = dict(rN=np.nan, lo=np.nan, hi=np.nan, df=0, status='ok')
+  if len(base_n) == 0 or np.isnan(base_n).any():
+    return dict(result, status='base not reached')
+  missed = np.isnan(arm_n)
+  if missed.any():
+    if arm_floor is None:
+      return dict(result, rN=np.inf, hi=np.inf, status='not reached')
+    arm_n = np.where(missed, np.asarray(arm_floor, float), arm_n)
+  lb, la = np.log(base_n), np.log(arm_n)
+  df = len(lb) + len(la) - 2
+  result.update(rN=float(np.exp(la.mean() - lb.mean())), df=df)
+  if df >= 1:
+    pooled = (((lb - lb.mean())**2).sum() + ((la - la.mean())**2).sum()) / df
+    half = t_quantile(level, df) * np.sqrt(pooled * (1 / len(lb) + 1 / len(la)))
+    result.update(lo=float(result['rN'] * np.exp(-half)), hi=float(result['rN'] * np.exp(half)))
+  if missed.any():
+    result.update(rN=np.inf, hi=np.inf, status='not reached')
+  return result
+
+
+def choose_lr(lrs, samples_per_lr, level=0.95):
+  """The lr with the fewest samples to target (geometric mean over seeds), each with its t-interval.
+
+  An lr with a seed that never reached the target is not chosen. 'at_edge' says the best lr is
+  the smallest or largest tried: the optimum may lie beyond the sweep.
+  """
+  rows = []
+  for lr, n in sorted(zip(lrs, samples_per_lr)):
+    n = np.asarray(n, float)
+    reached = bool(len(n)) and bool(np.isfinite(n).all())
+    geo = log_mean_interval(n, level) if reached else dict(mean=np.inf, lo=np.nan, hi=np.inf)
+    rows.append(dict(lr=float(lr), samples_per_seed=n.tolist(), reached=reached,
+                     samples_to_target=geo['mean'], ci=[geo['lo'], geo['hi']]))
+  reached = [r for r in rows if r['reached']]
+  if not reached:
+    return dict(lr0=np.nan, at_edge=False, lrs=rows)
+  best = min(reached, key=lambda r: r['samples_to_target'])
+  return dict(lr0=best['lr'], at_edge=best['lr'] in (rows[0]['lr'], rows[-1]['lr']), lrs=rows)
+
+
+def alignment(lo, hi, tolerance):
+  """'aligned' when rN's interval lies inside [1 - tolerance, 1 + tolerance], 'not aligned' when
+  it lies outside it, else 'undetermined' (the seeds cannot tell)."""
+  if not (np.isfinite(lo) and hi >= lo):
+    return 'undetermined'
+  if 1 - tolerance <= lo and hi <= 1 + tolerance:
+    return 'aligned'
+  if hi < 1 - tolerance or lo > 1 + tolerance:
+    return 'not aligned'
+  return 'undetermined'
+
+
+def aligned_range(arms, tolerance):
+  """The contiguous batches around the base whose every sqrt arm is 'aligned' (see alignment).
+
+  arms: dicts with 'batch', 'rN_ci' and optional 'base' / 'control' (controls are skipped).
+  Beyond each end, 'undetermined' lists the batches up to the first one 'not aligned': where the
+  range really ends is unknown between them.
+  """
+  arms = [a for a in arms if not a.get('control')]
+  base_batch = next(a['batch'] for a in arms if a.get('base'))
+  batches = sorted({a['batch'] for a in arms})
+  status = {}
+  for b in batches:
+    states = {alignment(*a['rN_ci'], tolerance) for a in arms if a['batch'] == b}
+    status[b] = ('aligned' if b == base_batch or states == {'aligned'} else
+                 'not aligned' if 'not aligned' in states else 'undetermined')
+  i = batches.index(base_batch)
+  lo = hi = i
+  while lo > 0 and status[batches[lo - 1]] == 'aligned':
+    lo -= 1
+  while hi < len(batches) - 1 and status[batches[hi + 1]] == 'aligned':
+    hi += 1
+  undetermined = []
+  for side in (batches[lo - 1::-1] if lo else [], batches[hi + 1:]):
+    for b in side:
+      if status[b] == 'not aligned':
+        break
+      undetermined.append(b)
+  return dict(batches=batches[lo:hi + 1], lo=batches[lo], hi=batches[hi], tolerance=tolerance,
+              undetermined=sorted(undetermined), status=status)
+
+
+# ------------------------------------------------------------------------------------------------
+# Gradient diagnostics: grad norm vs batch, noise scale.
+# ------------------------------------------------------------------------------------------------
+
+
+def loglog_fit(x, y):
+  """(slope, intercept, stderr of slope, df) of log y on log x over the finite positive pairs."""
+  x, y = np.asarray(x, float), np.asarray(y, float)
+  ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
+  lx, ly = np.log(x[ok]), np.log(y[ok])
+  if len(lx) < 2 or np.ptp(lx) == 0:
+    return np.nan, np.nan, np.nan, 0
+  dx = lx - lx.mean()
+  slope = dx @ (ly - ly.mean()) / (dx @ dx)
+  intercept = ly.mean() - slope * lx.mean()
+  resid = ly - intercept - slope * lx
+  df = len(lx) - 2
+  stderr = np.sqrt(resid @ resid / df / (dx @ dx)) if df else np.nan
+  return float(slope), float(intercept), float(stderr), df
+
+
+def grad_norm_slope(batches, median_grad_norms, level=0.95, reference=NOISE_DOMINATED_SLOPE):
+  """The log-log slope of grad norm on batch, its t-interval (df = points - 2) and a verdict.
+
+  -1/2 is the noise-dominated regime (the gradient is an average of B noisy per-sample terms); a
+  flatter slope means more samples per step no longer buy a less noisy step.
+  """
+  slope, _, stderr, df = loglog_fit(batches, median_grad_norms)
+  half = t_quantile(level, df) * stderr if df else np.nan
+  ci = [slope - half, slope + half]
+  if not np.isfinite(slope):
+    verdict = 'no slope (fewer than 2 batches)'
+  elif not np.isfinite(half):
+    verdict = 'no interval (2 batches, no residual degrees of freedom)'
+  elif ci[0] <= reference <= ci[1]:
+    verdict = f'consistent with {reference:g}'
+  else:
+    verdict = ('flatter' if ci[0] > reference else 'steeper') + f' than {reference:g}'
+  return dict(slope=slope, stderr=stderr, df=df, ci=ci, verdict=verdict)
+
+
+def doubling_ratios(batches, median_grad_norms):
+  """Grad norm ratio between consecutive measured batches, per doubling, beside 2**-0.5 = 0.707.
+
+  Arms sharing a batch are combined by geometric mean. For batches not exactly 2x apart the
+  ratio is normalised to one doubling: (g2 / g1) ** (1 / log2(B2 / B1)).
+  """
+  logs = {}
+  for b, g in zip(batches, median_grad_norms):
+    if np.isfinite(g) and g > 0:
+      logs.setdefault(b, []).append(np.log(g))
+  points = sorted((b, float(np.exp(np.mean(v)))) for b, v in logs.items())
+  return [dict(ratio=g2 / g1, per_doubling=(g2 / g1)**(1 / np.log2(b2 / b1)),
+               theory=NOISE_DOMINATED_DOUBLING, **{'from': b1, 'to': b2})
+          for (b1, g1), (b2, g2) in zip(points, points[1:])]
+
+
+def _noise_terms(g_small_sq, g_big_sq, b_small, b_big):
+  """Per-step unbiased estimates of |G|^2 and tr(Sigma) from squared norms at two batch sizes."""
+  small, big, bs, bb = np.broadcast_arrays(
+      *(np.atleast_1d(np.asarray(v, float)) for v in (g_small_sq, g_big_sq, b_small, b_big)))
+  ok = np.isfinite(small) & np.isfinite(big) & np.isfinite(bs) & np.isfinite(bb) & (bb > bs)
+  small, big, bs, bb = small[ok], big[ok], bs[ok], bb[ok]
+  return (bb * big - bs * small) / (bb - bs), (small - big) / (1 / bs - 1 / bb)
 
 
 def noise_scale(g_small_sq, g_big_sq, b_small, b_big):
@@ -15,15 +325,52 @@ def noise_scale(g_small_sq, g_big_sq, b_small, b_big):
   Takes per-step arrays or scalars; steps with a missing value are skipped. nan when the averaged
   |G|^2 is not positive (the noise swamps the signal over these steps: not estimable).
   """
-  small, big, bs, bb = np.broadcast_arrays(
-      *(np.atleast_1d(np.asarray(v, float)) for v in (g_small_sq, g_big_sq, b_small, b_big)))
-  ok = np.isfinite(small) & np.isfinite(big) & np.isfinite(bs) & np.isfinite(bb) & (bb > bs)
-  if not ok.any():
+  grad_sq, trace = _noise_terms(g_small_sq, g_big_sq, b_small, b_big)
+  if not len(grad_sq) or np.mean(grad_sq) <= 0:
     return np.nan
-  small, big, bs, bb = small[ok], big[ok], bs[ok], bb[ok]
-  grad_sq = np.mean((bb * big - bs * small) / (bb - bs))
-  trace = np.mean((small - big) / (1 / bs - 1 / bb))
-  return float(trace / grad_sq) if grad_sq > 0 else np.nan
+  return float(np.mean(trace) / np.mean(grad_sq))
+
+
+def noise_scale_interval(runs_terms, block=10, n_boot=2000, rng=0, level=0.95):
+  """B_simple over several runs' steps, with a moving-block bootstrap interval over steps.
+
+  runs_terms: per run, the four NOISE_KEYS columns (each an array over steps). Steps are cut into
+  blocks of `block` consecutive steps within each run (neighbouring steps share a policy, so they
+  are not independent) and blocks are resampled with replacement; the interval is the percentile
+  one. A replicate whose |G|^2 is not positive counts as unbounded (upper end inf).
+  """
+  sums = []
+  for terms in runs_terms:
+    grad_sq, trace = _noise_terms(*terms)
+    for start in range(0, len(grad_sq), block):
+      sums.append([grad_sq[start:start + block].sum(), trace[start:start + block].sum()])
+  if not sums:
+    return dict(value=np.nan, lo=np.nan, hi=np.nan, blocks=0)
+  sums = np.array(sums)
+  value = sums[:, 1].sum() / sums[:, 0].sum() if sums[:, 0].sum() > 0 else np.nan
+  if len(sums) < 2:   # one block: nothing to resample
+    return dict(value=float(value), lo=np.nan, hi=np.nan, blocks=1)
+  pick = np.random.default_rng(rng).integers(0, len(sums), size=(n_boot, len(sums)))
+  grad, trace = sums[pick, 0].sum(axis=1), sums[pick, 1].sum(axis=1)
+  with np.errstate(divide='ignore', invalid='ignore'):
+    boot = np.where(grad > 0, trace / grad, np.inf)
+  tail = (1 - level) / 2
+  lo, hi = np.quantile(boot, [tail, 1 - tail])
+  return dict(value=float(value), lo=float(lo), hi=float(hi), blocks=len(sums))
+
+
+def noise_scale_from_grad_norms(batches, grad_norms):
+  """B_simple from the grad-norm curve: E|g_B|^2 = |G|^2 (1 + B_simple / B), fit by least squares
+  of g^2 on 1/B. Medians of norms stand in for root-mean-square norms, so this is a cross-check,
+  not a second exact estimate. nan when the fit's |G|^2 or noise term is not positive."""
+  b, g = np.asarray(batches, float), np.asarray(grad_norms, float)
+  ok = np.isfinite(b) & np.isfinite(g) & (b > 0)
+  if len(set(b[ok])) < 2:
+    return np.nan
+  x, y = 1 / b[ok], g[ok]**2
+  slope = ((x - x.mean()) @ (y - y.mean())) / ((x - x.mean()) @ (x - x.mean()))
+  intercept = y.mean() - slope * x.mean()
+  return float(slope / intercept) if intercept > 0 and slope > 0 else np.nan
 
 
 class NoiseScaleWindow:
@@ -43,3 +390,127 @@ class NoiseScaleWindow:
       self._terms.append([row[k] for k in NOISE_KEYS])
       value = noise_scale(*np.transpose(self._terms))
       row['noise_scale'] = value if np.isfinite(value) else None
+
+
+# ------------------------------------------------------------------------------------------------
+# Throughput: one steady-state rule, and rounds.
+# ------------------------------------------------------------------------------------------------
+
+
+def steady_throughput(samples_S, seconds_S, warmup):
+  """Samples per second over the steps after the first `warmup` (they compile): total samples
+  over total seconds. The one rule for the throughput rounds and the align runs' own steps."""
+  samples, seconds = np.asarray(samples_S, float)[warmup:], np.asarray(seconds_S, float)[warmup:]
+  ok = np.isfinite(samples) & np.isfinite(seconds)
+  total = seconds[ok].sum()
+  return float(samples[ok].sum() / total) if total > 0 else np.nan
+
+
+def throughput_interval(rounds, level=0.95):
+  """Samples/s over repeated rounds: the median, and a t-interval on the log (geometric) mean."""
+  rounds = np.asarray(rounds, float)
+  rounds = rounds[np.isfinite(rounds) & (rounds > 0)]
+  geo = log_mean_interval(rounds, level)
+  return dict(median=float(np.median(rounds)) if len(rounds) else np.nan, mean=geo['mean'],
+              lo=geo['lo'], hi=geo['hi'], rounds=len(rounds))
+
+
+# ------------------------------------------------------------------------------------------------
+# The decision: predicted wall-clock to target per batch, and the probability of being fastest.
+# ------------------------------------------------------------------------------------------------
+
+
+def predict_wallclock(base_samples_to_target, rn, throughput):
+  """Seconds to target at a batch: the samples it needs (base N x rN) over samples per second."""
+  with np.errstate(invalid='ignore', divide='ignore'):
+    return np.asarray(base_samples_to_target, float) * np.asarray(rn, float) / np.asarray(
+        throughput, float)
+
+
+def _resolved(candidate):
+  """Why a candidate cannot be compared ('' when it can): every seed reached, throughput known."""
+  n = np.asarray(candidate.get('samples_per_seed') or [], float)
+  if not len(n):
+    return 'not in the align sweep: no measured rN'
+  if not np.isfinite(n).all():
+    return 'a seed did not reach the target: rN unbounded'
+  rounds = np.asarray(candidate.get('throughput_rounds') or [], float)
+  if not len(rounds) or not (np.isfinite(rounds) & (rounds > 0)).all():
+    return 'no throughput measurement'
+  return ''
+
+
+def _draw_log_times(eligible, n_draws, rng):
+  """Joint parametric bootstrap of log(seconds to target) per candidate, draws x candidates.
+
+  Seed means of log samples-to-target are drawn from their joint multivariate-t sampling
+  distribution (one seed spread pooled over the candidates, one shared chi-square draw); each
+  batch's log throughput from its own t distribution over rounds (fixed when one round).
+  """
+  logs = [np.log(np.asarray(c['samples_per_seed'], float)) for c in eligible]
+  df = sum(len(l) - 1 for l in logs)
+  pooled = sum(((l - l.mean())**2).sum() for l in logs) / df if df else 0.0
+  scale_D = np.sqrt(df / rng.chisquare(df, n_draws)) if df else np.ones(n_draws)
+  z_DxK = rng.standard_normal((n_draws, len(eligible)))
+  n_K = np.array([len(l) for l in logs])
+  mu_DxK = np.array([l.mean() for l in logs]) + np.sqrt(pooled / n_K) * z_DxK * scale_D[:, None]
+  thr_DxK = np.zeros_like(mu_DxK)
+  point_K = np.zeros(len(eligible))
+  for k, c in enumerate(eligible):
+    lt = np.log(np.asarray(c['throughput_rounds'], float))
+    spread = lt.std(ddof=1) / np.sqrt(len(lt)) if len(lt) > 1 else 0.0
+    t_D = rng.standard_t(len(lt) - 1, n_draws) if len(lt) > 1 else np.zeros(n_draws)
+    thr_DxK[:, k] = lt.mean() + spread * t_D
+    point_K[k] = logs[k].mean() - lt.mean()
+  return point_K, mu_DxK - thr_DxK
+
+
+def decide(candidates, base_batch, level=0.95, n_draws=4000, rng=0):
+  """Predicted seconds to target = samples to target / throughput, per batch whose rN is resolved.
+
+  candidates: dicts with 'batch', 'samples_per_seed' (the arm's samples-to-target per seed) and
+  'throughput_rounds' (samples/s per round). Returns per-candidate rows (time relative to the
+  base with an interval, the probability of being the fastest) and the verdict: 'faster' (the
+  fastest batch's interval of relative time lies below 1: recommended), 'within noise' or 'base
+  fastest' (both: no batch is measurably faster, the base is recommended).
+  """
+  rows = [dict(batch=c['batch'], why_not=_resolved(c)) for c in candidates]
+  eligible = [c for c, r in zip(candidates, rows) if not r['why_not']]
+  k_base = next((k for k, c in enumerate(eligible) if c['batch'] == base_batch), None)
+  if k_base is None:
+    return dict(candidates=rows, verdict='undefined', recommended=None, fastest=None,
+                statement='No decision: the base arm has no resolved samples-to-target.')
+  point_K, log_time_DxK = _draw_log_times(eligible, n_draws, np.random.default_rng(rng))
+  rel_DxK = np.exp(log_time_DxK - log_time_DxK[:, [k_base]])
+  wins_K = np.bincount(np.argmin(log_time_DxK, axis=1), minlength=len(eligible)) / n_draws
+  tail = (1 - level) / 2
+  by_batch = {}
+  for k, c in enumerate(eligible):
+    by_batch[c['batch']] = dict(
+        predicted_wallclock_s=float(np.exp(point_K[k])),
+        relative_wallclock=float(np.exp(point_K[k] - point_K[k_base])),
+        relative_wallclock_ci=[float(q) for q in np.quantile(rel_DxK[:, k], [tail, 1 - tail])],
+        p_fastest=float(wins_K[k]))
+  for r in rows:
+    r.update(by_batch.get(r['batch'], {}))
+  fastest = eligible[int(np.argmin(point_K))]['batch']
+  return dict(candidates=rows, fastest=fastest, **_verdict(by_batch, fastest, base_batch))
+
+
+def _verdict(by_batch, fastest, base_batch):
+  """The recommendation in words: a batch only when it is faster beyond noise."""
+  f = by_batch[fastest]
+  lo, hi = f['relative_wallclock_ci']
+  if fastest == base_batch:
+    return dict(verdict='base fastest', recommended=base_batch, statement=(
+        f'No batch is measurably faster than the base {base_batch}: the base has the shortest '
+        f"predicted time (fastest in {f['p_fastest']:.0%} of the bootstrap draws)."))
+  if hi < 1:
+    return dict(verdict='faster', recommended=fastest, statement=(
+        f"Batch {fastest} is faster than the base {base_batch}: {f['relative_wallclock']:.2f}x "
+        f"its wall-clock to target [{lo:.2f}, {hi:.2f}], fastest in {f['p_fastest']:.0%} of the "
+        'bootstrap draws.'))
+  return dict(verdict='within noise', recommended=base_batch, statement=(
+      f'No batch is measurably faster than the base {base_batch}. Batch {fastest} has the '
+      f"shortest predicted time, {f['relative_wallclock']:.2f}x the base's, but its interval "
+      f"[{lo:.2f}, {hi:.2f}] includes 1 (fastest in {f['p_fastest']:.0%} of the bootstrap draws)."))

@@ -7,7 +7,7 @@ the summed loss and gradient do not depend on the split, while memory stays that
 
 The per-micro-batch gradients also give, for free, the two squared norms behind the gradient noise
 scale of McCandlish et al. (B_simple = tr(Sigma) / |G|^2): `grad_sq_small` at `b_small` = micro-batch
-size and `grad_sq_big` at `b_big` = batch size (rljax.analysis averages them over steps).
+size and `grad_sq_big` at `b_big` = batch size (rljax.stats averages them over steps).
 """
 import jax
 import jax.numpy as jnp

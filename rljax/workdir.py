@@ -11,10 +11,8 @@ import json
 import os
 import shutil
 
-import jax
-from jax.experimental import multihost_utils
-
-from rljax import checkpoint
+# jax, orbax (rljax.checkpoint) are imported in the functions that use them: rljax.report reads
+# and writes the protocol's JSON through this module in processes that never start jax.
 
 RESUMABLE = ('train.max_samples', 'train.max_steps', 'train.target', 'train.log_every',
              'train.checkpoint_every', 'train.keep_checkpoints', 'train.overwrite', 'data.dir',
@@ -63,6 +61,8 @@ def write_json_atomic(path, value):
 
 
 def _clear(workdir):
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0:
     shutil.rmtree(os.path.join(workdir, 'checkpoints'), ignore_errors=True)
     for name in RUN_FILES:
@@ -83,6 +83,7 @@ def prepare(workdir, config):
     raise ValueError(f'cannot create workdir {workdir}: {error}') from None
   if not os.access(workdir, os.W_OK):
     raise ValueError(f'workdir {workdir} is not writable')
+  from rljax import checkpoint  # pylint: disable=g-import-not-at-top
   current = config_json(config)
   meta = checkpoint.read_latest_meta(workdir)
   saved = meta.get('config', {'<config>': 'not recorded'}) if meta else read_json(
@@ -102,5 +103,6 @@ def prepare(workdir, config):
 
 def claim(workdir, config):
   """Records the run's config in WORKDIR/config.json once it passed every check and starts."""
+  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0:
     write_json_atomic(os.path.join(workdir, 'config.json'), config_json(config))

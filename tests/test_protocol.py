@@ -1,20 +1,23 @@
-"""Tests for rljax.protocol: arm configs, the whole pipeline on a tiny model, and resume.
+"""Tests for rljax.protocol: arm configs, phases, the whole pipeline on a tiny model, and resume.
 
 The pipeline runs for real (TFDS data built locally, real training runs, orbax checkpoints, a real
 subprocess killed mid-protocol), only with a tiny model and budgets of a few steps.
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from configs import protocol as protocol_config
-from rljax import analysis
+from rljax import report as report_lib
+from rljax import stats
 from rljax import protocol
 from rljax import warmstart
 
@@ -29,9 +32,12 @@ TINY = {
     'arm.warmstart.min_steps': 2, 'arm.warmstart.max_steps': 2,
     'arm.warmstart.eval_every': 2, 'arm.warmstart.batch': 32,
     'protocol.sweep': (2, 4), 'protocol.base': 2, 'protocol.control': (4,),
-    'protocol.throughput': (2, 4, 8), 'protocol.max_samples': 48,
+    'protocol.throughput': (8,), 'protocol.max_samples': 48,
     'protocol.eval_every_samples': 16, 'protocol.throughput_warmup': 2,
-    'protocol.throughput_steps': 2, 'protocol.n_boot': 50,
+    'protocol.throughput_steps': 2, 'protocol.throughput_rounds': 2, 'protocol.n_draws': 200,
+    'protocol.max_seeds': 2, 'protocol.extra_seeds': 1, 'protocol.confirm_seeds': 1,
+    'protocol.target': 0.01,
+    'protocol.lr0': 1e-5,   # given: a tiny model never reaches a target, so nothing to calibrate
 }
 
 
@@ -44,7 +50,11 @@ def tiny_config(data_dir):
   """configs/protocol.py:runlocal,seeds=1 with TINY applied, as the command line applies it."""
   config = protocol_config.get_config('runlocal,seeds=1')
   for path, value in dict(TINY, **{'arm.data.dir': data_dir}).items():
-    protocol._set(config, path, value)
+    *parents, leaf = path.split('.')
+    node = config
+    for name in parents:
+      node = node[name]
+    node[leaf] = value
   return config
 
 
@@ -58,20 +68,156 @@ def data_dir(tmp_path_factory):
 # ------------------------------------------------------------------------------------------------
 
 
-def test_runlocal_arms_follow_the_sqrt_rule_and_space_evals_in_samples():
+def test_runlocal_arms_follow_the_sqrt_rule_on_one_sample_grid():
   config = protocol_config.get_config('runlocal')
   arms = {a.name: a for a in protocol.arms(config, '/tmp/D')}
-  assert sorted(arms) == ['P128', 'P16', 'P256', 'P32', 'P32_fixed_lr', 'P64']
+  assert sorted(arms) == ['P128', 'P16', 'P32', 'P32_fixed_lr', 'P64']
   base_lr = protocol._arm_spec(arms['P16'])['lr']
+  assert base_lr == protocol.default_lr0(config) == 5e-5
   for name, arm in arms.items():
     spec = protocol._arm_spec(arm)
     assert arm.config.rollout.P == arm.value and spec['batch'] == arm.value * 8
     ratio = 1.0 if arm.control else (arm.batch / 128)**0.5
     assert spec['lr'] == pytest.approx(base_lr * ratio)
-    assert arm.config.train.eval_every == max(1, round(1024 / arm.batch))   # samples, not steps
+    assert arm.config.train.eval_every * arm.batch == 1024   # one sample grid for every arm
     assert arm.config.warmstart.dir == '/tmp/D/warmstart' and arm.config.warmstart.seed == 0
+    assert arm.config.seed == 0
   assert arms['P32_fixed_lr'].config.optimizer.lr_rule == 'constant'
-  assert arms['P32'].config.optimizer.lr_rule == 'sqrt'
+  config.protocol.seed_offset = 100   # a replicate protocol: other seeds, the same warm start
+  assert {a.config.seed for a in protocol.arms(config, '/tmp/D')} == {100}
+  given = {a.name: protocol._arm_spec(a)['lr'] for a in protocol.arms(config, 'D', lr0=2e-5)}
+  assert given['P16'] == 2e-5 and given['P64'] == pytest.approx(4e-5)
+  assert given['P32_fixed_lr'] == 2e-5
+
+
+def test_an_arm_off_the_sample_grid_is_refused():
+  """Batch 2048 cannot be evaluated every 1024 samples: refused, not evaluated half as densely."""
+  config = protocol_config.get_config('runlocal')
+  config.protocol.sweep = (16, 32, 256)
+  with pytest.raises(ValueError, match=r'multiple of every arm.s batch.*\[2048\]'):
+    protocol.arms(config, 'D')
+  config.protocol.eval_every_samples = 2048
+  assert [a.config.train.eval_every for a in protocol.arms(config, 'D')] == [16, 8, 1, 8]
+
+
+@pytest.mark.parametrize('algo', ['grpo', 'ppo'])
+def test_runlocal_builds_valid_arms_and_a_calibration_sweep(algo):
+  config = protocol_config.get_config(f'algo={algo},runlocal')
+  arms = protocol.arms(config, 'D')   # every arm passes the trainer's own config checks
+  assert {a.batch for a in arms} == {128, 256, 512, 1024}
+  sweep = protocol.calibration_arms(config, 'D')
+  lrs = [protocol._arm_spec(a)['lr'] for a in sweep]
+  assert len(lrs) == 5 and {a.batch for a in sweep} == {128}
+  assert max(lrs) / min(lrs) == pytest.approx(4.0, rel=0.01)
+  assert lrs[2] == pytest.approx(protocol.default_lr0(config), rel=0.01)
+
+
+def test_micro_batches_must_hold_whole_groups():
+  config = protocol_config.get_config('runlocal')
+  config.arm.rollout.G, config.arm.train.micro_batch = 6, 16   # divides the batches, splits groups
+  with pytest.raises(ValueError, match='whole groups'):
+    protocol.arms(config, 'D')
+
+
+def test_a_given_lr0_skips_the_calibration(tmp_path):
+  config = protocol_config.get_config('runlocal')
+  config.protocol.lr0 = 3e-5
+  assert protocol.calibrate(config, str(tmp_path)) == 3e-5
+  assert report_lib.read(str(tmp_path), 'calibration') == {'lr0': 3e-5, 'source': 'given'}
+  assert not (tmp_path / 'calibration').exists()
+
+
+def _finished_run(run_dir, accuracies, batch=128):
+  """A run that protocol.run_once will skip: metrics.jsonl with evals every 1024 samples, done.json."""
+  os.makedirs(run_dir)
+  rows = [dict(step=8 * i, samples=1024 * i, eval=True, eval_accuracy=a)
+          for i, a in enumerate(accuracies)]
+  rows += [dict(step=s, samples=batch * s, step_time_s=0.1, grad_norm=1.0)
+           for s in range(1, 8 * len(accuracies) - 7)]
+  (Path(run_dir) / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  (Path(run_dir) / 'done.json').write_text('{}')
+
+
+def test_calibration_chooses_the_lr_with_the_fewest_samples_to_target(tmp_path):
+  """The calibration phase over finished runs (skipped, not retrained): 5 lrs x 2 seeds."""
+  config = protocol_config.get_config('runlocal')
+  config.protocol.target, config.protocol.smooth_window = 0.37, 1
+  sweep = protocol.calibration_arms(config, str(tmp_path))
+  crossings = {0: [6, 7], 1: [4, 5], 2: [2, 3], 3: [3, 3], 4: [None, 5]}   # evals to 0.37
+  for i, arm in enumerate(sweep):
+    for seed, k in enumerate(crossings[i]):
+      accuracies = [0.3] * (k or 8) + [0.4] * (2 if k else 0)
+      _finished_run(report_lib.run_dir(str(tmp_path), 'calibration', arm.name, seed), accuracies)
+  lr0 = protocol.calibrate(config, str(tmp_path))
+  assert lr0 == sweep[2].config.optimizer.lr == 5e-5   # 2.x and 3.x evals: the fewest samples
+  assert report_lib.read(str(tmp_path), 'calibration') == {'lr0': 5e-5, 'source': 'calibrated',
+                                                           'at_edge': False}
+  arms = protocol.arms(config, str(tmp_path), lr0)
+  assert protocol._arm_spec(arms[0])['lr'] == 5e-5
+
+
+def test_calibration_that_never_reaches_the_target_fails_clearly(tmp_path):
+  config = protocol_config.get_config('runlocal')
+  for arm in protocol.calibration_arms(config, str(tmp_path)):
+    for seed in range(2):
+      _finished_run(report_lib.run_dir(str(tmp_path), 'calibration', arm.name, seed), [0.3] * 5)
+  with pytest.raises(ValueError, match='no lr reached protocol.target'):
+    protocol.calibrate(config, str(tmp_path))
+
+
+def test_add_seeds_spends_its_budget_on_the_straddling_arm(tmp_path, monkeypatch):
+  """The adaptive-seed phase over finished runs: only P32's rN interval holds its break-even rN
+  (1.5 = its throughput over the base's), so it alone gets seeds 3 and 4. A new seed's training
+  is stood in for by revealing a finished run (the e2e test below trains for real)."""
+  config, workdir = protocol_config.get_config('runlocal'), str(tmp_path)
+  config.protocol.update(lr0=5e-5, smooth_window=1, extra_seeds=2, max_seeds=5)
+  arm_list = protocol.arms(config, workdir)
+  protocol.write_protocol_json(config, workdir, arm_list[0])
+  crossings = dict(P16=[4, 5, 6], P32=[5, 8, 10, 6, 9], P64=[4, 5, 6], P128=[4, 5, 6],
+                   P32_fixed_lr=[4, 5, 6])   # evals to the target, per seed
+  for arm in arm_list:
+    report_lib.write(workdir, 'arm', protocol._arm_spec(arm), group='arms', arm=arm.name)
+    for seed, k in enumerate(crossings[arm.name]):
+      _finished_run(report_lib.run_dir(workdir, 'arms', arm.name, seed), [0.3] * k + [0.4] * 2,
+                    arm.batch)
+  for batch, thr in {128: 1000.0, 256: 1500.0, 512: 2000.0, 1024: 3000.0}.items():
+    for r in range(3):
+      report_lib.write(workdir, 'throughput', dict(
+          batch=batch, round=r, samples_per_s=thr * (1 + 0.01 * r), step_time_s=0.1,
+          rollout_time_s=0.02, update_time_s=0.08, steps_measured=4, warmup_steps=2),
+                       batch=batch, round=r)
+  for seed in (3, 4):   # what the new seeds "train": done already, so run_once skips them
+    os.remove(os.path.join(report_lib.run_dir(workdir, 'arms', 'P32', seed), 'done.json'))
+    os.rename(report_lib.run_dir(workdir, 'arms', 'P32', seed),
+              report_lib.run_dir(workdir, 'arms', 'P32', seed) + '_later')
+  original_run_once = protocol.run_once
+  def run_once(cfg, run_dir, label):
+    if os.path.exists(run_dir + '_later'):
+      os.rename(run_dir + '_later', run_dir)
+      (Path(run_dir) / 'done.json').write_text('{}')
+    return original_run_once(cfg, run_dir, label)
+  monkeypatch.setattr(protocol, 'run_once', run_once)
+  protocol.add_seeds(config, workdir, arm_list)
+  seeds = {a.name: protocol._seeds_of(workdir, a) for a in arm_list}
+  assert seeds == dict(P16=[0, 1, 2], P32=[0, 1, 2, 3, 4], P64=[0, 1, 2], P128=[0, 1, 2],
+                       P32_fixed_lr=[0, 1, 2])
+
+
+def test_extra_seeds_go_to_arms_whose_interval_holds_the_break_even_point():
+  """Break-even rN = throughput ratio with the base: 1.5 at 256, 2.0 at 512, 3.0 at 1024."""
+  report = {'base_batch': 128, 'throughput': [
+      {'batch': 128, 'mean': 100.0}, {'batch': 256, 'mean': 150.0},
+      {'batch': 512, 'mean': 200.0}, {'batch': 1024, 'mean': 300.0}], 'arms': [
+      dict(name='P16', batch=128, base=True, control=False, rN_status='ok', rN_ci=[0.8, 1.2]),
+      dict(name='P32', batch=256, base=False, control=False, rN_status='ok', rN_ci=[1.1, 1.9]),
+      dict(name='P64', batch=512, base=False, control=False, rN_status='ok', rN_ci=[1.1, 1.9]),
+      dict(name='P128', batch=1024, base=False, control=False, rN_status='ok',
+           rN_ci=[np.nan, np.nan]),
+      dict(name='P32_fixed_lr', batch=256, base=False, control=True, rN_status='ok',
+           rN_ci=[1.1, 1.9])]}
+  counts = dict(P16=3, P32=3, P64=3, P128=3, P32_fixed_lr=3)
+  assert protocol._straddling(report, counts, max_seeds=5) == ['P32', 'P128']
+  assert protocol._straddling(report, dict(counts, P32=5), max_seeds=5) == ['P128']
 
 
 def test_arm_overrides_apply_to_every_arm_but_not_to_the_batch():
@@ -89,7 +235,13 @@ def test_arm_overrides_apply_to_every_arm_but_not_to_the_batch():
     ('target', 1.5, 'protocol.target'),
     ('num_seeds', 0, 'num_seeds'),
     ('throughput_warmup', 0, 'compiles'),
+    ('throughput_rounds', 0, 'compiles'),
     ('throughput', (0, 8), 'positive integers'),
+    ('max_seeds', 2, 'max_seeds'),
+    ('lr0', -1.0, 'protocol.lr0'),
+    ('seed_offset', -1, 'seed_offset'),
+    ('calibration_factors', (1.0,), 'calibration_factors'),
+    ('targets', (0.3, 1.2), 'targets'),
 ])
 def test_bad_protocol_settings_fail_clearly(field, value, message):
   config = protocol_config.get_config('runlocal')
@@ -124,7 +276,8 @@ def test_summarise_throughput_leaves_out_the_compile_steps(tmp_path):
   (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
   result = protocol.summarise_throughput(str(tmp_path), warmup=2)
   assert result['samples_per_s'] == pytest.approx(3 * 64 / 0.6)
-  assert result['tokens_per_s'] == pytest.approx(3 * 300 / 0.6)
+  assert result['samples_per_s'] == stats.steady_throughput([64] * 5, [r['step_time_s'] for r in
+                                                                      rows], 2)   # one rule
   assert result['rollout_time_s'] == pytest.approx(0.05) and result['steps_measured'] == 3
   with pytest.raises(ValueError, match='no steps after'):
     protocol.summarise_throughput(str(tmp_path), warmup=5)
@@ -178,14 +331,19 @@ def test_resume_skips_finished_arms_and_shares_one_warm_start(resumed):
 @pytest.mark.e2e
 def test_protocol_writes_runs_throughput_report_and_plots(resumed):
   workdir = resumed['workdir']
+  calibration = report_lib.read(workdir, 'calibration')
+  assert calibration == {'lr0': 1e-5, 'source': 'given'}
   for arm in ('P2', 'P4', 'P4_fixed_lr'):
     done = json.load(open(os.path.join(workdir, 'arms', arm, 'seed_0', 'done.json')))
-    assert done['samples'] >= 48
-    spec = json.load(open(os.path.join(workdir, 'arms', arm, 'arm.json')))
+    assert done['samples'] >= 48 or done['eval_accuracy'] >= 0.04
+    spec = report_lib.read(workdir, 'arm', group='arms', arm=arm)
     assert spec['batch'] == int(arm[1]) * 4 and spec['control'] == arm.endswith('fixed_lr')
+    sqrt_factor = 2**0.5 if arm == 'P4' else 1.0   # P2 at lr0, the control at the base's lr
+    assert spec['lr'] == pytest.approx(calibration['lr0'] * sqrt_factor)
   for batch in (8, 16, 32):   # 32 = P8 is beyond the align sweep
-    t = json.load(open(os.path.join(workdir, 'throughput', f'{batch}.json')))
-    assert t['batch'] == batch and t['samples_per_s'] > 0 and t['steps_measured'] == 2
+    for r in range(2):
+      t = report_lib.read(workdir, 'throughput', batch=batch, round=r)
+      assert t['batch'] == batch and t['samples_per_s'] > 0 and t['steps_measured'] == 2
   # noise_scale in the training rows: B_simple of the recent steps' squared-norm terms.
   rows = [r for r in map(json.loads, open(os.path.join(workdir, 'arms', 'P4', 'seed_0',
                                                          'metrics.jsonl'))) if not r.get('eval')]
@@ -198,11 +356,12 @@ def test_protocol_writes_runs_throughput_report_and_plots(resumed):
   assert rows[-1]['noise_scale'] == (pytest.approx(expected) if expected else None)
   report = json.load(open(os.path.join(workdir, 'report.json')))
   assert [a['name'] for a in report['arms']] == ['P2', 'P4', 'P4_fixed_lr']
-  assert report['base_arm'] == 'P2' and report['target'] == 0.40
-  assert sorted(c['batch'] for c in report['candidates']) == [8, 16, 32]
-  assert [c['extrapolated'] for c in report['candidates']] == [False, False, True]
+  assert report['base_arm'] == 'P2' and report['stop_target'] == 0.01
+  assert sorted(c['batch'] for c in report['decision']['candidates']) == [8, 16, 32]
+  why_not = {c['batch']: c['why_not'] for c in report['decision']['candidates']}
+  assert 'not in the align sweep' in why_not[32]
   assert 'Decision' in open(os.path.join(workdir, 'report.md')).read()
-  for plot in analysis.PLOTS:
+  for plot in report_lib.PLOTS:
     with open(os.path.join(workdir, plot), 'rb') as f:
       assert f.read(8) == b'\x89PNG\r\n\x1a\n', plot
 
@@ -215,7 +374,7 @@ def test_a_finished_protocol_retrains_nothing_and_refuses_a_changed_config(resum
   again = subprocess.run(_main(workdir, data_dir), cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=300)
   assert again.returncode == 0, again.stderr[-2000:]
-  assert again.stdout.count('already') == 6 and 'training in' not in again.stdout
+  assert again.stdout.count('already') >= 11 and 'training in' not in again.stdout
   changed = subprocess.run(_main(workdir, data_dir) + ['--config.arm.grpo.clip_high=0.3'],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert changed.returncode != 0
@@ -223,15 +382,17 @@ def test_a_finished_protocol_retrains_nothing_and_refuses_a_changed_config(resum
 
 
 @pytest.mark.e2e
-def test_confirm_run_is_compared_with_the_prediction(resumed, data_dir):
-  """The confirmation run at a given recommended batch, in process, and its report section."""
+def test_confirm_runs_at_the_base_and_the_fastest_batch(resumed, data_dir):
+  """The confirmation runs for a given decision, in process, and the report's section on them."""
   config, workdir = tiny_config(data_dir), resumed['workdir']
   config.arm.train.micro_batch = 8   # in process: the batch split over this session's 8 devices
-  done = protocol.confirm(config, workdir, {'recommended': {'batch': 8}})
-  assert done['samples'] >= 48 or done['eval_accuracy'] >= 0.5
-  spec = json.load(open(os.path.join(workdir, 'confirm', 'arm.json')))
-  cfg = json.load(open(os.path.join(workdir, 'confirm', 'run_config.json')))
-  assert spec['batch'] == 8 and cfg['seed'] == 1
+  lr0 = report_lib.read(workdir, 'calibration')['lr0']
+  shutil.rmtree(os.path.join(workdir, 'confirm'), ignore_errors=True)   # another micro_batch
+  protocol.confirm(config, workdir, {'base_batch': 8, 'decision': {'fastest': 8}}, lr0)
+  spec = report_lib.read(workdir, 'arm', group='confirm', arm='P2')
+  cfg = json.load(open(os.path.join(workdir, 'confirm', 'P2', 'seed_2', 'run_config.json')))
+  assert spec['batch'] == 8 and cfg['seed'] == 2   # max_seeds = 2: a seed no align run used
   assert cfg['train']['target'] == pytest.approx(config.protocol.target + config.protocol.stop_margin)
-  report = analysis.build_report(workdir)
-  assert report['confirm']['batch'] == 8 and 'measured_wallclock_s' in report['confirm']
+  report = report_lib.build_report(workdir)
+  assert [c['batch'] for c in report['confirm']][:1] == [8]
+  assert 'measured_wallclock_s' in report['confirm'][0]
