@@ -55,13 +55,14 @@ def get_config(arg=None):
   config.grpo = dict(normalize_std=True, filter_zero_variance=False, clip_low=0.2, clip_high=0.2,
                      kl_coef=0.0, kl_estimator='k3', loss_agg='token-mean', moe_aux_coef=1e-3)
 
-  # lr = lr * sqrt(P*G / base_batch): 5e-5 at P=16, G=8 is what RECIPE.md measured to work.
+  # lr = lr * sqrt(P*G / base_batch); 5e-5 at P*G = 128 is calibrated on the runlocal model
+  # (docs/design/init_scale.md).
   # decay: the lr after warmup, held ('constant') or annealed to 0 at the budget's end ('linear',
   # 'cosine'); the protocol holds it constant.
   config.optimizer = dict(lr=5e-5, base_batch=128, lr_rule='sqrt', warmup_steps=0, decay='constant',
                           max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
                           max_bad_steps=5)
-  if arg.runlocal:   # the README demo, one fixed budget: a higher lr annealed to 0 (docs/grpo.md)
+  if arg.runlocal:   # the README demo, one fixed budget: a higher lr annealed to 0 (docs/guide/grpo.md)
     config.optimizer.update(lr=1e-4, decay='linear')
 
   # Budget in retained training responses (compare runs by samples, never by steps).

@@ -27,8 +27,7 @@ def get_config(arg=None):
 
   # B prompts, one response each: B responses is the batch unit of both lr rules,
   # lr = lr * sqrt(B / base_batch) for the actor and the critic each. Calibrated at B=256 on
-  # runlocal (docs/ppo.md): actor 5e-5 / 1e-4 / 2e-4 reach +30 points in 64k / 46k / 36k samples,
-  # 4e-4 collapses; a critic at 1e-3 explains ~3x more return variance than at 3e-4.
+  # runlocal (docs/guide/ppo.md).
   config.optimizer.update(lr=2e-4, base_batch=256, decay='constant')
   config.critic_optimizer = dict(lr=1e-3, base_batch=256, lr_rule='sqrt', warmup_steps=0,
                                  decay='constant', max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8,

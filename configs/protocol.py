@@ -1,4 +1,4 @@
-"""The align-then-accelerate protocol (PAPER.md), run by the same main as one training:
+"""The align-then-accelerate protocol (docs/method.md), run by the same main as one training:
 
   python -m rljax.main --config=configs/protocol.py:runlocal --workdir=D
   python -m rljax.main --config=configs/protocol.py:algo=ppo,runlocal --workdir=D
@@ -58,11 +58,11 @@ def get_config(arg=None):
   )
   # Every arm's training config; the protocol sets only its batch-dependent fields (P for GRPO).
   config.arm = common.algo_config(arg.algo, config.protocol.arm_arg)
-  if arg.algo == 'grpo':   # arms hold RECIPE.md's lr (the runlocal demo anneals a higher one over
-    config.arm.optimizer.update(lr=5e-5, decay='constant')   # its fixed budget; arms stop at J)
+  if arg.algo == 'grpo':   # arms hold the calibrated lr (the runlocal demo anneals a higher one
+    config.arm.optimizer.update(lr=5e-5, decay='constant')   # over its fixed budget; arms stop at J)
   if arg.runlocal:
     config.arm.train.eval_size = 1000   # all the test split: ~1.5 points std error per eval
-    # Stop the warm start right at its threshold (accuracy jumps ~0.27 -> 0.41 within 25 steps
-    # there): RL from that earlier policy climbs slowly enough for rN to be resolved (RECIPE.md).
+    # Stop the warm start right at its threshold (accuracy jumps sharply there, docs/method.md):
+    # RL from that earlier policy climbs slowly enough for rN to be resolved.
     config.arm.warmstart.eval_every = 5
   return config
