@@ -6,6 +6,7 @@
 #
 #   bench/cpu.sh OUTDIR            (from the repository root; PYTHON=... to pick the interpreter)
 #   PYTHONPATH=. python bench/report.py OUTDIR/*.json     # the tables of docs/performance.md
+# The run that docs/performance.md shows is kept in bench/results/cpu/ (OUTDIR=bench/results/cpu).
 set -u
 OUTDIR=${1:-/tmp/rljax-bench-cpu}
 mkdir -p "$OUTDIR"

@@ -1,4 +1,4 @@
-"""The align-then-accelerate protocol (arXiv 2608.29296), run by the same main as one training:
+"""The align-then-accelerate protocol (docs/method.md), run by the same main as one training:
 
   python -m rljax.main --config=configs/protocol.py:runlocal --workdir=D
   python -m rljax.main --config=configs/protocol.py:algo=ppo,runlocal --workdir=D
@@ -88,7 +88,7 @@ def get_config(arg=None):
     config.arm.optimizer.update(lr=5e-5, decay='constant')   # its fixed budget; arms stop at J)
   if arg.runlocal:
     config.arm.train.eval_size = 1000   # all the test split: ~1.5 points std error per eval
-    # Stop the warm start right at its threshold (accuracy jumps ~0.27 -> 0.41 within 25 steps
-    # there): RL from that earlier policy climbs slowly enough for rN to be resolved.
+    # Stop the warm start right at its threshold (accuracy jumps sharply there, docs/method.md):
+    # RL from that earlier policy climbs slowly enough for rN to be resolved.
     config.arm.warmstart.eval_every = 5
   return config

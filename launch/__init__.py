@@ -1,1 +1,1 @@
-"""Cluster launchers for rljax: XManager, Cloud TPU VM slices, SLURM (see docs/launch.md)."""
+"""Cluster launchers for rljax: XManager, Cloud TPU VM slices, SLURM (see docs/reference/launch.md)."""

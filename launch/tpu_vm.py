@@ -6,7 +6,7 @@
 
 Every worker runs the same command (gcloud ... ssh --worker=all), and jax.distributed.initialize()
 in rljax.main finds the other workers by itself. The workers need this repo at --repo_dir with its
-dependencies installed, and a --workdir they all see, e.g. on GCS (docs/launch.md).
+dependencies installed, and a --workdir they all see, e.g. on GCS (docs/reference/launch.md).
 """
 
 import os

@@ -10,7 +10,7 @@ def param(module, name, shape, axes, cfg):
 
   Initialised N(0, init_std^2) as Hugging Face Qwen3 does (initializer_range): Adam moves every
   weight by about lr per step, so the init scale sets the *relative* step size, and with it the
-  learning rates that work (RECIPE.md's were measured at this scale).
+  learning rates that work: the configs' were calibrated at this scale (docs/design/init_scale.md).
   """
   init = nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), axes)
   return module.param(name, init, shape, cfg.param_dtype)

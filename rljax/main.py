@@ -1,7 +1,7 @@
 """rljax command line: `python -m rljax.main --config=configs/grpo.py:P=1024 --workdir=DIR`.
 
 Trains one configuration (config.mode == 'train', the default) or runs the align-then-accelerate
-protocol (config.mode == 'protocol'). Exit codes (docs/reliability.md):
+protocol (config.mode == 'protocol'). Exit codes (docs/reference/reliability.md):
   0   done                       2   bad input: one `rljax: error: ...` line, nothing compiled
   3   K non-finite updates in a row (the last good checkpoint is kept)
   75  stopped by SIGTERM / SIGINT after saving a checkpoint of the current step: re-run to resume

@@ -59,11 +59,11 @@ ACTIVATION_AXES = ('batch', 'length', 'activation_embed')
 
 class KVCache(NamedTuple):
   """Keys and values, one [batch, kv_heads, slots, head_dim] array per layer: a layer's slice of a
-  stacked array is copied out of it at every decoding step, and with the slots ahead of the kv
-  heads XLA:CPU transposed each layer's cache before its attention products. At batch 1 the arrays
-  are [kv_heads, slots, head_dim]: XLA drops a size-1 batch axis from the attention products, and
-  with it in the cache it fused each in-place update twice and copied every cache four times per
-  step."""
+  stacked array would be copied out of it at every decoding step, and with the slots ahead of the
+  kv heads XLA:CPU transposes each layer's cache before its attention products
+  (docs/design/unrolled_decoding.md). At batch 1 the arrays are [kv_heads, slots, head_dim]: XLA
+  drops a size-1 batch axis from the attention products, and with that axis in the cache it fuses
+  each in-place update twice and copies the cache every step (docs/design/kv_cache_batch1.md)."""
   k: tuple
   v: tuple
 
@@ -102,8 +102,8 @@ class Attention(nn.Module):
 
     length = x_BxTxD.shape[1]
     if layer_cache is not None:
-      # Into the cache first, and attention reads the updated cache: with the old cache read
-      # too, XLA copied every layer's keys and values twice per decoding step.
+      # Into the cache first, and attention reads the updated cache: if the old cache is read too,
+      # it has two users and XLA copies it to update it in place (docs/design/unrolled_decoding.md).
       write = lambda cache, new_BxTxKxH: jax.lax.dynamic_update_slice(
           cache, jnp.swapaxes(new_BxTxKxH, 1, 2).reshape(*cache.shape[:-2], length, head_dim
                                                         ).astype(cache.dtype),
@@ -131,13 +131,14 @@ class Attention(nn.Module):
     weights_BxKxGxTxS = jnp.exp(scores_BxKxGxTxS - jnp.max(scores_BxKxGxTxS, -1, keepdims=True))
     weights_BxKxGxTxS = (weights_BxKxGxTxS / jnp.sum(weights_BxKxGxTxS, -1, keepdims=True)
                          ).astype(cfg.dtype)
-    # Heads-major output, one transpose after: a token-major output made XLA:CPU run the product
-    # against a [batch, kv_heads, slots, head_dim] cache as a plain (slow) dot.
+    # Heads-major output, one transpose after: with a token-major output XLA:CPU runs the product
+    # against a [batch, kv_heads, slots, head_dim] cache as a plain, unfused dot.
     out_BxKxGxTxH = jnp.einsum(f'bkgts,{layout}->bkgth', weights_BxKxGxTxS, values)
     # Contracted over (head_dim, heads), the order `jnp.einsum('btnh,nhd->btd')` contracts in (so
-    # training's sums are unchanged, bit for bit), with w_o transposed to it explicitly. XLA
-    # folded that transpose into the dot and then made it a copy inside the decoding loop, every
-    # step; behind the barrier it is loop-invariant and leaves the loop (`cpu` batch 1: 8%).
+    # training's sums are the same, bit for bit), with w_o transposed to it explicitly. XLA folds
+    # that transpose into the dot and then makes it a copy inside the decoding loop, every step;
+    # behind the barrier it is loop-invariant and leaves the loop
+    # (docs/design/optimization_barriers.md).
     out_BxTxHxN = jnp.transpose(out_BxKxGxTxH, (0, 3, 4, 1, 2)).reshape(
         *x_BxTxD.shape[:2], head_dim, heads)
     w_o_HxNxD = jax.lax.optimization_barrier(jnp.swapaxes(w_o, 0, 1))
@@ -253,7 +254,7 @@ def unstack_layers(params, num_layers):
 
   Inside a jitted sampler this is a transient copy of the block weights for one call (the same
   values, so no sampler/trainer mismatch), below the update's peak of parameters, gradients and two
-  Adam moments; what it buys is measured in docs/performance.md.
+  Adam moments. Why: docs/design/unrolled_decoding.md.
   """
   params = dict(params)
   blocks = params.pop('blocks')

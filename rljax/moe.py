@@ -8,12 +8,13 @@ Dropless: every token reaches all of its k experts, whatever the load. Exact imp
 - 'bucketed': sort as 'ragged', lay the pairs out as [E, C] slots, C the smallest of a few static
   capacities that holds the busiest expert (chosen at run time), and run one batched matmul against
   the expert weights in place: the grouped matmul for XLA:CPU, which lowers `ragged_dot` to a dense
-  dot against every expert (E times the FLOPs; docs/performance.md);
+  dot against every expert (E times the FLOPs);
 - 'gather' (not a config choice): pick each token's k experts and apply them (reads T*k expert
   matrices, not all E); used automatically whenever T*k <= E/2, i.e. when decoding a small batch,
   where reading every expert would multiply the bytes per step, the quantity that bounds
   decoding, by up to E/k.
-All equal a naive per-token loop (tests/test_moe.py). Each takes (tokens, routing weights, experts,
+All equal a naive per-token loop (tests/test_moe.py). Why four: docs/design/moe_expert_paths.md.
+Each takes (tokens, routing weights, experts,
 w_in, w_down), `w_in` the gate and up matrices apart, (gate, up), or joined for decoding,
 (`gate_up`,).
 """
@@ -69,14 +70,14 @@ def unsort_and_combine(y_NxD, order_N, weights_TxK):
 
 
 def gate_up(w_gate_ExDxF, w_up_ExDxF):
-  """The gate and up matrices side by side, [E, D, 2F]: one product where there were two, for
-  decoding (`peer` batch 64 8-13% faster; docs/performance.md), where XLA hoists the join out of
-  the loop. Training keeps two products: there it would be one more copy of both per step for no
-  measurable gain, and it would round the input gradient differently (one sum over 2F).
+  """The gate and up matrices side by side, [E, D, 2F]: one product instead of two, for
+  decoding, where XLA hoists the join out of the loop. Training keeps two products: there the join
+  would be one more copy of both per step, and it would round the input gradient differently (one
+  sum over 2F).
 
   Joined by two zero pads and an add, not a concatenate: XLA:CPU fuses pads with the per-layer
-  slice that feeds them (the sampler's `unstack_layers`) into ONE copy, where it ran slice and
-  concatenate as two (1.2x a `cpu` batch-1 sampler call of 16 tokens).
+  slice that feeds them (the sampler's `unstack_layers`) into ONE copy, where it runs a slice and a
+  concatenate as two. docs/design/gate_up_pads.md
   """
   hidden = w_gate_ExDxF.shape[-1]
   zero = jnp.zeros((), w_gate_ExDxF.dtype)
@@ -105,10 +106,10 @@ def experts_dense(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   """Every expert on every token, non-selected experts weighted 0: plain matmuls against all
   experts side by side ([D, E*F] or [D, E*2F], and [E*F, D]), no sorting, no gathers.
 
-  The side-by-side layout is a transpose, behind an optimization barrier: without it XLA moved
-  that copy of every expert's input matrices into the sampler's decoding loop, once per step
-  (`cpu` batch 8: 1.37x the time; docs/performance.md). Behind it the copy is loop-invariant
-  and made once per call, as `w_o`'s in rljax.model."""
+  The side-by-side layout is a transpose, behind an optimization barrier: without it XLA moves
+  that copy of every expert's input matrices into the sampler's decoding loop, once per step.
+  Behind it the copy is loop-invariant and made once per call, as `w_o`'s in rljax.model
+  (docs/design/optimization_barriers.md)."""
   num_experts, hidden, d_model = w_down_ExFxD.shape
   combine_TxE = jnp.sum(weights_TxK[..., None] * jax.nn.one_hot(experts_TxK, num_experts), axis=1)
   side_by_side = lambda w_ExDxF: jax.lax.optimization_barrier(
@@ -122,10 +123,10 @@ def experts_dense(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
 def experts_gather(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   """Each token's k experts picked out and applied: only the experts in use are read.
 
-  The picks are dynamic slices (one per (token, expert) pair, T*k <= E/2 when chosen; on XLA:CPU a
-  `jnp.take` of whole expert matrices ran ~10x slower), stacked so that each matrix is applied
-  to all pairs by ONE batched product: 2-3 products per layer, not 2-3 per pair (each product
-  was a kernel launch of its own in the H200 decode profile, docs/performance.md).
+  The picks are dynamic slices (one per (token, expert) pair, T*k <= E/2 when chosen; XLA:CPU
+  runs a `jnp.take` of whole expert matrices far slower), stacked so that each matrix is applied
+  to all pairs by ONE batched product: 2-3 products per layer, not 2-3 per pair (on a GPU each
+  product is a kernel launch of its own). docs/design/moe_expert_paths.md
   """
   experts_N = experts_TxK.reshape(-1)
   pick = lambda w_ExAxB: jnp.stack(
@@ -145,8 +146,8 @@ def capacities(pairs, tokens, num_experts):
   at most once): the last bucket holds any load, so nothing is ever dropped.
 
   In steps of 2 rows up to 8, then of 8: decoding a few tokens, the busiest expert has a few
-  pairs, and padding them to 8 rows made the `cpu` model's batch 8 1.13x slower
-  (docs/performance.md); larger ladders keep their fewer branches."""
+  pairs, and on XLA:CPU every padding row of a small product costs time; larger ladders keep
+  their fewer branches. docs/design/capacity_ladder.md"""
   def round_up(rows):
     step = 2 if rows <= 8 else 8
     return min(tokens, -(-rows // step) * step)
@@ -158,13 +159,12 @@ def capacities(pairs, tokens, num_experts):
 
 def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   """Token copies laid out by expert as [E, C] slots, then ONE batched matmul per matrix against
-  the weights in place (no per-item copies of expert weights, which made the 'blocked' path
-  this replaced 1.4-4x slower at decoding).
+  the weights in place: no copies of expert weights.
 
   C is the smallest capacity of `capacities` that holds the busiest expert, chosen at run time
   by `lax.switch`: dropless, and FLOPs E * C / (T * k) times the real work. Each branch is
   rematerialised: a switch's backward otherwise keeps every branch's residuals (zeros for the
-  branches not taken), which made a 4-branch backward 2.5x slower. Expert indices >= E (the
+  branches not taken). docs/design/capacity_ladder.md. Expert indices >= E (the
   expert-parallel path's pairs of other devices, weight 0) take no slot and read a clamped one.
   """
   num_experts = w_down_ExFxD.shape[0]
@@ -197,9 +197,7 @@ EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense, 'bucketed': ex
 def expert_impl(cfg, num_tokens):
   """'gather' when the tokens pick at most half the experts' worth of matrices (small-batch
   decoding), else the config's. Each pick is a copy, written and read again: at T*k = E the picks
-  move ~3x the bytes of reading every expert in place, and the `cpu` benchmark model decoded
-  batch 8 (T*k = E) 2.1x slower by 'gather' than by 'bucketed', batch 4 (E/2) 1.4x faster
-  (docs/performance.md)."""
+  move about 3x the bytes of reading every expert in place. docs/design/moe_expert_paths.md"""
   if 2 * num_tokens * cfg.experts_per_token <= cfg.num_experts:
     return experts_gather
   return EXPERT_IMPLS[cfg.moe_impl]

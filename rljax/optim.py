@@ -3,7 +3,7 @@
 lr(B) = lr0 * f(B / B0), f = sqrt (Malladi et al.; the default), linear (Goyal et al.) or constant,
 with B counted in training responses (GRPO: P x G; PPO: B). Linear warmup, then the peak held
 (`decay='constant'`) or annealed to 0 at the run's last update ('linear', as TRL's default, or
-'cosine'): on a fixed budget the anneal turns late, noisy updates into gains (docs/grpo.md).
+'cosine'): on a fixed budget the anneal turns late, noisy updates into gains (docs/guide/grpo.md).
 Global-norm clipping, and non-finite updates skipped (counted by optax.apply_if_finite) so one bad
 batch cannot poison the weights.
 """

@@ -1,6 +1,6 @@
 """Runs `python -m rljax.main` on a tiny GRPO config in real subprocesses and reads what a run
 leaves behind: the harness of tests/test_reliability.py, tests/test_bad_input.py and of the kill
-trials counted in docs/reliability.md (`python tests/test_reliability.py --trials N`).
+trials counted in docs/reference/reliability.md (`python tests/test_reliability.py --trials N`).
 
 The tiny run: 1-digit addition (a dataset built here with TFDS), a 40-step supervised warm start
 so rewards vary, P=4 x G=4, MAX_STEPS RL steps, a checkpoint every step. All subprocesses share one

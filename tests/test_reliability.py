@@ -4,7 +4,7 @@ multi-host agreement on the stop step. A resumed run must equal the uninterrupte
 every metric but the timings, the checkpoint meta, and the final training state.
 
 `python tests/test_reliability.py --trials N` runs N random kill trials and prints the counts that
-docs/reliability.md quotes.
+docs/reference/reliability.md quotes.
 """
 import argparse
 import os

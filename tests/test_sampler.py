@@ -280,7 +280,7 @@ def test_decoding_writes_the_kv_cache_in_place(lengths):
   """No copy of any layer's KV cache in the compiled sampler: each step writes its slot in place.
   With the cache read before the write, XLA copied every layer's keys and values twice per
   decoding step, the whole cache each time; with a size-1 batch axis in the cache, at batch 1, it
-  copied them four times (docs/performance.md)."""
+  copied them four times (docs/design/kv_cache_batch1.md)."""
   cfg = dataclasses.replace(CFG, num_layers=2)
   prompt, valid = prompts(1, lengths=lengths)
   sampler = jax.jit(sampler_lib.make_sampler(model_lib.Transformer(cfg),
