@@ -21,6 +21,8 @@ import pytest
 
 import rljax_cli as cli
 
+pytestmark = pytest.mark.e2e   # real `python -m rljax.main` processes, killed and resumed
+
 STOPPED = 75   # rljax.preemption.EXIT_CODE, spelled out: the documented contract
 
 
@@ -170,8 +172,6 @@ import sys, time
 import jax
 jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
 from rljax import preemption
-
-pytestmark = pytest.mark.e2e   # real `python -m rljax.main` processes, killed and resumed
 with preemption.StopRequest() as stop:
   print('ready', flush=True)
   for step in range(1, 100_000):
