@@ -4,33 +4,28 @@
   python -m rljax.main --config=configs/grpo.py:P=1024,G=8 --workdir=gs://...
 
 Args after ':' (comma-separated): P (prompts per batch), G (responses per prompt), runlocal (tiny
-model and budget for a 2-core CPU), seed. Any field can be overridden with --config.a.b=value.
+model and budget for a 2-core CPU), seed, model (a preset of configs/models.py, e.g.
+qwen3-30b-a3b). Any field can be overridden with --config.a.b=value.
 """
 import ml_collections
 
 from configs import common
+from configs import models
 
 
-def model_preset(runlocal):
-  """A ~0.5M-param MoE for CPU demos and tests, or a ~1B-class MoE (Qwen3-MoE shaped) otherwise."""
-  if runlocal:
-    return dict(vocab_size=16, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
-                num_experts=4, experts_per_token=2, expert_hidden=128, dense_hidden=512,
-                moe_impl='bucketed', tie_embeddings=False, rope_theta=10000.0, norm_eps=1e-6, init_std=0.02,
-                dtype='float32', param_dtype='float32', remat='none', max_seq_len=64)
-  return dict(vocab_size=16, d_model=1024, num_layers=16, num_heads=16, num_kv_heads=4, head_dim=128,
-              num_experts=32, experts_per_token=4, expert_hidden=768, dense_hidden=3072,
-              moe_impl='ragged', tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6, init_std=0.02,
-              dtype='bfloat16', param_dtype='float32', remat='full', max_seq_len=4096)
+def model_preset(runlocal, name=''):
+  """configs/models.py's preset `name`; by default a ~0.5M-param MoE for CPU demos and tests
+  (runlocal), or a ~1.3B-param Qwen3-MoE-shaped model otherwise."""
+  return models.preset(name or ('tiny' if runlocal else 'moe1b'))
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0)
+  arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='')
   config = ml_collections.ConfigDict()
   config.mode = 'train'   # configs/protocol.py runs many of these: mode 'protocol'
   config.algo = 'grpo'
   config.seed = arg.seed
-  config.model = model_preset(arg.runlocal)
+  config.model = model_preset(arg.runlocal, arg.model)
   # Device mesh (rljax/sharding.py): -1 takes the remaining devices.
   config.mesh = dict(data=-1, fsdp=1, expert=1, tensor=1)
 

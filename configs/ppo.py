@@ -4,16 +4,18 @@
   python -m rljax.main --config=configs/ppo.py:B=1024 --workdir=gs://...
 
 Args after ':' (comma-separated): B (global batch in responses, one per prompt), runlocal (tiny
-model and budget for a 2-core CPU), seed. Any field can be overridden with --config.a.b=value.
+model and budget for a 2-core CPU), seed, model (a preset of configs/models.py). Any field can be
+overridden with --config.a.b=value.
 """
 from configs import common
 from configs import grpo
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, B=256, runlocal=False, seed=0)
+  arg = common.parse_arg(arg, B=256, runlocal=False, seed=0, model='')
   # Model, task, mesh, warm start and loop settings are GRPO's (same warm-start cache for both).
-  config = grpo.get_config(f'P={arg.B},G=1,seed={arg.seed}' + (',runlocal' if arg.runlocal else ''))
+  config = grpo.get_config(f'P={arg.B},G=1,seed={arg.seed},model={arg.model}' +
+                           (',runlocal' if arg.runlocal else ''))
   config.algo = 'ppo'
   del config.grpo
 
