@@ -262,6 +262,45 @@ def unstack_layers(params, num_layers):
   return params
 
 
+def decoding_layout(box, cfg: ModelConfig, mesh):
+  """(logical axis names, dtype) of a weight (an nn.Partitioned of the unrolled model) in
+  `decoding_params` on `mesh`: outside the experts, whole along 'embed' in the compute dtype."""
+  if mesh.shape.get('fsdp', 1) == 1 or 'expert' in box.names or box.value.ndim < 2:
+    return box.names, box.value.dtype
+  return tuple('replicated' if name == 'embed' else name for name in box.names), jnp.dtype(cfg.dtype)
+
+
+def decoding_params(params, cfg: ModelConfig):
+  """The sampler's parameters for one call: `unstack_layers`, and on a mesh with an 'fsdp' axis
+  every weight outside the experts all-gathered whole over 'fsdp' in the compute dtype, once per
+  call, before the decoding loop (`decoding_layout`).
+
+  XLA does not hoist an all-gather of a loop-invariant weight out of a while loop: with the
+  weights split over 'fsdp', every decoding step gathered the embedding table, lm_head and each
+  layer's attention weights. The expert matrices stay split (their products run on the local
+  slices, and only activation-sized partial sums are reduced); norm scales and the router stay
+  float32 and split, as they are read in float32 and are small. The casts are the ones each weight
+  gets where it is used, so the function computed is the same.
+  """
+  params = unstack_layers(params, cfg.num_layers)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.shape.get('fsdp', 1) == 1:
+    return params
+
+  def gathered(box, weight):
+    names, dtype = decoding_layout(box, cfg, mesh)
+    return weight if names == box.names else sharding.constrain(weight.astype(dtype), names)
+
+  return jax.tree.map(gathered, unrolled_boxes(cfg), params,
+                      is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
+def unrolled_boxes(cfg: ModelConfig):
+  """Abstract boxed parameters (shapes, dtypes, logical axis names) of the unrolled model."""
+  return jax.eval_shape(lambda: Transformer(cfg, unrolled=True).init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4), bool))['params'])
+
+
 def init_params(cfg: ModelConfig, rng):
   """Parameters (boxed with their logical axis names; see rljax.sharding for placement)."""
   tokens = jnp.zeros((1, 4), jnp.int32)
