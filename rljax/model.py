@@ -296,9 +296,11 @@ def decoding_params(params, cfg: ModelConfig):
 
 
 def unrolled_boxes(cfg: ModelConfig):
-  """Abstract boxed parameters (shapes, dtypes, logical axis names) of the unrolled model."""
-  return jax.eval_shape(lambda: Transformer(cfg, unrolled=True).init(
-      jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4), bool))['params'])
+  """Abstract boxed parameters (shapes, dtypes, logical axis names) of the unrolled model; traced
+  without the context mesh (its expert-parallel MoE would need the 4 tokens split over it)."""
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+    return jax.eval_shape(lambda: Transformer(cfg, unrolled=True).init(
+        jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4), bool))['params'])
 
 
 def init_params(cfg: ModelConfig, rng):

@@ -317,7 +317,8 @@ def preflight(config, devices):
   boxed = jax.eval_shape(functools.partial(model_lib.init_params, model_cfg), jax.random.PRNGKey(0))
   params = sharding.abstract(_unbox(boxed), sharding.param_shardings(boxed, mesh))
   batch = config.rollout.P * config.rollout.G
-  optimizer, _ = optim.make_optimizer(config.optimizer, batch)
+  optimizer, _ = optim.make_optimizer(config.optimizer, batch,
+                                      optim.planned_updates(config.train, batch))
   opt_state = jax.eval_shape(optimizer.init, params)
   opt_state = sharding.abstract(opt_state, sharding.optimizer_shardings(optimizer, params))
   s = Setup(config, model_lib.Transformer(model_cfg), mesh, _State(params, opt_state),

@@ -17,7 +17,7 @@ FOUR_DEVICES = {'XLA_FLAGS': '--xla_force_host_platform_device_count=4'}
 # (id, config file argument, extra flags, expected message (regex), extra environment)
 CASES = [
     ('unknown-config-arg', 'configs/grpo.py:runlocal,Q=3', [],
-     r"unknown config arg 'Q'; known args: G, P, runlocal, seed", None),
+     r"unknown config arg 'Q'; known args: G, P, model, runlocal, seed", None),
     ('config-arg-type', 'configs/grpo.py:runlocal,P=four', [],
      r"config arg P='four': expected an integer", None),
     ('missing-config-file', 'configs/nope.py', [],
