@@ -33,7 +33,8 @@ def compile_lowered(lowered):
     raise
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis() or {}
+  # XLA:GPU's compiled programs report no costs: then those of the program before optimization.
+  cost = compiled.cost_analysis() or lowered.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   mem = dict(arguments=memory.argument_size_in_bytes, outputs=memory.output_size_in_bytes,
              aliased=memory.alias_size_in_bytes, temporaries=memory.temp_size_in_bytes,

@@ -95,6 +95,8 @@ def main(argv):
       if config.get('mode', 'train') == 'protocol':
         protocol.run(config, _WORKDIR.value)
       else:
+        from rljax import plan  # pylint: disable=g-import-not-at-top
+        print(plan.preflight(config), flush=True)   # model, devices, memory; refuses what cannot fit
         train.train(config, _WORKDIR.value, stop)
   except ValueError as error:  # bad input
     fail(error, EXIT_BAD_INPUT)

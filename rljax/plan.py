@@ -306,12 +306,14 @@ def format_report(r):
   return '\n'.join(f'{k:<{width}}  {v}' for k, v in rows)
 
 
-def preflight(config, devices):
+def preflight(config, devices=None):
   """What `python -m rljax.main` is about to run, from the config alone (nothing is allocated or
   compiled): model size, devices, and per device the parameters, optimizer state and KV cache.
-  ValueError ('does not fit') when those alone exceed a device's memory."""
+  ValueError on a bad config, or ('does not fit') when those alone exceed a device's memory."""
   import jax   # pylint: disable=g-import-not-at-top
-  from rljax import hf, model as model_lib, optim, sharding   # pylint: disable=g-import-not-at-top
+  from rljax import config_checks, hf, model as model_lib, optim, sharding   # pylint: disable=g-import-not-at-top
+  devices = jax.devices() if devices is None else devices
+  config_checks.check(config)
   model_cfg = hf.policy_config(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   boxed = jax.eval_shape(functools.partial(model_lib.init_params, model_cfg), jax.random.PRNGKey(0))

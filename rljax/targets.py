@@ -37,8 +37,8 @@ CHIPS = {
     'v5e': Chip('TPU v5e', 15.75 * GiB, 197e12, 819e9, 1600e9 / 8),
     'v5p': Chip('TPU v5p', 95.74 * GiB, 459e12, 2765e9, 4800e9 / 8),
     'v6e': Chip('TPU v6e', 31.25 * GiB, 918e12, 1640e9, 3584e9 / 8),
-    'h100': Chip('NVIDIA H100 SXM', 80 * GiB, 989e12, 3.35e12, 450e9),
-    'h200': Chip('NVIDIA H200 SXM', 141e9, 989e12, 4.8e12, 450e9),
+    'h100': Chip('NVIDIA H100 SXM', 84978434048, 989e12, 3.35e12, 450e9),
+    'h200': Chip('NVIDIA H200 SXM', 150754820096, 989e12, 4.8e12, 450e9),
 }
 TOPOLOGY_PREFIX = {'v5e': 'v5e', 'v5p': 'v5', 'v6e': 'v6e'}   # libtpu's names
 GPUS_PER_HOST = 8
@@ -127,11 +127,31 @@ def compile_only_devices(target):
       topology = topologies.get_topology_desc(topology_name=target.topology, platform='tpu',
                                               num_slices=target.num_slices)
     else:
-      from rljax import gpu_targets   # pylint: disable=g-import-not-at-top
-      topology = gpu_targets.topology(target)
+      topology = topologies.get_topology_desc(topology_name=target.name, platform='cuda',
+                                              topology=target.topology,
+                                              target_config=gpu_target_config(target.chip))
   except (RuntimeError, ValueError, ImportError) as error:
     package = ("'jax[tpu]==<jax version>'" if target.platform == 'tpu'
                else "'jax-cuda12-plugin==<jax version>'")
     raise ValueError(f'cannot describe {target.name} ({target.topology}) on this host: '
                      f'{str(error).splitlines()[0]} (is {package} installed?)') from None
   return topology.devices
+
+
+def gpu_target_config(chip):
+  """XLA's GpuTargetConfigProto text for a Hopper card (132 SMs, compute capability 9.0), the
+  fields of XLA's xla/tools/hlo_opt/gpu_specs/h100_sxm.txtpb with the card's memory size and
+  bandwidth: what XLA:GPU compiles for without the card."""
+  return f"""gpu_device_info {{
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
+  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
+  memory_bandwidth: {int(chip.hbm_bandwidth)} l2_cache_size: 52428800 clock_rate_ghz: 1.98
+  device_memory_size: {int(chip.hbm_bytes)} shared_memory_per_block_optin: 232448
+  cuda_compute_capability {{ major: 9 }}
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 8 }}
+device_description_str: "{chip.name}"
+"""
