@@ -289,7 +289,10 @@ def decoding_params(params, cfg: ModelConfig):
 
   def gathered(box, weight):
     names, dtype = decoding_layout(box, cfg, mesh)
-    return weight if names == box.names else sharding.constrain(weight.astype(dtype), names)
+    if names == box.names:
+      return weight
+    # Cast first, then gather: the barrier keeps XLA from gathering the float32 weights.
+    return sharding.constrain(jax.lax.optimization_barrier(weight.astype(dtype)), names)
 
   return jax.tree.map(gathered, unrolled_boxes(cfg), params,
                       is_leaf=lambda x: isinstance(x, nn.Partitioned))

@@ -178,8 +178,10 @@ def roofline(s, chip, programs, costs):
               decode_rows_per_chip=s.batch // sharding.data_parallel_size(s.mesh))
 
 
-def plan_mesh(config, target, mesh_cfg, devices, costs=True):
-  """The full report for `config` on `target` with mesh `mesh_cfg` (ValueError: does not fit)."""
+def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_too=True):
+  """The report for `config` on `target` with mesh `mesh_cfg` (ValueError: does not fit).
+  Without `compile_programs_too`, only what is resident at full size (params, optimizer state,
+  KV cache): seconds, where the compiles take minutes."""
   import time   # pylint: disable=g-import-not-at-top
   from rljax import compiled, config_checks, sharding   # pylint: disable=g-import-not-at-top
   config = _with_mesh(config, mesh_cfg)
@@ -187,15 +189,19 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True):
   start = time.perf_counter()
   mesh = sharding.make_mesh(config.mesh, devices)
   s = setup(config, mesh)
-  programs, memory = compile_programs(s, target.chip, target.name)
   report = dict(target=target.name, chip=target.chip.name, chips=len(devices),
                 mesh=dict(mesh.shape), batch=s.batch, micro_batch=s.micro,
                 prompt_len=s.prompt_len, new_tokens=s.new_tokens,
                 params=int(sum(math.prod(x.shape) for x in _leaves(s.algo.state['params']))),
-                active_params=active_params(s.model.cfg), hbm=target.chip.hbm_bytes,
-                memory=memory, peak=max(sum(memory['rollout'].values()),
-                                        sum(memory['update'].values())),
-                programs=programs)
+                active_params=active_params(s.model.cfg), hbm=target.chip.hbm_bytes)
+  if not compile_programs_too:
+    report['memory'] = dict(resident=check_resident(s, target.chip, target.name))
+    report['peak'] = sum(report['memory']['resident'].values())
+    report['headroom'] = target.chip.hbm_bytes - report['peak']
+    return report
+  programs, memory = compile_programs(s, target.chip, target.name)
+  report.update(memory=memory, programs=programs, peak=max(sum(memory['rollout'].values()),
+                                                           sum(memory['update'].values())))
   report['headroom'] = target.chip.hbm_bytes - report['peak']
   if costs:
     per_step = compiled.per_step_costs(
@@ -242,15 +248,15 @@ def candidate_meshes(config, chips):
   return [{k: v for k, v in mesh.items() if v > 1} or dict(fsdp=1) for mesh in meshes]
 
 
-def plan(config, target, mesh_cfg=None, costs=True):
+def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True):
   """`plan_mesh` on the given mesh, or on the first candidate mesh that fits."""
   devices = target.devices()
   if mesh_cfg:
-    return plan_mesh(config, target, mesh_cfg, devices, costs)
+    return plan_mesh(config, target, mesh_cfg, devices, costs, compile_programs_too)
   failures = []
   for candidate in candidate_meshes(config, len(devices)):
     try:
-      report = plan_mesh(config, target, candidate, devices, costs)
+      report = plan_mesh(config, target, candidate, devices, costs, compile_programs_too)
     except ValueError as error:   # too big, or a mesh the batch does not divide over
       failures.append(str(error))
       continue
@@ -279,10 +285,12 @@ def format_report(r):
                     'active per token'),
           ('step', f'{r["batch"]} responses x ({r["prompt_len"]} prompt + {r["new_tokens"]} new '
                    f'tokens), micro-batch {r["micro_batch"]}')]
-  for phase in ('rollout', 'update'):
-    rows.append((f'{phase} memory / chip', memory_line(r['memory'][phase], r['hbm'])))
-  rows.append(('KV cache / chip', _gib(r['memory']['resident']['kv_cache'])))
+  for phase in ('resident', 'rollout', 'update'):
+    if phase in r['memory']:
+      rows.append((f'{phase} memory / chip', memory_line(r['memory'][phase], r['hbm'])))
   rows.append(('peak / headroom', f'{_gib(r["peak"])} / {_gib(r["headroom"])}'))
+  if 'programs' not in r:
+    return _aligned(rows)
   for name in ('sampler', 'update'):
     program = r['programs'][name]
     rows.append((f'{name} compile', f'{program["compile_s"]:.0f} s'))
@@ -302,6 +310,10 @@ def format_report(r):
     rows.append(('update MFU ceiling', f'{100 * roof["mfu_ceiling"]:.0f}%'))
     rows.append(('RL step bound', f'rollout {roof["rollout_s"]:.2f} s + update '
                                   f'{roof["update"]["bound_s"]:.2f} s = {roof["rl_step_s"]:.2f} s'))
+  return _aligned(rows)
+
+
+def _aligned(rows):
   width = max(len(k) for k, _ in rows)
   return '\n'.join(f'{k:<{width}}  {v}' for k, v in rows)
 
@@ -380,7 +392,7 @@ def main(argv):
   try:
     target = targets.parse_target(_TARGET.value)
     report = plan(rljax_main._CONFIG.value, target, _parse_mesh(_MESH.value),   # pylint: disable=protected-access
-                  costs=_COSTS.value)
+                  costs=_COSTS.value, compile_programs_too=_COMPILE.value)
   except ValueError as error:
     rljax_main.fail(error, rljax_main.EXIT_BAD_INPUT)
   print(format_report(report), flush=True)
@@ -399,6 +411,8 @@ if __name__ == '__main__':
   _MESH = flags.DEFINE_string('mesh', '', 'e.g. fsdp=4,expert=2; empty: propose one that fits.')
   _COSTS = flags.DEFINE_bool('costs', True, 'Also compile one decode step and one micro-batch '
                              'for per-step FLOPs, bytes and roofline bounds.')
+  _COMPILE = flags.DEFINE_bool('compile', True, 'Compile the programs; --nocompile: only what is '
+                               'resident (params, optimizer state, KV cache), in seconds.')
   _JSON = flags.DEFINE_string('json', '', 'Also write the report as JSON to this path.')
   flags.mark_flags_as_required(['config', 'target'])
   app.run(main, flags_parser=rljax_main.parse_flags)

@@ -94,7 +94,9 @@ def v5p_8_sampler():
 def test_mid_size_moe_compiles_and_fits_a_v5e_8_with_headroom(v5e_8):
   target, report = v5e_8
   print(plan.format_report(report))
-  assert report['params'] == pytest.approx(1.248e9, rel=1e-3)
+  V, D, H, N, K, E, F = 151936, 2048, 128, 32, 4, 128, 768
+  assert report['params'] == 2 * V * D + D + (D * H * (2 * N + 2 * K) + 3 * E * D * F + D * E
+                                              + 2 * H + 2 * D)
   # f32 params and two Adam moments, split over the 8 chips.
   resident = report['memory']['resident']
   assert resident['params'] == pytest.approx(report['params'] * 4 / 8, rel=0.01)
@@ -105,7 +107,7 @@ def test_mid_size_moe_compiles_and_fits_a_v5e_8_with_headroom(v5e_8):
 
 def test_mid_size_moe_sampler_fits_a_v5p_8(v5p_8_sampler):
   memory = v5p_8_sampler['memory']
-  assert 1.248e9 * 4 / 4 < memory['peak'] < 0.1 * targets.CHIPS['v5p'].hbm_bytes
+  assert 1.245e9 * 4 / 4 < memory['peak'] < 0.1 * targets.CHIPS['v5p'].hbm_bytes
 
 
 @pytest.mark.parametrize('chips', ['v5e-8', 'v5p-8'])
@@ -115,8 +117,9 @@ def test_mid_size_moe_decode_loop_gathers_no_weights(chips, v5e_8, v5p_8_sampler
   sampler = v5e_8[1]['programs']['sampler'] if chips == 'v5e-8' else v5p_8_sampler
   collectives = sampler['collectives']
   table_bytes = 151936 * 2048 * 2
-  assert collectives['loop']['bytes'] < 0.01 * table_bytes
-  assert collectives['outside']['ops']['all-gather']['bytes'] > table_bytes
+  assert collectives['loop']['ops']['all-gather']['bytes'] < 0.01 * table_bytes
+  assert collectives['loop']['bytes'] < 0.02 * table_bytes
+  assert collectives['outside']['ops']['all-gather']['bytes'] > 2 * table_bytes
 
 
 def test_oversize_config_does_not_fit_with_breakdown():
