@@ -264,10 +264,13 @@ def unstack_layers(params, num_layers):
 
 def decoding_layout(box, cfg: ModelConfig, mesh):
   """(logical axis names, dtype) of a weight (an nn.Partitioned of the unrolled model) in
-  `decoding_params` on `mesh`: outside the experts, whole along 'embed' in the compute dtype."""
-  if mesh.shape.get('fsdp', 1) == 1 or 'expert' in box.names or box.value.ndim < 2:
+  `decoding_params` on `mesh`: outside the experts, whole along 'embed', in the compute dtype
+  (the router in float32, as it is read)."""
+  if mesh.shape.get('fsdp', 1) == 1 or box.value.ndim < 2 or box.value.ndim == 3 and (
+      'expert' in box.names):
     return box.names, box.value.dtype
-  return tuple('replicated' if name == 'embed' else name for name in box.names), jnp.dtype(cfg.dtype)
+  dtype = box.value.dtype if 'expert' in box.names else jnp.dtype(cfg.dtype)
+  return tuple('replicated' if name == 'embed' else name for name in box.names), dtype
 
 
 def decoding_params(params, cfg: ModelConfig):
@@ -277,10 +280,10 @@ def decoding_params(params, cfg: ModelConfig):
 
   XLA does not hoist an all-gather of a loop-invariant weight out of a while loop: with the
   weights split over 'fsdp', every decoding step gathered the embedding table, lm_head and each
-  layer's attention weights. The expert matrices stay split (their products run on the local
-  slices, and only activation-sized partial sums are reduced); norm scales and the router stay
-  float32 and split, as they are read in float32 and are small. The casts are the ones each weight
-  gets where it is used, so the function computed is the same.
+  layer's attention and router weights. The expert matrices stay split (their products run on the
+  local slices, and only activation-sized partial sums are reduced), and so do the norm scales
+  (vectors). The casts are the ones each weight gets where it is used, so the function computed
+  is the same.
   """
   params = unstack_layers(params, cfg.num_layers)
   mesh = jax.sharding.get_abstract_mesh()
