@@ -152,12 +152,13 @@ def per_step_costs(model, params_fn, mesh, loss_cfg, decode_batch, slots, micro,
   """FLOPs and bytes per device of one decode step and one micro-batch gradient, at full depth."""
   cfg = model.cfg
   one, two = (decode_step(scaled(cfg, num_layers=n), mesh, decode_batch, slots) for n in (1, 2))
-  decode = {k: one[k] + (cfg.num_layers - 1) * (two[k] - one[k]) for k in ('flops', 'bytes_accessed')}
+  keys = ('flops', 'bytes_accessed')
+  decode = {k: one[k] + (cfg.num_layers - 1) * (two[k] - one[k]) for k in keys}
   shallow = scaled(cfg, num_layers=1)
   micro_1 = micro_gradient(model_lib.Transformer(shallow), params_fn(shallow), mesh, loss_cfg,
                            micro, prompt_len, new_tokens)
   layer = layer_gradient(cfg, mesh, micro, prompt_len + new_tokens)
-  train = {k: micro_1[k] + (cfg.num_layers - 1) * layer[k] for k in ('flops', 'bytes_accessed')}
+  train = {k: micro_1[k] + (cfg.num_layers - 1) * layer[k] for k in keys}
   return dict(decode=decode, decode_collectives=two['collectives'], micro=train)
 
 

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import json
 import math
-import sys
 
 from rljax import targets
 
@@ -148,7 +147,8 @@ def active_params(cfg):
   """Parameters one token's forward multiplies by (its k experts of E; no embedding lookup)."""
   attention = cfg.d_model * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
   if cfg.num_experts:
-    ffn = 3 * cfg.d_model * cfg.expert_hidden * cfg.experts_per_token + cfg.d_model * cfg.num_experts
+    ffn = (3 * cfg.d_model * cfg.expert_hidden * cfg.experts_per_token
+           + cfg.d_model * cfg.num_experts)
   else:
     ffn = 3 * cfg.d_model * cfg.dense_hidden
   return cfg.num_layers * (attention + ffn) + cfg.d_model * cfg.vocab_size
@@ -304,9 +304,9 @@ def format_report(r):
     for key, label in (('decode_step', 'decode step'), ('micro_batch', 'micro-batch'),
                        ('update', 'update')):
       b = roof[key]
-      rows.append((f'{label} bound', f'{b["bound_s"] * 1e3:.2f} ms (compute {b["compute_s"] * 1e3:.2f}, '
-                                     f'HBM {b["memory_s"] * 1e3:.2f}, collectives '
-                                     f'{b["collectives_s"] * 1e3:.2f} ms)'))
+      ms = {k: f'{v * 1e3:.2f}' for k, v in b.items()}
+      rows.append((f'{label} bound', f'{ms["bound_s"]} ms (compute {ms["compute_s"]}, HBM '
+                                     f'{ms["memory_s"]}, collectives {ms["collectives_s"]} ms)'))
     rows.append(('update MFU ceiling', f'{100 * roof["mfu_ceiling"]:.0f}%'))
     rows.append(('RL step bound', f'rollout {roof["rollout_s"]:.2f} s + update '
                                   f'{roof["update"]["bound_s"]:.2f} s = {roof["rl_step_s"]:.2f} s'))
@@ -323,7 +323,8 @@ def preflight(config, devices=None):
   compiled): model size, devices, and per device the parameters, optimizer state and KV cache.
   ValueError on a bad config, or ('does not fit') when those alone exceed a device's memory."""
   import jax   # pylint: disable=g-import-not-at-top
-  from rljax import config_checks, hf, model as model_lib, optim, sharding   # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from rljax import config_checks, hf, model as model_lib, optim, sharding
   devices = jax.devices() if devices is None else devices
   config_checks.check(config)
   model_cfg = hf.policy_config(config)
@@ -391,8 +392,9 @@ def main(argv):
     rljax_main.fail(f'unexpected arguments: {argv[1:]}', rljax_main.EXIT_BAD_INPUT)
   try:
     target = targets.parse_target(_TARGET.value)
-    report = plan(rljax_main._CONFIG.value, target, _parse_mesh(_MESH.value),   # pylint: disable=protected-access
-                  costs=_COSTS.value, compile_programs_too=_COMPILE.value)
+    config = rljax_main._CONFIG.value   # pylint: disable=protected-access
+    report = plan(config, target, _parse_mesh(_MESH.value), costs=_COSTS.value,
+                  compile_programs_too=_COMPILE.value)
   except ValueError as error:
     rljax_main.fail(error, rljax_main.EXIT_BAD_INPUT)
   print(format_report(report), flush=True)
