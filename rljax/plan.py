@@ -125,8 +125,8 @@ def compile_programs(s, chip, target_name):
       programs[name] = build()
     except MemoryError as error:
       raise ValueError(f'{_model_name(s)} does not fit {target_name} on mesh '
-                       f'{_mesh_text(s.mesh)}: the {name} runs out of HBM ({error}); resident '
-                       f'{memory_line(resident, chip.hbm_bytes)}') from None
+                       f'{_mesh_text(s.mesh)}: the {name} runs out of device memory ({error}); '
+                       f'resident {memory_line(resident, chip.hbm_bytes)}') from None
   sampler_mem, update_mem = programs['sampler']['memory'], programs['update']['memory']
   rollout = dict(params=resident['params'], optimizer=resident['optimizer'],
                  kv_cache_and_temporaries=sampler_mem['temporaries'],
