@@ -83,10 +83,10 @@ def _itemsize(dtype):
   return np.dtype(jnp.dtype(dtype)).itemsize
 
 
-def memory_line(memory, hbm):
-  """'params 7.1 + optimizer 14.2 + ... = 40.3 GiB of 95.7 GiB' for a breakdown dict."""
+def memory_line(memory, hbm, where='per chip, HBM'):
+  """'params 7.1 + optimizer 14.2 + ... = 40.3 GiB per chip, HBM 95.74 GiB' for a breakdown."""
   parts = ' + '.join(f'{k.replace("_", " ")} {v / GiB:.1f}' for k, v in memory.items())
-  return f'{parts} = {sum(memory.values()) / GiB:.1f} GiB per chip, HBM {hbm / GiB:.2f} GiB'
+  return f'{parts} = {sum(memory.values()) / GiB:.1f} GiB {where} {hbm / GiB:.2f} GiB'
 
 
 def check_resident(s, chip, target_name):
@@ -342,13 +342,14 @@ def preflight(config, devices=None):
   limit = _device_memory(devices[0])
   count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
   line = (f'rljax: {count / 1e6:,.1f}M parameters on {len(devices)} {devices[0].device_kind} '
-          f'devices, mesh {_mesh_text(mesh)}; per device {memory_line(memory, limit)}')
+          f'device(s), mesh {_mesh_text(mesh)}; '
+          f'{memory_line(memory, limit, "per device, device memory")}')
   if sum(memory.values()) > limit:
     raise ValueError(f'{_model_name(s)} does not fit: {line[len("rljax: "):]}')
   if devices[0].platform == 'cpu' and active_params(model_cfg) > 1e8:
     flops = 6 * active_params(model_cfg) * batch * (s.prompt_len + s.new_tokens)
-    line += (f'; ~{flops:.1e} FLOPs per update on CPU: minutes to hours per step (for a CPU run '
-             'use configs/grpo.py:runlocal)')
+    line += (f'; {flops:.1e} FLOPs per update on CPU devices (the CPU demo: '
+             'configs/grpo.py:runlocal)')
   return line
 
 

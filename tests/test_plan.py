@@ -137,7 +137,7 @@ def test_oversize_config_does_not_fit_with_breakdown():
 def test_preflight_states_the_run_and_refuses_what_cannot_fit():
   config = grpo_config.get_config('runlocal')
   line = plan.preflight(config, jax.devices())
-  assert line.startswith('rljax: 0.') and f'on {jax.device_count()} cpu devices' in line
+  assert line.startswith('rljax: 0.') and f'on {jax.device_count()} cpu device(s)' in line
   big = grpo_config.get_config('model=qwen3-235b-a22b')
   with pytest.raises(ValueError, match=r'does not fit: .* parameters on'):
     plan.preflight(big, jax.devices())
