@@ -6,6 +6,8 @@ ValueError (the main turns it into a non-zero exit).
 """
 import ml_collections
 
+from configs import models
+
 
 def _convert(key, text, default):
   if isinstance(default, bool):
@@ -45,27 +47,19 @@ def parse_arg(arg, **defaults):
   return ml_collections.ConfigDict(values)
 
 
-def model_preset(runlocal):
-  """A ~0.5M-param MoE for CPU demos and tests, or a ~1B-class MoE (Qwen3-MoE shaped) otherwise."""
-  if runlocal:
-    return dict(vocab_size=16, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
-                num_experts=4, experts_per_token=2, expert_hidden=128, dense_hidden=512,
-                moe_impl='bucketed', tie_embeddings=False, rope_theta=10000.0, norm_eps=1e-6, init_std=0.02,
-                dtype='float32', param_dtype='float32', remat='none', max_seq_len=64)
-  return dict(vocab_size=16, d_model=1024, num_layers=16, num_heads=16, num_kv_heads=4, head_dim=128,
-              num_experts=32, experts_per_token=4, expert_hidden=768, dense_hidden=3072,
-              moe_impl='ragged', tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6, init_std=0.02,
-              dtype='bfloat16', param_dtype='float32', remat='full', max_seq_len=4096)
+def model_preset(runlocal, name=''):
+  """configs/models.py's preset `name`; by default a ~0.5M-param MoE for CPU demos and tests
+  (runlocal), or a ~1.3B-param Qwen3-MoE-shaped model otherwise."""
+  return models.preset(name or ('tiny' if runlocal else 'moe1b'))
 
 
-
-def base_config(P, G, runlocal, seed):
+def base_config(P, G, runlocal, seed, model=''):
   """What every training config shares: model, mesh, task, logs, rollouts, optimizer, loop, warm
   start. Each algorithm's config file adds its own section (config.<algo>) and settings."""
   config = ml_collections.ConfigDict()
   config.mode = 'train'   # configs/protocol.py runs many of these: mode 'protocol'
   config.seed = seed
-  config.model = model_preset(runlocal)
+  config.model = model_preset(runlocal, model)
   # Device mesh (rljax/sharding.py): -1 takes the remaining devices.
   config.mesh = dict(data=-1, fsdp=1, expert=1, tensor=1)
 

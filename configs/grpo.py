@@ -4,14 +4,15 @@
   python -m rljax.main --config=configs/grpo.py:P=1024,G=8 --workdir=gs://...
 
 Args after ':' (comma-separated): P (prompts per batch), G (responses per prompt), runlocal (tiny
-model and budget for a 2-core CPU), seed. Any field can be overridden with --config.a.b=value.
+model and budget for a 2-core CPU), seed, model (a preset of configs/models.py, e.g.
+qwen3-30b-a3b). Any field can be overridden with --config.a.b=value.
 """
 from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0)
-  config = common.base_config(arg.P, arg.G, arg.runlocal, arg.seed)
+  arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='')
+  config = common.base_config(arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
   config.algo = 'grpo'
   # The policy loss (docs/reference/losses.md). normalize_std=False is Dr. GRPO; adv_eps is added
   # to the group std. clip_ratio_c > 1 turns on dual-clip for A < 0 (0: off). kl_estimator, as a

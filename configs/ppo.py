@@ -4,14 +4,17 @@
   python -m rljax.main --config=configs/ppo.py:B=1024 --workdir=gs://...
 
 Args after ':' (comma-separated): B (global batch in responses, one per prompt), runlocal (tiny
-model and budget for a 2-core CPU), seed. Any field can be overridden with --config.a.b=value.
+model and budget for a 2-core CPU), seed, model (a preset of configs/models.py). Any field can be
+overridden with --config.a.b=value.
 """
 from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, B=256, runlocal=False, seed=0)
-  config = common.base_config(arg.B, 1, arg.runlocal, arg.seed)   # B prompts, one response each
+  arg = common.parse_arg(arg, B=256, runlocal=False, seed=0, model='')
+  # B prompts, one response each; model: a preset of configs/models.py (default: the runlocal or
+  # the ~1.3B MoE)
+  config = common.base_config(arg.B, 1, arg.runlocal, arg.seed, arg.model)
   config.algo = 'ppo'
 
   # KL: kl_reward_coef subtracts a per-token KL to the initial policy from the rewards (InstructGPT);

@@ -2,14 +2,15 @@
 
   python -m rljax.main --config=configs/rloo.py:runlocal --workdir=/tmp/rljax_rloo
 
-Args after ':' (comma-separated): P (prompts per batch), G (responses per prompt), runlocal, seed.
+Args after ':' (comma-separated): P (prompts per batch), G (responses per prompt), runlocal, seed,
+model (a preset of configs/models.py).
 """
 from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0)
-  config = common.base_config(arg.P, arg.G, arg.runlocal, arg.seed)
+  arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='')
+  config = common.base_config(arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
   config.algo = 'rloo'
   config.rloo = dict(clip_low=0.2, clip_high=0.2, clip_ratio_c=0.0, kl_coef=0.0, kl_estimator='k3',
                      loss_agg='token-mean', moe_aux_coef=1e-3)   # docs/reference/losses.md

@@ -138,6 +138,8 @@ def run(config, workdir):
       if config.get('mode', 'train') == 'protocol':
         protocol.run(config, workdir)
       else:
+        from rljax import plan  # pylint: disable=g-import-not-at-top
+        print(plan.preflight(config), flush=True)   # model, devices, memory; refuses what cannot fit
         train.train(config, workdir, stop)
   except ValueError as error:  # bad input
     fail(error, EXIT_BAD_INPUT)

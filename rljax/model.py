@@ -263,6 +263,53 @@ def unstack_layers(params, num_layers):
   return params
 
 
+def decoding_layout(box, cfg: ModelConfig, mesh):
+  """(logical axis names, dtype) of a weight (an nn.Partitioned of the unrolled model) in
+  `decoding_params` on `mesh`: outside the experts, whole along 'embed', in the compute dtype
+  (the router in float32, as it is read)."""
+  if mesh.shape.get('fsdp', 1) == 1 or box.value.ndim < 2 or box.value.ndim == 3 and (
+      'expert' in box.names):
+    return box.names, box.value.dtype
+  dtype = box.value.dtype if 'expert' in box.names else jnp.dtype(cfg.dtype)
+  return tuple('replicated' if name == 'embed' else name for name in box.names), dtype
+
+
+def decoding_params(params, cfg: ModelConfig):
+  """The sampler's parameters for one call: `unstack_layers`, and on a mesh with an 'fsdp' axis
+  every weight outside the experts all-gathered whole over 'fsdp' in the compute dtype, once per
+  call, before the decoding loop (`decoding_layout`).
+
+  XLA does not hoist an all-gather of a loop-invariant weight out of a while loop: with the
+  weights split over 'fsdp', every decoding step gathered the embedding table, lm_head and each
+  layer's attention and router weights. The expert matrices stay split (their products run on the
+  local slices, and only activation-sized partial sums are reduced), and so do the norm scales
+  (vectors). The casts are the ones each weight gets where it is used, so the function computed
+  is the same.
+  """
+  params = unstack_layers(params, cfg.num_layers)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.shape.get('fsdp', 1) == 1:
+    return params
+
+  def gathered(box, weight):
+    names, dtype = decoding_layout(box, cfg, mesh)
+    if names == box.names:
+      return weight
+    # Cast first, then gather: the barrier keeps XLA from gathering the float32 weights.
+    return sharding.constrain(jax.lax.optimization_barrier(weight.astype(dtype)), names)
+
+  return jax.tree.map(gathered, unrolled_boxes(cfg), params,
+                      is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
+def unrolled_boxes(cfg: ModelConfig):
+  """Abstract boxed parameters (shapes, dtypes, logical axis names) of the unrolled model; traced
+  without the context mesh (its expert-parallel MoE would need the 4 tokens split over it)."""
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+    return jax.eval_shape(lambda: Transformer(cfg, unrolled=True).init(
+        jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4), bool))['params'])
+
+
 def init_params(cfg: ModelConfig, rng):
   """Parameters (boxed with their logical axis names; see rljax.sharding for placement)."""
   tokens = jnp.zeros((1, 4), jnp.int32)

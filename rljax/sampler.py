@@ -92,7 +92,7 @@ def prefill(model, params, prompt_BxT, prompt_valid_BxT, max_new_tokens):
   loop feeds first. Returns (decoder, variables, cache, kv_valid_BxS, positions_BxT)."""
   batch, prompt_len = prompt_BxT.shape
   decoder = model_lib.Transformer(model.cfg, unrolled=True)
-  variables = {'params': model_lib.unstack_layers(params, model.cfg.num_layers)}
+  variables = {'params': model_lib.decoding_params(params, model.cfg)}
   cache = shard_cache(model_lib.KVCache.zeros(model.cfg, batch, prompt_len + max_new_tokens))
   kv_valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones((batch, max_new_tokens), bool)],
                                  axis=1)

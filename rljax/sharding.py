@@ -95,40 +95,66 @@ def param_shardings(boxed_params, mesh):
   return jax.tree.map(sharding, boxed_params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
+def compile_only(mesh):
+  """Whether `mesh` is made of compile-only devices (a TPU or GPU topology described on a host
+  that lacks it, rljax.targets): programs can be lowered and compiled for it, never run."""
+  return mesh.devices.flat[0] not in jax.devices()
+
+
+def abstract(tree, shardings):
+  """ShapeDtypeStructs of `tree`'s leaves that carry `shardings`: arguments to lower with."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
+                      shardings)
+
+
 def init_params(init_fn, rng, mesh):
   """Runs `init_fn(rng) -> boxed params` so each parameter is created already on its shards
-  (no host ever materialises the full model). Returns (params, shardings)."""
-  shardings = param_shardings(jax.eval_shape(init_fn, rng), mesh)
+  (no host ever materialises the full model). Returns (params, shardings); on a compile-only
+  mesh the params are ShapeDtypeStructs that carry their shardings."""
+  boxed = jax.eval_shape(init_fn, rng)
+  shardings = param_shardings(boxed, mesh)
+  if compile_only(mesh):
+    return abstract(nn.unbox(boxed), shardings), shardings
   params = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=shardings)(rng)
   return params, shardings
 
 
-def init_optimizer(optimizer, params, mesh):
-  """Optimizer state created on the shards of the parameters it mirrors (Adam's moments would
-  otherwise come out replicated: zeros carry no sharding of their own).
-
-  A state leaf mirrors the parameter whose key path ends its own and whose shape it has (Adam's
-  mu['blocks']['w_q'] mirrors params['blocks']['w_q']; under optax.multi_transform the moments
-  of params['policy'] sit at mu['policy']...); anything else (counts, scalars) is replicated.
-  """
+def optimizer_shardings(optimizer, params):
+  """Shardings of `optimizer.init(params)`: a state leaf mirrors the parameter whose key path ends
+  its own and whose shape it has (Adam's mu['blocks']['w_q'] mirrors params['blocks']['w_q'];
+  under optax.multi_transform the moments of params['policy'] sit at mu['policy']...); anything
+  else (counts, scalars) is replicated. `params` may be ShapeDtypeStructs with shardings."""
   by_path = {tuple(path): p for path, p in jax.tree_util.tree_flatten_with_path(params)[0]}
+  mesh = jax.tree.leaves(params)[0].sharding.mesh
   def sharding_of(path, leaf):
     for start in range(len(path)):
       param = by_path.get(tuple(path[start:]))
       if param is not None and param.shape == leaf.shape:
         return param.sharding
     return replicated(mesh)
-  shardings = jax.tree_util.tree_map_with_path(sharding_of, jax.eval_shape(optimizer.init, params))
+  return jax.tree_util.tree_map_with_path(sharding_of, jax.eval_shape(optimizer.init, params))
+
+
+def init_optimizer(optimizer, params, mesh):
+  """Optimizer state created on the shards of the parameters it mirrors (Adam's moments would
+  otherwise come out replicated: zeros carry no sharding of their own); ShapeDtypeStructs on a
+  compile-only mesh."""
+  shardings = optimizer_shardings(optimizer, params)
+  if compile_only(mesh):
+    return abstract(jax.eval_shape(optimizer.init, params), shardings)
   return on_mesh(jax.jit(optimizer.init, out_shardings=shardings), mesh)(params)
 
 
 def place(tree, mesh):
   """Arrays already laid out on `mesh` stay; any other (e.g. a new head or a key on one device)
   is replicated over it, so one jit can take them together and a multi-host checkpoint can save
-  them (it refuses host-local arrays). Every process must pass the same values."""
+  them (it refuses host-local arrays). Every process must pass the same values. On a compile-only
+  mesh: ShapeDtypeStructs."""
   def put(x):
     if isinstance(getattr(x, 'sharding', None), NamedSharding) and x.sharding.mesh == mesh:
       return x
+    if compile_only(mesh):
+      return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=replicated(mesh))
     return jax.device_put(np.asarray(x), replicated(mesh))
   return jax.tree.map(put, tree)
 
@@ -145,10 +171,13 @@ def put_batch(tree, mesh):
 
 
 def on_mesh(fn, mesh):
-  """`fn` called (and so traced) with `mesh` as the context mesh (rljax.moe reads it)."""
+  """`fn` called (and so traced) with `mesh` as the context mesh (rljax.moe reads it); a jitted
+  `fn` keeps its `lower`, under that mesh too (rljax.plan compiles for meshes it cannot run on)."""
   def call(*args, **kwargs):
     with jax.set_mesh(mesh):
       return fn(*args, **kwargs)
+  if hasattr(fn, 'lower'):
+    call.lower = on_mesh(fn.lower, mesh)
   return call
 
 

@@ -1,0 +1,110 @@
+"""What a compiled program communicates, read from its optimized HLO text (`compiled.as_text()`).
+
+XLA's cost analysis gives no per-collective breakdown and does not multiply loop bodies by their
+trip counts, so the collectives are counted here: every all-gather, all-reduce, reduce-scatter,
+all-to-all and collective-permute (sync, or the `-start` of an async pair), with its size, split
+into those inside a while loop's body (run once per iteration: a decode step, a micro-batch) and
+those outside.
+"""
+import collections
+import re
+
+import numpy as np
+
+COLLECTIVES = ('all-gather', 'all-reduce', 'reduce-scatter', 'all-to-all', 'collective-permute',
+               'ragged-all-to-all')
+_DTYPE_BYTES = {'pred': 1, 's4': 0.5, 'u4': 0.5, 's8': 1, 'u8': 1, 'f8e4m3fn': 1, 'f8e5m2': 1,
+                's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2, 's32': 4, 'u32': 4, 'f32': 4, 's64': 8,
+                'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16}
+_SHAPE = re.compile(r'\b(' + '|'.join(_DTYPE_BYTES) + r')\[([\d,]*)\]')
+_COMPUTATION = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$')
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$')
+_CALLS = re.compile(r'(?:calls|to_apply|body|condition|branch_computations|called_computations)'
+                    r'=\{?([%\w.\-, ]+)\}?')
+
+
+def shape_bytes(text):
+  """Bytes of every array shape written in `text` (a result shape, a tuple of them)."""
+  return sum(np.prod([int(d) for d in dims.split(',') if d], dtype=np.int64) * _DTYPE_BYTES[dtype]
+             for dtype, dims in _SHAPE.findall(text))
+
+
+def computations(hlo_text):
+  """{computation name: [instruction lines]}, and the entry computation's name."""
+  bodies, entry, current = {}, None, None
+  for line in hlo_text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header and not line.startswith(' '):
+      current = header.group(1)
+      bodies[current] = []
+      entry = current if line.startswith('ENTRY') else entry
+    elif current is not None and line.strip() and line.strip() != '}':
+      bodies[current].append(line)
+  return bodies, entry
+
+
+def _reachable(bodies, root):
+  """Computations that `root` runs, itself included (fusions, calls, nested loops)."""
+  seen, todo = set(), [root]
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in bodies:
+      continue
+    seen.add(name)
+    for line in bodies[name]:
+      for group in _CALLS.findall(line):
+        todo.extend(n.strip().lstrip('%') for n in group.split(','))
+  return seen
+
+
+def collectives_in(bodies, names):
+  """[(op, bytes)] of the collectives in computations `names`: an op's size is the largest of its
+  result and its operands (the gathered array of an all-gather, the input of a reduce-scatter)."""
+  found = []
+  for name in names:
+    for line in bodies[name]:
+      match = _INSTRUCTION.match(line)
+      if not match:
+        continue
+      op = match.group(3)
+      base = op[:-len('-start')] if op.endswith('-start') else op
+      if base in COLLECTIVES:
+        operands = match.group(4).split('), ')[0]
+        found.append((base, max(shape_bytes(match.group(2)), shape_bytes(operands))))
+  return found
+
+
+def while_bodies(bodies, entry):
+  """Names of the while-loop bodies that the entry computation runs directly."""
+  names = []
+  for line in bodies[entry]:
+    match = _INSTRUCTION.match(line)
+    if match and match.group(3) == 'while':
+      names.extend(re.findall(r'body=%?([\w.\-]+)', line))
+  return names
+
+
+def summarize(found):
+  """{op: {'count', 'bytes'}} and the total bytes of a list of (op, bytes)."""
+  by_op = collections.defaultdict(lambda: dict(count=0, bytes=0))
+  for op, size in found:
+    by_op[op]['count'] += 1
+    by_op[op]['bytes'] += int(size)
+  return dict(by_op), int(sum(size for _, size in found))
+
+
+def loop_collectives(hlo_text):
+  """Collectives per iteration of the entry computation's largest while loop (the decode loop of
+  a sampler, the micro-batch loop of an update) and those of the whole program outside it.
+
+  Returns dict(loop=..., outside=...), each {'ops': {op: {'count', 'bytes'}}, 'bytes': total}.
+  """
+  bodies, entry = computations(hlo_text)
+  loops = [(len(_reachable(bodies, body)), body) for body in while_bodies(bodies, entry)]
+  inside = _reachable(bodies, max(loops)[1]) if loops else set()
+  outside = _reachable(bodies, entry) - inside
+  result = {}
+  for key, names in (('loop', inside), ('outside', outside)):
+    ops, total = summarize(collectives_in(bodies, names))
+    result[key] = dict(ops=ops, bytes=total)
+  return result

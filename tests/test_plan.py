@@ -1,0 +1,161 @@
+"""rljax.plan against XLA's own TPU compiler (libtpu as a compile-only backend, no TPU needed):
+a Qwen3-30B-A3B-wide MoE (real widths, one layer) compiles and fits a v5e-8 and a v5p-8, its
+decode loop gathers no weights, and bad input is one clear error."""
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import grpo as grpo_config
+from rljax import compiled
+from rljax import hlo
+from rljax import plan
+from rljax import sharding
+from rljax import targets
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GiB = 2 ** 30
+
+
+def mid_size_config():
+  """Qwen3-30B-A3B's widths (d 2048, 32/4 heads, 128 experts top-8 x 768, vocab 151936), one
+  layer, GRPO at P=8, G=8 on 32 + 32 tokens, micro-batches of 16."""
+  config = grpo_config.get_config('P=8,G=8,model=qwen3-30b-a3b')
+  config.model.num_layers = 1
+  config.data.update(name='gsm8k', max_prompt_len=32, max_response_len=32)
+  config.train.micro_batch = 16
+  return config
+
+
+@pytest.mark.parametrize('text, topology, chips', [
+    ('tpu:v5e-8', 'v5e:2x4', 8), ('tpu:v5p-8', 'v5:2x2x1', 4), ('tpu:v5p-128', 'v5:4x4x4', 64),
+    ('tpu:v6e-256', 'v6e:16x16', 256), ('tpu:2xv5p-16', 'v5:2x2x2', 16),
+    ('tpu:v5p:4x4x8', 'v5:4x4x8', 128), ('gpu:h100-8', '1x1x8', 8), ('gpu:h200-16', '1x2x8', 16)])
+def test_targets_name_cloud_slices(text, topology, chips):
+  target = targets.parse_target(text)
+  assert (target.topology, target.num_chips) == (topology, chips)
+
+
+@pytest.mark.parametrize('text', ['tpu:v9-8', 'tpu:v5p-7', 'tpu:v5e-12', 'gpu:h100-12', 'cpu',
+                                  'tpu:v5e:2x2x2'])
+def test_bad_targets_are_rejected(text):
+  with pytest.raises(ValueError, match=r'--target|slice'):
+    targets.parse_target(text)
+
+
+def test_compile_only_devices_are_the_slice():
+  devices = targets.parse_target('tpu:v5p-16').devices()
+  assert len(devices) == 8 and devices[0].device_kind == 'TPU v5'
+  mesh = sharding.make_mesh(dict(fsdp=-1), devices)
+  assert sharding.compile_only(mesh) and not sharding.compile_only(
+      sharding.make_mesh(dict(data=-1), jax.devices()))
+
+
+def test_collectives_are_counted_per_loop_iteration():
+  """An all-gather of a [1024, 256] float32 array split 8 ways, in a loop of 5 iterations, and
+  an all-reduce of a [64] float32 sum outside it: sizes as numpy counts them."""
+  mesh = sharding.make_mesh(dict(fsdp=8), targets.parse_target('tpu:v5e-8').devices())
+  split = jax.NamedSharding(mesh, jax.P('fsdp'))
+
+  def program(x_NxD, y_N):
+    def body(i, acc_NxD):
+      whole = jax.lax.with_sharding_constraint(acc_NxD * 1.5, jax.NamedSharding(mesh, jax.P()))
+      return jax.lax.with_sharding_constraint(whole + jnp.roll(whole, i, 0), split)
+    return jax.lax.fori_loop(0, 5, body, x_NxD), jnp.sum(y_N)
+
+  x = jax.ShapeDtypeStruct((1024, 256), jnp.float32, sharding=split)
+  y = jax.ShapeDtypeStruct((64,), jnp.float32, sharding=split)
+  text = jax.jit(program).lower(x, y).compile().as_text()
+  found = hlo.loop_collectives(text)
+  assert found['loop']['ops']['all-gather'] == dict(count=1, bytes=np.prod((1024, 256)) * 4)
+  assert found['outside']['ops'] == {'all-reduce': dict(count=1, bytes=4)}
+
+
+@pytest.fixture(scope='module')
+def v5e_8():
+  """The whole plan (sampler and update) on a v5e-8, 16 GiB per chip: the tight fit."""
+  target = targets.parse_target('tpu:v5e-8')
+  return target, plan.plan(mid_size_config(), target, dict(fsdp=8), costs=False)
+
+
+@pytest.fixture(scope='module')
+def v5p_8_sampler():
+  """The rollout sampler alone on a v5p-8 (4 chips; the update compiles as on the v5e-8)."""
+  mesh = sharding.make_mesh(dict(fsdp=4), targets.parse_target('tpu:v5p-8').devices())
+  s = plan.setup(mid_size_config(), mesh)
+  return compiled.sampler(s.model, s.algo.state['params'], mesh, s.batch, s.prompt_len,
+                          s.new_tokens)
+
+
+def test_mid_size_moe_compiles_and_fits_a_v5e_8_with_headroom(v5e_8):
+  target, report = v5e_8
+  print(plan.format_report(report))
+  V, D, H, N, K, E, F = 151936, 2048, 128, 32, 4, 128, 768
+  assert report['params'] == 2 * V * D + D + (D * H * (2 * N + 2 * K) + 3 * E * D * F + D * E
+                                              + 2 * H + 2 * D)
+  # f32 params and two Adam moments, split over the 8 chips.
+  resident = report['memory']['resident']
+  assert resident['params'] == pytest.approx(report['params'] * 4 / 8, rel=0.01)
+  assert resident['optimizer'] == pytest.approx(2 * resident['params'], rel=0.01)
+  assert report['peak'] == max(sum(report['memory'][p].values()) for p in ('rollout', 'update'))
+  assert 2 * GiB < report['headroom'] < target.chip.hbm_bytes - resident['params'] * 3
+
+
+def test_mid_size_moe_sampler_fits_a_v5p_8(v5p_8_sampler):
+  memory = v5p_8_sampler['memory']
+  assert 1.245e9 * 4 / 4 < memory['peak'] < 0.1 * targets.CHIPS['v5p'].hbm_bytes
+
+
+@pytest.mark.parametrize('fixture', ['v5e_8', 'v5p_8_sampler'])
+def test_mid_size_moe_decode_loop_gathers_no_weights(fixture, request):
+  """Per decode step only activation-sized collectives: the embedding table alone (bf16) is
+  594 MiB, each layer's attention weights 36 MiB; all-gathers of the weights happen once."""
+  found = request.getfixturevalue(fixture)
+  sampler = found[1]['programs']['sampler'] if fixture == 'v5e_8' else found
+  collectives = sampler['collectives']
+  table_bytes = 151936 * 2048 * 2
+  assert collectives['loop']['ops']['all-gather']['bytes'] < 0.01 * table_bytes
+  assert collectives['loop']['bytes'] < 0.02 * table_bytes
+  assert collectives['outside']['ops']['all-gather']['bytes'] > 2 * table_bytes
+
+
+def test_oversize_config_does_not_fit_with_breakdown():
+  config = grpo_config.get_config('P=8,G=8,model=qwen3-235b-a22b')
+  target = targets.parse_target('tpu:v5e-8')
+  with pytest.raises(ValueError, match=r'does not fit tpu:v5e-8 on mesh fsdp=8: params 109\.\d '
+                                       r'\+ optimizer 219\.\d \+ kv cache .* GiB per chip, HBM '
+                                       r'15\.75 GiB'):
+    plan.plan(config, target, dict(fsdp=8), costs=False)
+  with pytest.raises(ValueError, match=r'no mesh fits tpu:v5e-8; .* does not fit'):
+    plan.plan(config, target, costs=False)
+
+
+def test_preflight_states_the_run_and_refuses_what_cannot_fit():
+  config = grpo_config.get_config('runlocal')
+  line = plan.preflight(config, jax.devices())
+  assert line.startswith('rljax: 0.') and f'on {jax.device_count()} cpu device(s)' in line
+  big = grpo_config.get_config('model=qwen3-235b-a22b')
+  with pytest.raises(ValueError, match=r'does not fit: .* parameters on'):
+    plan.preflight(big, jax.devices())
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--config=configs/grpo.py:runlocal', '--target=tpu:v9-8'], r"unknown --target 'tpu:v9-8'"),
+    (['--config=configs/grpo.py:runlocal', '--target=tpu:v5e-8', '--mesh=fsdp=3'],
+     r"'fsdp': 3.* do not multiply to the 8 devices"),
+    (['--config=configs/grpo.py:P=8,model=qwen3-235b-a22b', '--target=tpu:v5e-8'],
+     r'no mesh fits tpu:v5e-8; .* does not fit .* params 109\.\d \+ optimizer 219\.\d'),
+], ids=['bad-target', 'mesh-does-not-divide', 'does-not-fit'])
+def test_cli_bad_input_is_one_clear_error(args, message):
+  result = subprocess.run([sys.executable, '-m', 'rljax.plan', *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu'))
+  errors = [line for line in result.stderr.splitlines() if line.startswith('rljax: error: ')]
+  assert result.returncode == 2 and len(errors) == 1, result.stderr
+  assert 'Traceback' not in result.stderr
+  import re   # pylint: disable=g-import-not-at-top
+  assert re.search(message, errors[0]), errors[0]
