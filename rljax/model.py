@@ -101,13 +101,19 @@ class Attention(nn.Module):
     k_BxTxKxH = layers.rope(k_BxTxKxH, rope_tables)
 
     length = x_BxTxD.shape[1]
+    per_row = jnp.ndim(cache_index) == 1   # one cache slot per row (continuous batching)
     if layer_cache is not None:
       # Into the cache first, and attention reads the updated cache: with the old cache read
       # too, XLA copied every layer's keys and values twice per decoding step.
-      write = lambda cache, new_BxTxKxH: jax.lax.dynamic_update_slice(
-          cache, jnp.swapaxes(new_BxTxKxH, 1, 2).reshape(*cache.shape[:-2], length, head_dim
-                                                        ).astype(cache.dtype),
-          (0,) * (cache.ndim - 2) + (cache_index, 0))
+      write_at = lambda cache, new, index: jax.lax.dynamic_update_slice(
+          cache, new.astype(cache.dtype), (0,) * (cache.ndim - 2) + (index, 0))
+      if per_row and layer_cache[0].ndim == 4:
+        write_at = jax.vmap(write_at)
+      elif per_row:
+        write_at = lambda cache, new, index, scalar=write_at: scalar(cache, new, index[0])
+      write = lambda cache, new_BxTxKxH: write_at(
+          cache, jnp.swapaxes(new_BxTxKxH, 1, 2).reshape(*cache.shape[:-2], length, head_dim),
+          cache_index)
       layer_cache = write(layer_cache[0], k_BxTxKxH), write(layer_cache[1], v_BxTxKxH)
     if layer_cache is None or (isinstance(cache_index, int) and cache_index == 0):
       # This chunk's own keys (training, prefill): causal, real tokens only. A prefill starting at
@@ -121,8 +127,8 @@ class Attention(nn.Module):
       # Decoding: the whole cache, this chunk's slots included, up to each query's own slot.
       (keys, values), layout = [c.reshape(-1, kv_heads, *c.shape[-2:]) for c in layer_cache], 'bksh'
       slots_S = jnp.arange(keys.shape[2])
-      causal_TxS = slots_S[None, :] <= cache_index + jnp.arange(length)[:, None]
-      visible_BxTxS = causal_TxS[None] & kv_valid_BxS[:, None, :]
+      last_BxT = jnp.reshape(cache_index, (-1, 1)) + jnp.arange(length)   # B or 1 rows
+      visible_BxTxS = (slots_S <= last_BxT[..., None]) & kv_valid_BxS[:, None, :]
     q_BxTxKxGxH = q_BxTxNxH.reshape(*q_BxTxNxH.shape[:2], kv_heads, heads // kv_heads, head_dim)
     scores_BxKxGxTxS = jnp.einsum(f'btkgh,{layout}->bkgts', q_BxTxKxGxH, keys,
                                   preferred_element_type=jnp.float32) * head_dim ** -0.5
