@@ -50,7 +50,9 @@ def get_config(arg=None):
   config.metrics = dict(tensorboard=True, progress=True, wandb=False, wandb_project='rljax')
 
   # Rollouts: P prompts x G responses = the batch unit of the lr rule. max_new_tokens=0: from the task.
-  config.rollout = dict(P=arg.P, G=arg.G, max_new_tokens=0, temperature=1.0, top_k=0, top_p=1.0)
+  # slots: continuous-batching decode slots (0: static batching; docs/guide/rollouts.md).
+  config.rollout = dict(P=arg.P, G=arg.G, max_new_tokens=0, temperature=1.0, top_k=0, top_p=1.0,
+                        slots=0)
 
   config.grpo = dict(normalize_std=True, filter_zero_variance=False, clip_low=0.2, clip_high=0.2,
                      kl_coef=0.0, kl_estimator='k3', loss_agg='token-mean', moe_aux_coef=1e-3)

@@ -34,6 +34,10 @@ class SamplingConfig:
   greedy: bool = False
   slots: int = 0        # 0: static batching; S > 0: S continuous-batching decode slots
 
+  def __post_init__(self):
+    if self.slots < 0:
+      raise ValueError(f'rollout.slots must be >= 0 (0: static batching), got {self.slots}')
+
 
 class Rollout(NamedTuple):
   tokens_BxL: jax.Array   # sampled response tokens, PAD after the stop token

@@ -75,7 +75,8 @@ def train(config, workdir, stop=None):
   model = model_lib.Transformer(model_cfg)
   eval_prompts, eval_answers = data.eval_set(test_source, config.train.eval_size)
   evaluate = evaluation.make_evaluator(model, tokenizer, eval_prompts, eval_answers, reward_fn,
-                                       prompt_len, max_new_tokens, mesh)
+                                       prompt_len, max_new_tokens, mesh,
+                                       slots=config.rollout.get('slots', 0))
   rng = jax.random.PRNGKey(config.seed)
   init_rng, rollout_rng = jax.random.split(rng)
   rollout_rng = sharding.place(rollout_rng, mesh)   # saved in checkpoints, also multi-host
@@ -97,7 +98,7 @@ def train(config, workdir, stop=None):
   sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
-      top_p=config.rollout.top_p)), mesh)
+      top_p=config.rollout.top_p, slots=config.rollout.get('slots', 0))), mesh)
   num_minibatches = config.train.num_minibatches
   minibatch_size = batch_size // num_minibatches
   num_micro = minibatch_size // (config.train.micro_batch or minibatch_size)
@@ -215,6 +216,8 @@ def train(config, workdir, stop=None):
     for key, schedule in schedules.items():
       row[key] = float(schedule((step - 1) * len(step_metrics)))
     row.update({key: float(value) for key, value in batch_stats.items()})
+    row.update({key: float(value) for key, value in
+                jax.device_get(sampler_lib.rollout_metrics(rollout)).items()})
     for key in ('kl', 'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big') + algo.logged:
       if key in first:
         row[key] = float(np.mean([m[key] for m in step_metrics]))
