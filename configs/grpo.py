@@ -4,7 +4,7 @@
   python -m rljax.main --config=configs/grpo.py:P=1024,G=8 --workdir=gs://...
 
 Args after ':' (comma-separated): P (prompts per batch), G (responses per prompt), runlocal (tiny
-model and budget for a 2-core CPU), seed. Any field can be overridden with --config.a.b=value.
+model and budget for a 2-core CPU), seed, task (arithmetic | sums). Any field can be overridden with --config.a.b=value.
 """
 import ml_collections
 
@@ -25,7 +25,7 @@ def model_preset(runlocal):
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0)
+  arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, task='arithmetic')
   config = ml_collections.ConfigDict()
   config.mode = 'train'   # configs/protocol.py runs many of these: mode 'protocol'
   config.algo = 'grpo'
@@ -40,7 +40,7 @@ def get_config(arg=None):
   config.data = dict(name='arithmetic', dir='', digits=3, ops='+', zero_pad=True,
                      num_train=100_000, num_test=1000, seed=0, on_bad_record='skip',
                      path='', test_path='', max_prompt_len=256, max_response_len=512,
-                     instruction='', chat_template=True)
+                     instruction='', chat_template=True, max_operands=12)
   config.reward = 'auto'   # the task's verifier: exact_numeric (arithmetic), math (gsm8k, math)
 
   # A Hugging Face Qwen3 / Qwen3-MoE directory to start from (architecture, weights, tokenizer).
@@ -80,4 +80,9 @@ def get_config(arg=None):
   # seed -1: the run's seed; the protocol pins one so every arm and seed starts from one policy.
   config.warmstart = dict(enabled=True, dir='', lr=1e-3, batch=128, threshold=0.3, eval_every=25,
                           min_steps=200, max_steps=4000, seed=-1)
+  if arg.task not in ('arithmetic', 'sums'):
+    raise ValueError(f"config arg task={arg.task!r}: expected 'arithmetic' or 'sums'")
+  if arg.task == 'sums':   # running sums: responses of uneven length (docs/guide/rollouts.md)
+    config.data.update(name='sums', digits=2)
+    config.model.max_seq_len = max(config.model.max_seq_len, 160)
   return config
