@@ -204,9 +204,9 @@ class Slots(NamedTuple):
 
 
 def refill_rows(slots):
-  """Prompts prefilled together when slots free up: an eighth of the slots, so that a step that
-  frees one slot does not pay a prefill of all of them and a step that frees all takes 8; at least
-  4, as a prefill of fewer rows reads the same weights for less work."""
+  """Prompts prefilled together, once that many slots are free: an eighth of the slots, so a slot
+  waits for few others and a step that frees all takes 8 prefills; at least 4, as a prefill of
+  fewer rows reads the same weights for less work."""
   return min(slots, max(4, slots // 8))
 
 
@@ -238,8 +238,9 @@ def refill(decoder, variables, prompt_NxT, valid_NxT, cache, kv_valid_SxC, slots
 
 def generate_continuous(model, params, prompt_NxT, prompt_valid_NxT, keys_Nx2,
                         cfg: SamplingConfig, caps_N=None) -> Rollout:
-  """`generate` with per-response keys, over min(cfg.slots, N) decode slots: a slot whose
-  response stops (stop token or cap) takes the next pending prompt before the next step.
+  """`generate` with per-response keys, over min(cfg.slots, N) decode slots: once a chunk of
+  `refill_rows` slots has stopped (stop token or cap), they take the next pending prompts before
+  the next step.
 
   Each slot's cache row holds its prompt in columns [0, T) and its response from T on, as
   `generate` lays out a row, so the two compute the same numbers for a response.
@@ -261,8 +262,9 @@ def generate_continuous(model, params, prompt_NxT, prompt_valid_NxT, keys_Nx2,
     return refill(decoder, variables, prompt_NxT, prompt_valid_NxT, cache, kv_valid_SxC, slots,
                   pending, rows)
 
-  def can_fill(carry):
-    return (carry[3] < num) & ~jnp.all(carry[2].active_S)
+  def can_fill(carry):   # a whole chunk of free slots (or of the prompts left): no wasted rows
+    free, left = jnp.sum(~carry[2].active_S), num - carry[3]
+    return (left > 0) & (free >= jnp.minimum(rows, left))
 
   def body(state):
     steps, cache, kv_valid_SxC, slots, pending, out = state
