@@ -38,9 +38,11 @@ def solution(operands) -> str:
 
 
 def lengths(max_operands, digits):
-  """(prompt tokens, longest reference response in tokens, EOS excluded)."""
-  sum_digits = len(str(max_operands * (10**digits - 1)))
-  return max_operands * (digits + 1), (max_operands - 1) * (digits + sum_digits + 2) - 1
+  """(prompt tokens, longest reference response in tokens, EOS excluded): those of the problem
+  whose operands are all 10**digits - 1."""
+  largest = 10**digits - 1
+  steps = [digits + 1 + len(str(i * largest)) for i in range(2, max_operands + 1)]
+  return max_operands * (digits + 1), sum(steps) + len(steps) - 1
 
 
 def _new_config(max_operands=12, digits=2, num_train=100_000, num_test=1_000,
