@@ -1,9 +1,8 @@
-"""Gumbel noise with the values of `jax.random.gumbel` (same key, same numbers), faster on CPU.
+"""Gumbel noise with the values of `jax.random.gumbel` (same key, same numbers), in one fused pass.
 
 jax lowers its Threefry-2x32 hash on CPU as a rolled loop of five iterations, each reading and
-writing (and copying) the whole state: for a sampler step's 64 x 1024 draw that is ~2.3x the time
-of the same 20 rounds unrolled, which XLA fuses into one pass over the elements (bench/sampling.py).
-Here the hash is Threefry-2x32 as published (Salmon et al., SC 2011; 20 rounds), unrolled, fed the
+writing (and copying) the whole state; the same 20 rounds unrolled are one pass over the elements,
+which XLA fuses (bench/sampling.py measures both). Here the hash is Threefry-2x32 as published (Salmon et al., SC 2011; 20 rounds), unrolled, fed the
 counters jax.random uses for a shape (each element's flat index; `jax_threefry_partitionable`, the
 default), and its bits become uniforms and Gumbel noise as `jax.random` makes them.
 """

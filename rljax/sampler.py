@@ -65,7 +65,7 @@ def filter_logits(logits_BxV, top_k, top_p):
 
 def first_argmax(x_BxV):
   """`jnp.argmax` over the last axis (the first index of the maximum, or of the first NaN) as a max
-  and a min: XLA:CPU runs argmax as a variadic reduce, and fused with what feeds it, slowly
+  and a min: XLA:CPU lowers argmax to a variadic reduce, which it fuses poorly with what feeds it
   (docs/performance.md)."""
   top_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)   # NaN where the row has one
   is_top_BxV = (x_BxV == top_Bx1) | jnp.isnan(x_BxV)
@@ -74,7 +74,8 @@ def first_argmax(x_BxV):
 
 def categorical(key, logits_BxV):
   """`jax.random.categorical` on float32 logits, the same tokens for the same key (Gumbel-max),
-  faster on CPU (bench/sampling.py): `first_argmax`, and the noise's hash unrolled (rljax.gumbel)."""
+  through `first_argmax` and the unrolled hash of rljax.gumbel (both measured by
+  bench/sampling.py)."""
   return first_argmax(logits_BxV + gumbel.gumbel(key, logits_BxV.shape))
 
 

@@ -142,3 +142,8 @@ def test_on_a_mesh_equals_static_on_that_mesh():
   np.testing.assert_allclose(np.asarray(continuous.logp_BxL), np.asarray(static.logp_BxL),
                              rtol=2e-5, atol=2e-6)
   assert int(continuous.decode_steps) > int(static.decode_steps)   # 16 responses, 8 slots
+
+
+def test_negative_slots_raise_one_clear_error():
+  with pytest.raises(ValueError, match='rollout.slots must be >= 0'):
+    sampler_lib.SamplingConfig(L, EOS, PAD, slots=-1)
