@@ -101,16 +101,13 @@ class Attention(nn.Module):
     k_BxTxKxH = layers.rope(k_BxTxKxH, rope_tables)
 
     length = x_BxTxD.shape[1]
-    per_row = jnp.ndim(cache_index) == 1   # one cache slot per row (continuous batching)
     if layer_cache is not None:
       # Into the cache first, and attention reads the updated cache: with the old cache read
       # too, XLA copied every layer's keys and values twice per decoding step.
       write_at = lambda cache, new, index: jax.lax.dynamic_update_slice(
           cache, new.astype(cache.dtype), (0,) * (cache.ndim - 2) + (index, 0))
-      if per_row and layer_cache[0].ndim == 4:
+      if jnp.ndim(cache_index) == 1:   # a cache column per row (continuous batching)
         write_at = jax.vmap(write_at)
-      elif per_row:
-        write_at = lambda cache, new, index, scalar=write_at: scalar(cache, new, index[0])
       write = lambda cache, new_BxTxKxH: write_at(
           cache, jnp.swapaxes(new_BxTxKxH, 1, 2).reshape(*cache.shape[:-2], length, head_dim),
           cache_index)
