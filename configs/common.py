@@ -69,7 +69,7 @@ def base_config(P, G, runlocal, seed, model=''):
   config.data = dict(name='arithmetic', dir='', digits=3, ops='+', zero_pad=True,
                      num_train=100_000, num_test=1000, seed=0, on_bad_record='skip',
                      path='', test_path='', max_prompt_len=256, max_response_len=512,
-                     instruction='', chat_template=True)
+                     instruction='', chat_template=True, max_operands=12)   # max_operands: sums
   config.reward = 'auto'   # the task's verifier: exact_numeric (arithmetic), math (gsm8k, math)
 
   # A Hugging Face Qwen3 / Qwen3-MoE directory to start from (architecture, weights, tokenizer).
@@ -79,7 +79,8 @@ def base_config(P, G, runlocal, seed, model=''):
   config.metrics = dict(tensorboard=True, progress=True, wandb=False, wandb_project='rljax')
 
   # Rollouts: P prompts x G responses = the batch unit of the lr rule. max_new_tokens=0: from the task.
-  config.rollout = dict(P=P, G=G, max_new_tokens=0, temperature=1.0, top_k=0, top_p=1.0)
+  # slots: continuous-batching decode slots (0: static batching; docs/guide/rollouts.md).
+  config.rollout = dict(P=P, G=G, max_new_tokens=0, temperature=1.0, top_k=0, top_p=1.0, slots=0)
 
   # lr = lr * f(P*G / base_batch), f = sqrt | linear | constant (lr_rule). decay: the lr after
   # warmup, held ('constant') or annealed to 0 at the budget's end ('linear', 'cosine').

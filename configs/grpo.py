@@ -5,13 +5,15 @@
 
 Args after ':' (comma-separated): P (prompts per batch), G (responses per prompt), runlocal (tiny
 model and budget for a 2-core CPU), seed, model (a preset of configs/models.py, e.g.
-qwen3-30b-a3b). Any field can be overridden with --config.a.b=value.
+qwen3-30b-a3b), task (arithmetic | sums). Any field can be overridden with --config.a.b=value.
 """
 from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='')
+  arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='', task='arithmetic')
+  if arg.task not in ('arithmetic', 'sums'):
+    raise ValueError(f"config arg task={arg.task!r}: expected 'arithmetic' or 'sums'")
   config = common.base_config(arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
   config.algo = 'grpo'
   # The policy loss (docs/reference/losses.md). normalize_std=False is Dr. GRPO; adv_eps is added
@@ -25,4 +27,7 @@ def get_config(arg=None):
   # runlocal demo anneals a higher lr to 0 over its one fixed budget (docs/guide/grpo.md).
   if arg.runlocal:
     config.optimizer.update(lr=1e-4, decay='linear')
+  if arg.task == 'sums':   # running sums: responses of uneven length (docs/guide/rollouts.md)
+    config.data.update(name='sums', digits=2)
+    config.model.max_seq_len = max(config.model.max_seq_len, 160)
   return config

@@ -26,8 +26,10 @@ def to_host(tree, mesh):
   return jax.tree.map(np.asarray, multihost_utils.global_array_to_host_local_array(tree, mesh, specs))
 
 
-def make_evaluator(model, tokenizer, prompts, answers, reward_fn, prompt_len, max_new_tokens, mesh):
-  """Returns `evaluate(params) -> (accuracy, correct_N bool array)`; compiled once."""
+def make_evaluator(model, tokenizer, prompts, answers, reward_fn, prompt_len, max_new_tokens, mesh,
+                   slots=0):
+  """Returns `evaluate(params) -> (accuracy, correct_N bool array)`; compiled once. `slots`:
+  continuous-batching decode slots (rollout.slots; 0: static batching)."""
   num = len(prompts)
   per_process = -(-num // jax.process_count())
   local_rows = -(-per_process // (sharding.data_parallel_size(mesh) // jax.process_count()))
@@ -37,7 +39,7 @@ def make_evaluator(model, tokenizer, prompts, answers, reward_fn, prompt_len, ma
   prompt_BxT, valid_BxT = data.encode_prompts([prompts[r] for r in rows], tokenizer, prompt_len)
   greedy = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-      greedy=True)), mesh)
+      greedy=True, slots=slots)), mesh)
   real = min(max(num - first, 0), per_process)
 
   def evaluate(params):

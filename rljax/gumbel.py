@@ -1,4 +1,4 @@
-"""Gumbel noise with the values of `jax.random.gumbel` (same key, same numbers), faster on CPU.
+"""Gumbel noise with the values of `jax.random.gumbel` (same key, same numbers), in one fused pass.
 
 jax lowers its Threefry-2x32 hash on CPU as a rolled loop of five iterations, each reading and
 writing (and copying) the whole state; the same 20 rounds unrolled fuse into one pass over the

@@ -104,10 +104,13 @@ class Attention(nn.Module):
     if layer_cache is not None:
       # Into the cache first, and attention reads the updated cache: if the old cache is read too,
       # it has two users and XLA copies it to update it in place (docs/design/unrolled_decoding.md).
-      write = lambda cache, new_BxTxKxH: jax.lax.dynamic_update_slice(
-          cache, jnp.swapaxes(new_BxTxKxH, 1, 2).reshape(*cache.shape[:-2], length, head_dim
-                                                        ).astype(cache.dtype),
-          (0,) * (cache.ndim - 2) + (cache_index, 0))
+      write_at = lambda cache, new, index: jax.lax.dynamic_update_slice(
+          cache, new.astype(cache.dtype), (0,) * (cache.ndim - 2) + (index, 0))
+      if jnp.ndim(cache_index) == 1:   # a cache column per row (continuous batching)
+        write_at = jax.vmap(write_at)
+      write = lambda cache, new_BxTxKxH: write_at(
+          cache, jnp.swapaxes(new_BxTxKxH, 1, 2).reshape(*cache.shape[:-2], length, head_dim),
+          cache_index)
       layer_cache = write(layer_cache[0], k_BxTxKxH), write(layer_cache[1], v_BxTxKxH)
     if layer_cache is None or (isinstance(cache_index, int) and cache_index == 0):
       # This chunk's own keys (training, prefill): causal, real tokens only. A prefill starting at
@@ -121,8 +124,8 @@ class Attention(nn.Module):
       # Decoding: the whole cache, this chunk's slots included, up to each query's own slot.
       (keys, values), layout = [c.reshape(-1, kv_heads, *c.shape[-2:]) for c in layer_cache], 'bksh'
       slots_S = jnp.arange(keys.shape[2])
-      causal_TxS = slots_S[None, :] <= cache_index + jnp.arange(length)[:, None]
-      visible_BxTxS = causal_TxS[None] & kv_valid_BxS[:, None, :]
+      last_BxT = jnp.reshape(cache_index, (-1, 1)) + jnp.arange(length)   # B or 1 rows
+      visible_BxTxS = (slots_S <= last_BxT[..., None]) & kv_valid_BxS[:, None, :]
     q_BxTxKxGxH = q_BxTxNxH.reshape(*q_BxTxNxH.shape[:2], kv_heads, heads // kv_heads, head_dim)
     scores_BxKxGxTxS = jnp.einsum(f'btkgh,{layout}->bkgts', q_BxTxKxGxH, keys,
                                   preferred_element_type=jnp.float32) * head_dim ** -0.5

@@ -60,7 +60,17 @@ def math_equivalent(response: str, answer: str) -> float:
   return float(bool(predicted) and math_verify.verify(gold, predicted, timeout_seconds=_timeout()))
 
 
-REWARDS = {'exact_numeric': exact_numeric, 'math': math_equivalent}
+def running_sums(response: str, answer: str) -> float:
+  """1.0 when the response writes out as many steps ('operand=running sum', joined by '+') as the
+  reference and ends on the same sum, else 0.0 (rljax.datasets.sums)."""
+  steps = [step.split('=') for step in response.split('+')]
+  well_formed = all(len(step) == 2 and None not in map(_number, step) for step in steps)
+  if not well_formed or len(steps) != answer.count('='):
+    return 0.0
+  return exact_numeric(steps[-1][1], answer.rsplit('=', 1)[1])
+
+
+REWARDS = {'exact_numeric': exact_numeric, 'math': math_equivalent, 'running_sums': running_sums}
 
 
 def get_reward_fn(name: str):

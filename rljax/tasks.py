@@ -2,6 +2,8 @@
 verifier, so the loop itself is the same for every task.
 
   arithmetic   the built-in synthetic task, character tokenizer (the default)
+  sums         multi-operand addition with every running sum written out: responses from a few
+               to ~100 tokens (rljax.datasets.sums), character tokenizer
   gsm8k, math  local JSONL files (--config.data.path=FILE), the tokenizer of the Hugging Face model
                in --config.init.hf_path, prompts rendered through its chat template
 """
@@ -16,9 +18,11 @@ from rljax import hf_tokenizer
 from rljax import rewards
 from rljax import tokenizer as tokenizer_lib
 from rljax.datasets import math_jsonl
+from rljax.datasets import sums
 
-NAMES = ('arithmetic', 'gsm8k', 'math')
-DEFAULT_REWARDS = {'arithmetic': 'exact_numeric', 'gsm8k': 'math', 'math': 'math'}
+NAMES = ('arithmetic', 'sums', 'gsm8k', 'math')
+DEFAULT_REWARDS = {'arithmetic': 'exact_numeric', 'sums': 'running_sums', 'gsm8k': 'math',
+                   'math': 'math'}
 
 
 class Task(NamedTuple):
@@ -38,12 +42,21 @@ def arithmetic_lengths(data_cfg):
   return prompt_len, answer_len + 1
 
 
+def sums_lengths(data_cfg):
+  """(prompt tokens, max response tokens incl. the end token) of the sums task."""
+  sums.make_config(data_cfg.max_operands, data_cfg.digits)   # ValueError on bad knobs, first
+  prompt_len, response_len = sums.lengths(data_cfg.max_operands, data_cfg.digits)
+  return prompt_len, response_len + 1
+
+
 def lengths(config):
   """(prompt tokens, max response tokens, vocabulary size or 0 if only the tokenizer file knows)
   from the config alone, so they are checked before anything is built."""
   dcfg = config.data
   if dcfg.get('name', 'arithmetic') == 'arithmetic':
     return (*arithmetic_lengths(dcfg), tokenizer_lib.ArithmeticTokenizer.vocab_size)
+  if dcfg.name == 'sums':
+    return (*sums_lengths(dcfg), tokenizer_lib.ArithmeticTokenizer.vocab_size)
   _tokenizer_path(config)   # the first thing to fix, before any length or model check
   return dcfg.max_prompt_len, dcfg.max_response_len, 0
 
@@ -119,10 +132,17 @@ def make_task(config) -> Task:
   if name not in NAMES:
     raise ValueError(f'data.name {name!r} is not one of {NAMES}')
   data_dir = dcfg.dir or os.path.expanduser('~/.cache/rljax/datasets')
-  if name == 'arithmetic':
-    if 'init' in config and config.init.hf_path:
-      raise ValueError('init.hf_path brings its own tokenizer, which the arithmetic task does not '
-                       'use: pick data.name=gsm8k or math')
+  if name in ('arithmetic', 'sums') and 'init' in config and config.init.hf_path:
+    raise ValueError(f'init.hf_path brings its own tokenizer, which the {name} task does not '
+                     'use: pick data.name=gsm8k or math')
+  if name == 'sums':
+    tokenizer = tokenizer_lib.ArithmeticTokenizer()
+    builder_config = sums.make_config(dcfg.max_operands, dcfg.digits, dcfg.num_train,
+                                      dcfg.num_test, dcfg.seed)
+    sources = [data.load_tfds_split(sums.Sums, builder_config, data_dir, split)
+               for split in ('train', 'test')]
+    prompt_len, max_new_tokens = sums_lengths(dcfg)
+  elif name == 'arithmetic':
     tokenizer = tokenizer_lib.ArithmeticTokenizer()
     knobs = dict(digits=dcfg.digits, ops=dcfg.ops, zero_pad=dcfg.zero_pad,
                  num_train=dcfg.num_train, num_test=dcfg.num_test, seed=dcfg.seed)

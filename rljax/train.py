@@ -48,13 +48,14 @@ class Run(NamedTuple):
 
 
 @jax.jit
-def rollout_stats(rewards_B, lengths_B):
-  """The rollout's logged numbers in one jitted call (eager ops cost ~0.1-1 ms each per step)."""
+def rollout_stats(rewards_B, rollout):
+  """The rollout's logged numbers in one jitted call (each eager op is a dispatch per step)."""
   return dict(reward_mean=jnp.mean(rewards_B), reward_std=jnp.std(rewards_B),
-              tokens=jnp.sum(lengths_B), response_len_mean=jnp.mean(lengths_B.astype(jnp.float32)))
+              tokens=jnp.sum(rollout.lengths_B), **sampler_lib.rollout_metrics(rollout))
 
 
 step_key = jax.jit(jax.random.fold_in)
+ROLLOUT_KEYS = ('response_len_mean', 'response_len_max', 'slot_utilization', 'decode_steps')
 
 
 def _model_and_task(config):
@@ -98,7 +99,8 @@ def setup(config, workdir):
   config_checks.check_lengths(prompt_len, max_new_tokens, model.cfg, task.tokenizer.vocab_size)
   eval_prompts, eval_answers = data.eval_set(task.test_source, config.train.eval_size)
   evaluate = evaluation.make_evaluator(model, task.tokenizer, eval_prompts, eval_answers,
-                                       task.reward_fn, prompt_len, max_new_tokens, mesh)
+                                       task.reward_fn, prompt_len, max_new_tokens, mesh,
+                                       slots=config.rollout.slots)
   init_rng, rollout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   params = (_initial_params(config, model, task, evaluate, init_rng, mesh, workdir,
                             (prompt_len, prompt_len + max_new_tokens)) if meta is None else
@@ -107,7 +109,7 @@ def setup(config, workdir):
   sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id,
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
-      top_p=config.rollout.top_p)), mesh)
+      top_p=config.rollout.top_p, slots=config.rollout.slots)), mesh)
   algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(init_rng, 1))
   algo = algo._replace(schedules={k: jax.jit(s) for k, s in algo.schedules.items()})
   carry = dict(algo.state, rng=sharding.place(rollout_rng, mesh))
@@ -174,7 +176,7 @@ def rl_step(run, carry, examples, step):
   times['update_time_s'] = time.perf_counter() - update_start
   times['step_time_s'] = time.perf_counter() - start
   batch_stats, rollout_numbers = jax.device_get(
-      (batch_stats, rollout_stats(rewards_B, rollout.lengths_B)))
+      (batch_stats, rollout_stats(rewards_B, rollout)))
   row = training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
   row.update(reward_failures=reward_failures, data_skipped=run.iterator.skipped)
   return dict(carry, **state), row
@@ -187,7 +189,7 @@ def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
              reward_mean=float(rollout_numbers['reward_mean']),
              reward_std=float(rollout_numbers['reward_std']), **times,
              samples_per_s=batch_size / times['step_time_s'],
-             response_len_mean=float(rollout_numbers['response_len_mean']),
+             **{key: float(rollout_numbers[key]) for key in ROLLOUT_KEYS},
              retained=int(batch_stats.pop('retained')),
              skipped_updates=int(update_metrics.pop('skipped')))
   first_update = run.algo.updates_per_batch * (step - 1)

@@ -8,6 +8,7 @@ import pytest
 from configs import grpo as grpo_config
 from configs import rloo as rloo_config
 from rljax import metrics
+from rljax import sampler
 from rljax import train
 
 # The training row's contract (metrics.jsonl, read by other tools).
@@ -36,6 +37,7 @@ def test_rl_step_samples_scores_and_updates(tmp_path):
   assert set(CONTRACT) - {'samples', 'tokens'} <= set(row)   # the loop adds the running totals
   assert 1 <= row['tokens_step'] <= 16 * 3 and np.isfinite(row['grad_norm'])
   assert row['b_small'] == 8 and row['b_big'] == 16   # two micro-batches: noise-scale terms
+  assert 0 < row['slot_utilization'] <= 1 and 1 <= row['decode_steps'] <= 3
   moved = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - b).max(), carry['params'], before)
   assert max(jax.tree.leaves(moved)) > 0
   run.ckpt.close()
@@ -60,8 +62,16 @@ def test_rollout_stats_match_numpy():
   rng = np.random.default_rng(0)
   rewards_B = rng.choice([0.0, 1.0], 24).astype(np.float32)
   lengths_B = rng.integers(1, 6, 24).astype(np.int32)
-  stats = train.rollout_stats(jnp.asarray(rewards_B), jnp.asarray(lengths_B))
+  mask_BxL = np.arange(6)[None, :] < lengths_B[:, None]
+  rollout = sampler.Rollout(tokens_BxL=jnp.zeros((24, 6), jnp.int32),
+                            logp_BxL=jnp.zeros((24, 6)), mask_BxL=jnp.asarray(mask_BxL),
+                            lengths_B=jnp.asarray(lengths_B), decode_steps=jnp.int32(6),
+                            utilization=jnp.float32(lengths_B.sum() / (24 * 6)))
+  stats = train.rollout_stats(jnp.asarray(rewards_B), rollout)
   assert float(stats['reward_mean']) == pytest.approx(rewards_B.mean(), rel=1e-6)
   assert float(stats['reward_std']) == pytest.approx(rewards_B.std(), rel=1e-6)   # population std
   assert int(stats['tokens']) == lengths_B.sum()
   assert float(stats['response_len_mean']) == pytest.approx(lengths_B.mean(), rel=1e-6)
+  assert float(stats['response_len_max']) == lengths_B.max()
+  assert float(stats['slot_utilization']) == pytest.approx(lengths_B.sum() / 144, rel=1e-6)
+  assert int(stats['decode_steps']) == 6

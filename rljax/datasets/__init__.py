@@ -5,3 +5,5 @@ from rljax.datasets.arithmetic import ArithmeticConfig
 from rljax.datasets.arithmetic import make_config
 from rljax.datasets.math_jsonl import MathJsonl
 from rljax.datasets.math_jsonl import MathJsonlConfig
+from rljax.datasets.sums import Sums
+from rljax.datasets.sums import SumsConfig
