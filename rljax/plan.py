@@ -394,7 +394,7 @@ def main(argv):
     rljax_main.fail(f'unexpected arguments: {argv[1:]}', rljax_main.EXIT_BAD_INPUT)
   try:
     target = targets.parse_target(_TARGET.value)
-    config = rljax_main._CONFIG.value   # pylint: disable=protected-access
+    config = flags.FLAGS.config
     report = plan(config, target, _parse_mesh(_MESH.value), costs=_COSTS.value,
                   compile_programs_too=_COMPILE.value)
   except ValueError as error:
@@ -410,7 +410,10 @@ if __name__ == '__main__':
   # Compile-only targets on a CPU host: JAX itself runs on the CPU.
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   from absl import app, flags   # pylint: disable=g-import-not-at-top
-  from rljax import main as rljax_main   # pylint: disable=g-import-not-at-top  (--config, errors)
+  from ml_collections import config_flags   # pylint: disable=g-import-not-at-top
+  from rljax import main as rljax_main   # pylint: disable=g-import-not-at-top  (errors)
+  config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/grpo.py:model=qwen3-8b',
+                                  lock_config=True)
   _TARGET = flags.DEFINE_string('target', None, f'Hardware: {targets.TARGET_HELP}.')
   _MESH = flags.DEFINE_string('mesh', '', 'e.g. fsdp=4,expert=2; empty: propose one that fits.')
   _COSTS = flags.DEFINE_bool('costs', True, 'Also compile one decode step and one micro-batch '
