@@ -146,7 +146,7 @@ def test_preflight_states_the_run_and_refuses_what_cannot_fit():
 @pytest.mark.parametrize('args, message', [
     (['--config=configs/grpo.py:runlocal', '--target=tpu:v9-8'], r"unknown --target 'tpu:v9-8'"),
     (['--config=configs/grpo.py:runlocal', '--target=tpu:v5e-8', '--mesh=fsdp=3'],
-     r"'fsdp': 3.* do not multiply to the 8 devices"),
+     r"'fsdp': 3.* needs 3 devices, but 8 are available"),
     (['--config=configs/grpo.py:P=8,model=qwen3-235b-a22b', '--target=tpu:v5e-8'],
      r'no mesh fits tpu:v5e-8; .* does not fit .* params 109\.\d \+ optimizer 219\.\d'),
 ], ids=['bad-target', 'mesh-does-not-divide', 'does-not-fit'])
