@@ -79,6 +79,22 @@ def positions_from_valid(valid_BxS):
   return jnp.maximum(jnp.cumsum(valid_BxS.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+def write_kv_cache(layer_cache, k_BxTxKxH, v_BxTxKxH, cache_index):
+  """The layer's (keys, values) cache with this chunk written at slot `cache_index` (one per row
+  under continuous batching). Attention then reads the updated cache: if it read the old one too,
+  the cache would have two users and XLA would copy it to update it in place
+  (docs/design/unrolled_decoding.md)."""
+  length, head_dim = k_BxTxKxH.shape[1], k_BxTxKxH.shape[-1]
+  write_at = lambda cache, new, index: jax.lax.dynamic_update_slice(
+      cache, new.astype(cache.dtype), (0,) * (cache.ndim - 2) + (index, 0))
+  if jnp.ndim(cache_index) == 1:   # a cache column per row (continuous batching)
+    write_at = jax.vmap(write_at)
+  write = lambda cache, new_BxTxKxH: write_at(
+      cache, jnp.swapaxes(new_BxTxKxH, 1, 2).reshape(*cache.shape[:-2], length, head_dim),
+      cache_index)
+  return write(layer_cache[0], k_BxTxKxH), write(layer_cache[1], v_BxTxKxH)
+
+
 class Attention(nn.Module):
   cfg: ModelConfig
 
@@ -102,16 +118,7 @@ class Attention(nn.Module):
 
     length = x_BxTxD.shape[1]
     if layer_cache is not None:
-      # Into the cache first, and attention reads the updated cache: if the old cache is read too,
-      # it has two users and XLA copies it to update it in place (docs/design/unrolled_decoding.md).
-      write_at = lambda cache, new, index: jax.lax.dynamic_update_slice(
-          cache, new.astype(cache.dtype), (0,) * (cache.ndim - 2) + (index, 0))
-      if jnp.ndim(cache_index) == 1:   # a cache column per row (continuous batching)
-        write_at = jax.vmap(write_at)
-      write = lambda cache, new_BxTxKxH: write_at(
-          cache, jnp.swapaxes(new_BxTxKxH, 1, 2).reshape(*cache.shape[:-2], length, head_dim),
-          cache_index)
-      layer_cache = write(layer_cache[0], k_BxTxKxH), write(layer_cache[1], v_BxTxKxH)
+      layer_cache = write_kv_cache(layer_cache, k_BxTxKxH, v_BxTxKxH, cache_index)
     if layer_cache is None or (isinstance(cache_index, int) and cache_index == 0):
       # This chunk's own keys (training, prefill): causal, real tokens only. A prefill starting at
       # slot 0 does not score the rest of the cache: wasted work that XLA also spends seconds
