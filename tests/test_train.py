@@ -8,6 +8,7 @@ import pytest
 from configs import grpo as grpo_config
 from configs import rloo as rloo_config
 from rljax import metrics
+from rljax import run as run_lib
 from rljax import sampler
 from rljax import train
 
@@ -29,7 +30,7 @@ def tiny(config_file, tmp_path, **train_overrides):
 
 def test_rl_step_samples_scores_and_updates(tmp_path):
   config = tiny(grpo_config, tmp_path)
-  run, carry, meta = train.setup(config, str(tmp_path / 'run'))
+  run, carry, meta = run_lib.setup(config, str(tmp_path / "run"))
   assert meta['step'] == 0 and set(carry) == {'params', 'opt_state', 'rng'}
   before = jax.tree.map(np.asarray, carry['params'])
   carry, row = train.rl_step(run, carry, next(run.iterator), 1)
