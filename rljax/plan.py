@@ -340,7 +340,8 @@ def preflight(config, devices=None):
   s = Setup(config, model_lib.Transformer(model_cfg), mesh, _State(params, opt_state),
             *lengths(config), batch, 0)
   memory = resident_bytes(s)
-  limit = _device_memory(devices[0])
+  local = [d for d in devices if d.process_index == jax.process_index()] or devices
+  limit = _device_memory(local[0])   # memory stats exist only for this process's devices
   count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
   line = (f'rljax: {count / 1e6:,.1f}M parameters on {len(devices)} {devices[0].device_kind} '
           f'device(s), mesh {_mesh_text(mesh)}; '
