@@ -14,7 +14,7 @@
 
 Every file the report reads is written through rljax.report's schema. A run writes done.json when
 it returns; a re-run skips the runs that have one and resumes the others from their checkpoints.
-Every run directory keeps the config it was started with (run_config.json): a re-run with a
+Every run directory keeps the config it was started with (config.json): a re-run with a
 different config for that run is an error, never a silent mix of two experiments in one report.
 """
 import json
@@ -174,23 +174,6 @@ def _arm_spec(arm):
 # ------------------------------------------------------------------------------------------------
 
 
-def _same_config(cfg, run_dir):
-  """Records the run's config, or checks it equals the one the directory was started with."""
-  path = os.path.join(run_dir, 'run_config.json')
-  now = json.loads(json.dumps(cfg.to_dict()))   # tuples -> lists, as it reads back
-  if os.path.exists(path):
-    old, new = workdir_lib.flat(workdir_lib.read_json(path)), workdir_lib.flat(now)
-    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    if changed:
-      k = changed[0]
-      raise ValueError(f'{run_dir} was started with {k}={old.get(k)!r}, the config now says '
-                       f'{new.get(k)!r} ({len(changed)} field(s) differ): use a new --workdir '
-                       'or the original config')
-  else:
-    os.makedirs(run_dir, exist_ok=True)
-    workdir_lib.write_json_atomic(path, now)
-
-
 def _has_checkpoint(run_dir):
   ckpt_dir = os.path.join(run_dir, 'checkpoints')
   return os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir))
@@ -199,7 +182,7 @@ def _has_checkpoint(run_dir):
 def run_once(cfg, run_dir, label):
   """Trains `cfg` in run_dir unless done.json says it finished; returns done.json's content."""
   done_path = os.path.join(run_dir, 'done.json')
-  _same_config(cfg, run_dir)
+  workdir_lib.record_or_check(run_dir, cfg)
   if os.path.exists(done_path):
     print(f'[protocol] {label}: already done, skipped', flush=True)
     return workdir_lib.read_json(done_path)

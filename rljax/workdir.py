@@ -106,3 +106,21 @@ def claim(workdir, config):
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0:
     write_json_atomic(os.path.join(workdir, 'config.json'), config_json(config))
+
+
+def record_or_check(workdir, config):
+  """For runs a driver re-enters (the protocol's): records WORKDIR/config.json, or raises
+  ValueError unless `config` equals the recorded one in every field, budgets included."""
+  path = os.path.join(workdir, 'config.json')
+  saved, current = read_json(path), config_json(config)
+  if saved is None:
+    os.makedirs(workdir, exist_ok=True)
+    write_json_atomic(path, current)
+    return
+  saved, current = flat(saved), flat(current)
+  changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+  if changed:
+    k = changed[0]
+    raise ValueError(f'{workdir} was started with {k}={saved.get(k)!r}, the config now says '
+                     f'{current.get(k)!r} ({len(changed)} field(s) differ): use a new --workdir '
+                     'or the original config')

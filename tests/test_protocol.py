@@ -369,7 +369,7 @@ def test_protocol_writes_runs_throughput_report_and_plots(resumed):
 @pytest.mark.e2e
 def test_a_finished_protocol_retrains_nothing_and_refuses_a_changed_config(resumed):
   workdir, env = resumed['workdir'], resumed['env']
-  data_dir = json.load(open(os.path.join(workdir, 'arms', 'P2', 'seed_0', 'run_config.json')))[
+  data_dir = json.load(open(os.path.join(workdir, 'arms', 'P2', 'seed_0', 'config.json')))[
       'data']['dir']
   again = subprocess.run(_main(workdir, data_dir), cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=300)
@@ -390,7 +390,7 @@ def test_confirm_runs_at_the_base_and_the_fastest_batch(resumed, data_dir):
   shutil.rmtree(os.path.join(workdir, 'confirm'), ignore_errors=True)   # another micro_batch
   protocol.confirm(config, workdir, {'base_batch': 8, 'decision': {'fastest': 8}}, lr0)
   spec = report_lib.read(workdir, 'arm', group='confirm', arm='P2')
-  cfg = json.load(open(os.path.join(workdir, 'confirm', 'P2', 'seed_2', 'run_config.json')))
+  cfg = json.load(open(os.path.join(workdir, 'confirm', 'P2', 'seed_2', 'config.json')))
   assert spec['batch'] == 8 and cfg['seed'] == 2   # max_seeds = 2: a seed no align run used
   assert cfg['train']['target'] == pytest.approx(config.protocol.target + config.protocol.stop_margin)
   report = report_lib.build_report(workdir)

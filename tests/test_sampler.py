@@ -276,6 +276,7 @@ def test_compiles_once_per_shape(samplers):
 
 
 @pytest.mark.parametrize('lengths', [LENGTHS, [5]])
+@pytest.mark.xla_cpu_codegen   # asserts XLA:CPU's compiled text
 def test_decoding_writes_the_kv_cache_in_place(lengths):
   """No copy of any layer's KV cache in the compiled sampler: each step writes its slot in place.
   With the cache read before the write, XLA copied every layer's keys and values twice per
@@ -307,6 +308,7 @@ def computations_run_by(hlo, name):
 
 
 @pytest.mark.parametrize('moe_impl', ['bucketed', 'dense'])
+@pytest.mark.xla_cpu_codegen   # asserts XLA:CPU's compiled text
 def test_decoding_loop_copies_no_weights(moe_impl):
   """The experts' gate and up matrices are joined where the MoE layer uses them (rljax.moe.gate_up):
   in the sampler XLA must hoist that join out of the decoding loop, or every step copies them, and

@@ -77,3 +77,13 @@ def test_a_file_is_not_a_workdir(tmp_path):
   (tmp_path / 'file').write_text('')
   with pytest.raises(ValueError, match='exists and is not a directory'):
     workdir_lib.prepare(str(tmp_path / 'file'), _config())
+
+
+def test_record_or_check_refuses_any_changed_field(tmp_path):
+  config = grpo.get_config('runlocal')
+  workdir_lib.record_or_check(str(tmp_path / 'run'), config)
+  workdir_lib.record_or_check(str(tmp_path / 'run'), config)   # the same config: fine
+  config.train.max_samples = 1000   # a budget too: a driver's run is one experiment
+  with pytest.raises(ValueError, match=r'was started with train.max_samples=250000, the config '
+                     r'now says 1000 \(1 field\(s\) differ\)'):
+    workdir_lib.record_or_check(str(tmp_path / 'run'), config)
