@@ -283,16 +283,19 @@ def _calibration(data, settings):
 
 
 def _confirm(data, decision, targets, settings):
-  """Measured time and samples to the primary target of the confirmation runs, per batch."""
+  """Measured time and samples to the primary target of the confirmation runs, per batch; the
+  steady time counts the compiling steps at the steady step time, as the prediction does."""
   rows = {c['batch']: c for c in decision['candidates']}
   result = []
   for arm in data['confirm']:
-    batch, t = arm['spec']['batch'], targets['primary']
-    measured = [stats.wallclock_to_target(r, t, settings['window']) for r in arm['runs']]
-    samples = [stats.to_target(r, t, settings['window']) for r in arm['runs']]
+    batch, t, window = arm['spec']['batch'], targets['primary'], settings['window']
+    measured = [stats.wallclock_to_target(r, t, window) for r in arm['runs']]
+    steady = [stats.wallclock_to_target(r, t, window, settings['warmup']) for r in arm['runs']]
     result.append(dict(batch=batch, n_seeds=len(arm['runs']), measured_wallclock_per_seed=measured,
-                       measured_samples_per_seed=samples,
+                       measured_samples_per_seed=[stats.to_target(r, t, window)
+                                                  for r in arm['runs']],
                        measured_wallclock_s=float(np.mean(measured)),
+                       steady_wallclock_per_seed=steady, steady_wallclock_s=float(np.mean(steady)),
                        predicted_wallclock_s=rows.get(batch, {}).get('predicted_wallclock_s')))
   return sorted(result, key=lambda c: c['batch'])
 
@@ -338,7 +341,7 @@ def build(data):
   decisions = _decisions(arms, throughput, targets, int(protocol['base_batch']), settings)
   primary = decisions[targets['targets'].index(targets['primary'])]
   report = dict(
-      workdir=data['workdir'], algo=protocol['algo'], stop_target=float(protocol['target']),
+      algo=protocol['algo'], stop_target=float(protocol['target']),
       **targets, base_arm=protocol['base_arm'], base_batch=int(protocol['base_batch']),
       level=settings['level'], smooth_window=settings['window'],
       calibration=_calibration(data, settings), arms=arms, aligned_range=aligned,
@@ -438,8 +441,9 @@ def summary(report):
     lines.append(f'The recommendation depends on the target: {others}.')
   for c in report['confirm']:
     lines.append(f"Confirmation at batch {c['batch']} ({c['n_seeds']} seeds): measured "
-                 f"{_num(c['measured_wallclock_s'])} s to J vs predicted "
-                 f"{_num(c['predicted_wallclock_s'])} s (measured includes compilation).")
+                 f"{_num(c['steady_wallclock_s'])} s to J at its steady step time vs predicted "
+                 f"{_num(c['predicted_wallclock_s'])} s ({_num(c['measured_wallclock_s'])} s "
+                 "with compilation).")
   return ' '.join(lines)
 
 
@@ -475,8 +479,9 @@ def _decision_table(report):
 
 def markdown(report):
   figures = '\n'.join(f'![{p}]({p})' for p in report.get('plots', PLOTS))
-  return (f"# Align, then accelerate: {report['workdir']}\n\n## Arms (decision target J = "
-          f"{report['primary']:.4g})\n\n" + '\n'.join(_arms_table(report)) +
+  return (f"# Align, then accelerate: {report['algo']} from batch {report['base_batch']}\n\n"
+          f"## Arms (decision target J = {report['primary']:.4g})\n\n" +
+          '\n'.join(_arms_table(report)) +
           '\n\n## Decision\n\n' + '\n'.join(_decision_table(report)) + '\n\n' +
           report['decision']['statement'] + '\n\n## What exceeds the noise\n\n' +
           report['summary'] + '\n\n## Plots\n\n' + figures + '\n')

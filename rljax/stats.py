@@ -96,11 +96,14 @@ def eval_xy(run, x_key):
   return ev[x_key][ok], ev['eval_accuracy'][ok]
 
 
-def wallclock_at(run, samples):
-  """Training seconds (cumulative step_time_s) when the run had consumed `samples` responses."""
-  train = run['train']
-  seconds = np.concatenate([[0.0], np.cumsum(np.nan_to_num(train['step_time_s']))])
-  return np.interp(samples, np.concatenate([[0.0], train['samples']]), seconds)
+def wallclock_at(run, samples, warmup=0):
+  """Training seconds (cumulative step_time_s) when the run had consumed `samples` responses. With
+  warmup > 0 its first `warmup` steps (compilation) count at the run's median later step time."""
+  times = np.nan_to_num(run['train']['step_time_s'])
+  if 0 < warmup < len(times):
+    times = np.concatenate([np.full(warmup, np.median(times[warmup:])), times[warmup:]])
+  seconds = np.concatenate([[0.0], np.cumsum(times)])
+  return np.interp(samples, np.concatenate([[0.0], run['train']['samples']]), seconds)
 
 
 def to_target(run, target, window=1, x_key='samples'):
@@ -109,10 +112,11 @@ def to_target(run, target, window=1, x_key='samples'):
   return first_crossing(x, smooth(y, window), target)
 
 
-def wallclock_to_target(run, target, window=1):
-  """Training seconds at the samples-to-target crossing (compilation included, eval excluded)."""
+def wallclock_to_target(run, target, window=1, warmup=0):
+  """Training seconds at the samples-to-target crossing (eval excluded; compilation included unless
+  warmup > 0, as in wallclock_at)."""
   samples = to_target(run, target, window)
-  return float(wallclock_at(run, samples)) if np.isfinite(samples) else np.nan
+  return float(wallclock_at(run, samples, warmup)) if np.isfinite(samples) else np.nan
 
 
 def samples_reached(run):
@@ -354,8 +358,8 @@ def noise_scale_interval(runs_terms, block=10, n_boot=2000, rng=0, level=0.95):
   grad, trace = sums[pick, 0].sum(axis=1), sums[pick, 1].sum(axis=1)
   with np.errstate(divide='ignore', invalid='ignore'):
     boot = np.where(grad > 0, trace / grad, np.inf)
-  tail = (1 - level) / 2
-  lo, hi = np.quantile(boot, [tail, 1 - tail])
+  tail = (1 - level) / 2   # order statistics, not interpolation: inf stays inf, never inf - inf
+  lo, hi = np.quantile(boot, [tail, 1 - tail], method='inverted_cdf')
   return dict(value=float(value), lo=float(lo), hi=float(hi), blocks=len(sums))
 
 

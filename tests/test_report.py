@@ -163,6 +163,7 @@ def test_build_report_end_to_end(workdir):
   confirm = report['confirm'][1]
   assert confirm['measured_wallclock_s'] == pytest.approx(confirm['predicted_wallclock_s'],
                                                           rel=0.15)
+  assert confirm['steady_wallclock_s'] == pytest.approx(confirm['predicted_wallclock_s'], rel=0.15)
 
 
 @pytest.mark.e2e

@@ -114,6 +114,9 @@ def test_to_target_in_samples_steps_and_wallclock():
   assert stats.to_target(run, 0.35) == pytest.approx(350.0)
   assert stats.to_target(run, 0.35, x_key='step') == pytest.approx(3.5)
   assert stats.wallclock_to_target(run, 0.35) == pytest.approx(7.0)
+  run['train']['step_time_s'][:2] = 30.0   # compiling steps: counted at the later steps' median
+  assert stats.wallclock_to_target(run, 0.35) == pytest.approx(63.0)
+  assert stats.wallclock_to_target(run, 0.35, warmup=2) == pytest.approx(7.0)
   assert np.isnan(stats.to_target(run, 2.0)) and np.isnan(stats.wallclock_to_target(run, 2.0))
   assert stats.samples_reached(run) == 1000.0
 
@@ -287,6 +290,10 @@ def test_noise_scale_interval_covers_the_truth():
   assert longer['hi'] - longer['lo'] < 0.6 * np.mean(widths)
   one_block = stats.noise_scale_interval([gaussian_noise_terms(rng, 6)], block=10)
   assert np.isfinite(one_block['value']) and np.isnan(one_block['lo'])   # no interval from 1 block
+  g_small_sq, g_big_sq, b_small, b_big = gaussian_noise_terms(rng, 40)
+  g_big_sq[:20] = g_small_sq[:20] * b_small[0] / b_big[0] / 5   # 2 of 4 blocks with |G|^2 < 0
+  swamped = stats.noise_scale_interval([(g_small_sq, g_big_sq, b_small, b_big)], n_boot=500)
+  assert 0 < swamped['lo'] < np.inf and swamped['hi'] == np.inf   # some replicates unbounded
 
 
 def test_noise_scale_from_the_grad_norm_curve():
