@@ -4,12 +4,11 @@ Pure: no cloud, no scheduler, no xmanager; so dry runs and tests need nothing el
 """
 
 import argparse
+import ast
 import dataclasses
 import os
 import shlex
 import sys
-
-from rljax import algos
 
 ENTRY = ('-m', 'rljax.main')  # what each job runs, after the python interpreter
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jobs run from here
@@ -43,16 +42,32 @@ def parse_batches(text):
   return batches
 
 
+def batch_arg(algo):
+  """The BATCH_ARG literal of rljax/algos/<algo>.py, or None: read from the source, since importing
+  an algorithm imports jax, which the machine that launches need not have."""
+  path = os.path.join(REPO, 'rljax', 'algos', f'{algo}.py')
+  if not algo.isidentifier() or not os.path.isfile(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    module = ast.parse(f.read())
+  for node in module.body:
+    if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and
+        [getattr(target, 'id', None) for target in node.targets] == ['BATCH_ARG']):
+      return node.value.value
+  return None
+
+
 def sweep_key(config, key=''):
-  """The config argument the sweep sets: --sweep_key, else guessed from the config file name."""
+  """The config argument the sweep sets: --sweep_key, else that of the algorithm the config file is
+  named after."""
   if key:
     return key
   stem = os.path.splitext(os.path.basename(config.split(':', 1)[0]))[0]
-  try:
-    return algos.get(stem).BATCH_ARG   # a config file named after its algorithm
-  except ValueError:
+  key = batch_arg(stem)
+  if key is None:
     raise LaunchError(f'cannot tell which config argument is the batch size of {config!r}; '
-                      f'pass --sweep_key (e.g. P for GRPO, B for PPO)') from None
+                      f'pass --sweep_key (e.g. P for GRPO, B for PPO)')
+  return key
 
 
 def with_sweep_value(config, key, value):

@@ -138,8 +138,11 @@ def run(config, workdir):
       if config.get('mode', 'train') == 'protocol':
         protocol.run(config, workdir)
       else:
+        import jax  # pylint: disable=g-import-not-at-top
         from rljax import plan  # pylint: disable=g-import-not-at-top
-        print(plan.preflight(config), flush=True)   # model, devices, memory; refuses what cannot fit
+        line = plan.preflight(config)   # every process refuses what cannot fit
+        if jax.process_index() == 0:   # one line per run, not one per process
+          print(line, flush=True)
         train.train(config, workdir, stop)
   except ValueError as error:  # bad input
     fail(error, EXIT_BAD_INPUT)

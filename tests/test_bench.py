@@ -138,6 +138,7 @@ def test_sampling_bench_rejects_bad_shapes(text, capsys):
   assert exit_info.value.code == 2 and '--shapes' in capsys.readouterr().err
 
 
+@pytest.mark.e2e   # the whole a/b benchmark, both parts, for two trees
 def test_ab_imports_a_revision_apart_and_times_both_alternately(tmp_path):
   """bench/ab.py: the revision's modules come from its exported files, this tree's stay loaded,
   and one round of each part times both."""

@@ -62,6 +62,18 @@ def test_sweep_key_follows_the_config():
   assert other.args[0] == '--config=configs/protocol.py:P=8,runlocal'
 
 
+def test_every_algorithms_batch_arg_is_read_without_importing_jax():
+  from rljax import algos   # pylint: disable=g-import-not-at-top
+  for name in algos.names():
+    assert sweep.batch_arg(name) == algos.get(name).BATCH_ARG, name
+  code = ('import sys; from launch import sweep; '
+          'assert sweep.points("configs/rloo.py", "w", "8")[0].name == "rljax-P8"; '
+          'assert "jax" not in sys.modules, "the launcher imported jax"')
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+  assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize('config,batches,key,message', [
     (CONFIG, '', '', 'empty'),
     (CONFIG, ' , ', '', 'empty'),

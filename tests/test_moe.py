@@ -251,6 +251,17 @@ def np_experts(x_TxD, weights_TxK, experts_TxK, params):
   return y_TxD
 
 
+def _bucketed_of_args(joined, weights_TxK, experts_TxK, x_TxD, w_gate, w_up, w_down):
+  """experts_bucketed with the routing an argument: every load runs one compiled program."""
+  w_in = (moe.gate_up(w_gate, w_up),) if joined else (w_gate, w_up)
+  return moe.experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_in, w_down)
+
+
+_bucketed = jax.jit(_bucketed_of_args, static_argnums=0)
+_bucketed_grads = jax.jit(jax.grad(lambda *args: jnp.sum(jnp.tanh(_bucketed_of_args(*args))),
+                                   argnums=(3, 4, 5, 6)), static_argnums=0)
+
+
 @pytest.mark.parametrize('load', ['balanced', 'one_busy', 'all_on_one', 'off_device'])
 @pytest.mark.parametrize('joined', [False, True])
 def test_bucketed_picks_a_capacity_that_holds_every_token(load, joined):
@@ -279,14 +290,11 @@ def test_bucketed_picks_a_capacity_that_holds_every_token(load, joined):
   params = random_moe_params(rng, skew=False)
   expert_weights = [jnp.asarray(params[n]) for n in ('w_gate', 'w_up', 'w_down')]
   routing = (jnp.asarray(weights_TxK), jnp.asarray(experts_TxK))
-  bucketed = lambda x, w_gate, w_up, w_down: moe.experts_bucketed(
-      x, *routing, (moe.gate_up(w_gate, w_up),) if joined else (w_gate, w_up), w_down)
-  out = jax.jit(bucketed)(jnp.asarray(x_TxD), *expert_weights)
+  out = _bucketed(joined, *routing, jnp.asarray(x_TxD), *expert_weights)
   np.testing.assert_array_less(
       np.abs(np.asarray(out) - np_experts(x_TxD, weights_TxK, experts_TxK, params)).max(), 1e-5)
 
-  loss = lambda *args: jnp.sum(jnp.tanh(bucketed(*args)))
-  grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(jnp.asarray(x_TxD), *expert_weights)
+  grads = _bucketed_grads(joined, *routing, jnp.asarray(x_TxD), *expert_weights)
   eps = 1e-3
   for probe in range(3):   # directional derivatives of the numpy loop along random directions
     directions = [rng.normal(size=g.shape) for g in grads]

@@ -42,6 +42,7 @@ def launch(workdir, data_dir, warm_dir, devices, extra=()):
 def finish(process):
   out, _ = process.communicate(timeout=600)
   assert process.returncode == 0, out[-3000:]
+  return out
 
 
 def rows(workdir):
@@ -58,8 +59,9 @@ def test_two_processes_match_one_process(tmp_path):
                   extra=(f'--coordinator_address=localhost:{port}', '--num_processes=2',
                          f'--process_id={i}'))
            for i in range(2)]
-  for p in procs:
-    finish(p)
+  outs = [finish(p) for p in procs]
+  preflight = 'parameters on 8 cpu device(s)'   # the run's pre-flight line: process 0 prints it
+  assert [out.count(preflight) for out in outs] == [1, 0], outs[1][-3000:]
   one, two = rows(tmp_path / 'one'), rows(tmp_path / 'two')
   assert len(one) == len(two) == 5   # eval at 0, 3 train rows, eval at 3: written once, not twice
   for a, b in zip(one, two):

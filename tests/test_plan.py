@@ -91,6 +91,7 @@ def v5p_8_sampler():
                           s.new_tokens)
 
 
+@pytest.mark.e2e   # whole programs of a 30B-wide layer through XLA's TPU compiler
 def test_mid_size_moe_compiles_and_fits_a_v5e_8_with_headroom(v5e_8):
   target, report = v5e_8
   print(plan.format_report(report))
@@ -105,11 +106,13 @@ def test_mid_size_moe_compiles_and_fits_a_v5e_8_with_headroom(v5e_8):
   assert 2 * GiB < report['headroom'] < target.chip.hbm_bytes - resident['params'] * 3
 
 
+@pytest.mark.e2e
 def test_mid_size_moe_sampler_fits_a_v5p_8(v5p_8_sampler):
   memory = v5p_8_sampler['memory']
   assert 1.245e9 * 4 / 4 < memory['peak'] < 0.1 * targets.CHIPS['v5p'].hbm_bytes
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('fixture', ['v5e_8', 'v5p_8_sampler'])
 def test_mid_size_moe_decode_loop_gathers_no_weights(fixture, request):
   """Per decode step only activation-sized collectives: the embedding table alone (bf16) is

@@ -15,6 +15,7 @@ def test_rejects_bad_arguments_in_one_line(args, capsys):
   assert exit_info.value.code == 2 and ': error: ' in last_line
 
 
+@pytest.mark.e2e   # the whole benchmark, both schedules compiled and timed
 def test_small_sweep_compares_the_same_tokens(capsys):
   rollout_lengths.main(['--preset=tiny', '--batches=16', '--slots=8', '--dists=lognormal,uniform',
                         '--max_len=12', '--median=3', '--repeats=1'])

@@ -3,7 +3,8 @@
 The loop (rljax.train) owns what every algorithm shares: rollouts, rewards, evaluation, metrics,
 checkpoints. An algorithm module owns what differs, and declares:
 
-  BATCH_ARG                     the config-file argument that sets its batch ('P' for GRPO, 'B' for PPO)
+  BATCH_ARG                     the config-file argument that sets its batch ('P' for GRPO, 'B' for PPO),
+                                a string literal: launchers read it from the source, without jax
   batch_size(config)            responses per rollout batch: the unit of the learning-rate rule
   with_batch(config, value)     a copy of `config` whose batch argument is `value`
   check(config)                 ValueError naming the first bad field of its own config section

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 
 from rljax.algos import grpo
 
-BATCH_ARG, batch_size, with_batch, check = grpo.BATCH_ARG, grpo.batch_size, grpo.with_batch, grpo.check
+BATCH_ARG = 'P'   # as GRPO's: prompts per batch; each gets G responses
+batch_size, with_batch, check = grpo.batch_size, grpo.with_batch, grpo.check
 
 
 def leave_one_out_advantages(rewards_PxG):

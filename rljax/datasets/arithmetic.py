@@ -12,6 +12,8 @@ import dataclasses
 import numpy as np
 import tensorflow_datasets as tfds
 
+from rljax.datasets import local
+
 _OPS = '+-*'
 _OP_NAMES = {'+': 'plus', '-': 'minus', '*': 'times'}
 _MAX_DIGITS = 9  # Keeps every product and problem id inside int64.
@@ -50,9 +52,7 @@ def _new_config(digits=3, ops='+', zero_pad=True, num_train=100_000,
   ops = ''.join(op for op in _OPS if op in ops)
   if not 1 <= digits <= _MAX_DIGITS:
     raise ValueError(f'digits must be in [1, {_MAX_DIGITS}], got {digits}')
-  if num_train < 1 or num_test < 1 or seed < 0:
-    raise ValueError('num_train and num_test must be positive and seed'
-                     f' non-negative, got {num_train}, {num_test}, {seed}')
+  local.check_split_knobs(num_train, num_test, seed)
   if num_test >= _num_problems(digits, ops):
     raise ValueError(
         f'num_test={num_test} leaves no training problems: there are only'
@@ -79,35 +79,15 @@ def _problem_ids(config: ArithmeticConfig):
   return test_ids, train_ids
 
 
-class Arithmetic(tfds.core.GeneratorBasedBuilder):
+class Arithmetic(local.LocalBuilder):
   """Arithmetic prompts and their integer answers."""
 
-  # Bump when generation changes: built datasets are cached by name + version.
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
   BUILDER_CONFIGS = [_new_config()]
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            'prompt': tfds.features.Text(),
-            'answer': tfds.features.Text(),
-        }),
-        # Records keep generation order, which is already random; this also
-        # skips TFDS's shuffling pass and makes the build faster.
-        disable_shuffling=True,
-    )
+  def _splits(self):
+    return _problem_ids(self.builder_config)
 
-  def _split_generators(self, dl_manager):
-    del dl_manager  # Nothing to download.
-    test_ids, train_ids = _problem_ids(self.builder_config)
-    return {
-        'train': self._generate_examples(train_ids),
-        'test': self._generate_examples(test_ids),
-    }
-
-  def _generate_examples(self, ids_N: np.ndarray):
-    """Yields (key, example) pairs for the given problem ids."""
+  def _records(self, ids_N: np.ndarray):
     config = self.builder_config
     base = 10**config.digits
     ops_N = np.array(list(config.ops))[ids_N // base**2]
@@ -115,15 +95,12 @@ class Arithmetic(tfds.core.GeneratorBasedBuilder):
     results_N = np.select([ops_N == '+', ops_N == '-'],
                           [a_N + b_N, a_N - b_N], a_N * b_N)
     width = config.digits if config.zero_pad else 0
-    for index, (a, op, b, result) in enumerate(
-        zip(a_N.tolist(), ops_N.tolist(), b_N.tolist(), results_N.tolist())):
-      prompt = f'{a:0{width}d}{op}{b:0{width}d}='
-      yield index, {'prompt': prompt, 'answer': str(result)}
+    for a, op, b, result in zip(a_N.tolist(), ops_N.tolist(), b_N.tolist(), results_N.tolist()):
+      yield {'prompt': f'{a:0{width}d}{op}{b:0{width}d}=', 'answer': str(result)}
 
 
 def make_config(digits=3, ops='+', zero_pad=True, num_train=100_000,
                 num_test=1_000, seed=0) -> ArithmeticConfig:
   """Returns the config for these knobs (the predefined one if they match)."""
-  config = _new_config(digits, ops, zero_pad, num_train, num_test, seed)
-  # TFDS rejects a second config object that reuses a predefined name.
-  return Arithmetic.builder_configs.get(config.name, config)
+  return local.predefined_or(Arithmetic,
+                             _new_config(digits, ops, zero_pad, num_train, num_test, seed))

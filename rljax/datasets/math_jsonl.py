@@ -17,6 +17,8 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
+from rljax.datasets import local
+
 FORMATS = {'gsm8k': ('question', 'answer'), 'math': ('problem', 'solution')}
 
 
@@ -109,36 +111,19 @@ def make_config(fmt='gsm8k', path='', test_path='', num_test=0, seed=0) -> MathJ
                          num_test=held_out, seed=seed)
 
 
-class MathJsonl(tfds.core.GeneratorBasedBuilder):
+class MathJsonl(local.LocalBuilder):
   """Math word problems with reference final answers, from local JSONL files."""
 
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  FEATURES = ('prompt', 'answer', 'solution')
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            'prompt': tfds.features.Text(),
-            'answer': tfds.features.Text(),
-            'solution': tfds.features.Text(),
-        }),
-        disable_shuffling=True,   # keep file order: eval_set takes the first n test records
-    )
-
-  def _split_generators(self, dl_manager):
-    del dl_manager  # Local files only.
+  def _splits(self):
     config = self.builder_config
     train = read_jsonl(config.path, config.format)
     if config.test_path:
-      test = read_jsonl(config.test_path, config.format)
-    else:
-      if config.num_test >= len(train):
-        raise ValueError(f'num_test={config.num_test} leaves no training records of {len(train)}')
-      order = np.random.default_rng(config.seed).permutation(len(train))
-      held_out = set(order[:config.num_test].tolist())
-      test = [r for i, r in enumerate(train) if i in held_out]
-      train = [r for i, r in enumerate(train) if i not in held_out]
-    return {'train': self._generate_examples(train), 'test': self._generate_examples(test)}
-
-  def _generate_examples(self, records):
-    yield from enumerate(records)
+      return read_jsonl(config.test_path, config.format), train
+    if config.num_test >= len(train):
+      raise ValueError(f'num_test={config.num_test} leaves no training records of {len(train)}')
+    order = np.random.default_rng(config.seed).permutation(len(train))
+    held_out = set(order[:config.num_test].tolist())
+    return ([r for i, r in enumerate(train) if i in held_out],
+            [r for i, r in enumerate(train) if i not in held_out])

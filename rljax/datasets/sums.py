@@ -13,6 +13,8 @@ import dataclasses
 import numpy as np
 import tensorflow_datasets as tfds
 
+from rljax.datasets import local
+
 _MAX_DIGITS = 6
 
 
@@ -51,9 +53,7 @@ def _new_config(max_operands=12, digits=2, num_train=100_000, num_test=1_000,
     raise ValueError(f'data.max_operands must be in [2, 64], got {max_operands}')
   if not 1 <= digits <= _MAX_DIGITS:
     raise ValueError(f'data.digits must be in [1, {_MAX_DIGITS}] for the sums task, got {digits}')
-  if num_train < 1 or num_test < 1 or seed < 0:
-    raise ValueError('num_train and num_test must be positive and seed non-negative, got '
-                     f'{num_train}, {num_test}, {seed}')
+  local.check_split_knobs(num_train, num_test, seed)
   if num_test * 10 > (10**digits)**2:
     raise ValueError(f'num_test={num_test} is too many distinct problems for {digits}-digit '
                      'operands')
@@ -85,35 +85,20 @@ def _problems(config: SumsConfig):
   return test, train
 
 
-class Sums(tfds.core.GeneratorBasedBuilder):
+class Sums(local.LocalBuilder):
   """Multi-operand addition prompts and their worked solutions."""
 
-  # Bump when generation changes: built datasets are cached by name + version.
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
   BUILDER_CONFIGS = [_new_config()]
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            'prompt': tfds.features.Text(),
-            'answer': tfds.features.Text(),
-        }),
-        disable_shuffling=True,   # generation order is already random
-    )
+  def _splits(self):
+    return _problems(self.builder_config)
 
-  def _split_generators(self, dl_manager):
-    del dl_manager  # Nothing to download.
-    test, train = _problems(self.builder_config)
-    return {'train': self._generate_examples(train), 'test': self._generate_examples(test)}
-
-  def _generate_examples(self, problems):
-    for index, operands in enumerate(problems):
-      yield index, {'prompt': '+'.join(map(str, operands)) + '=', 'answer': solution(operands)}
+  def _records(self, problems):
+    for operands in problems:
+      yield {'prompt': '+'.join(map(str, operands)) + '=', 'answer': solution(operands)}
 
 
 def make_config(max_operands=12, digits=2, num_train=100_000, num_test=1_000,
                 seed=0) -> SumsConfig:
   """Returns the config for these knobs (the predefined one if they match)."""
-  config = _new_config(max_operands, digits, num_train, num_test, seed)
-  return Sums.builder_configs.get(config.name, config)
+  return local.predefined_or(Sums, _new_config(max_operands, digits, num_train, num_test, seed))
