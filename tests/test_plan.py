@@ -13,6 +13,7 @@ import pytest
 from configs import grpo as grpo_config
 from rljax import compiled
 from rljax import hlo
+from rljax import model as model_lib
 from rljax import plan
 from rljax import sharding
 from rljax import targets
@@ -73,6 +74,94 @@ def test_collectives_are_counted_per_loop_iteration():
   found = hlo.loop_collectives(text)
   assert found['loop']['ops']['all-gather'] == dict(count=1, bytes=np.prod((1024, 256)) * 4)
   assert found['outside']['ops'] == {'all-reduce': dict(count=1, bytes=4)}
+
+
+# A decode loop as XLA:GPU writes it: per step, one fusion and a GEMM call before a loop over 3
+# layers (2 fusions each, its condition 1), then a conditional (branches of 2 and 1 kernels);
+# the loop's condition 1. Counted by hand: 1 + 1 + 3 * (2 + 1) + 2 + 1 = 14 per step.
+DECODE_LOOP_HLO = """HloModule m
+
+%layer_cond (p: (s32[], f32[8])) -> pred[] {
+  %p = (s32[], f32[8]) parameter(0)
+  ROOT %lt = pred[] fusion(%p), kind=kLoop, calls=%f
+}
+
+%layer_body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %a = f32[8] fusion(%p), kind=kLoop, calls=%f
+  %b = f32[8] fusion(%a), kind=kInput, calls=%f
+  ROOT %t = (s32[], f32[8]) tuple(%b, %b)
+}
+
+%yes (p: f32[8]) -> f32[8] {
+  %p = f32[8] parameter(0)
+  %c = f32[8] fusion(%p), kind=kLoop, calls=%f
+  ROOT %d = f32[8] fusion(%c), kind=kLoop, calls=%f
+}
+
+%no (p: f32[8]) -> f32[8] {
+  %p = f32[8] parameter(0)
+  ROOT %e = f32[8] fusion(%p), kind=kLoop, calls=%f
+}
+
+%step_cond (p: (s32[], f32[8])) -> pred[] {
+  %p = (s32[], f32[8]) parameter(0)
+  ROOT %lt = pred[] fusion(%p), kind=kLoop, calls=%f
+}
+
+%step (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %x = f32[8] get-tuple-element(%p), index=1
+  %y = f32[8] fusion(%x), kind=kLoop, calls=%f
+  %g = f32[8] custom-call(%y), custom_call_target="__cublas$gemm"
+  %w = (s32[], f32[8]) while(%p), condition=%layer_cond, body=%layer_body, backend_config={"known_trip_count":{"n":"3"}}
+  %k = pred[] constant(true)
+  %c = f32[8] conditional(%k, %g, %g), true_computation=%yes, false_computation=%no
+  ROOT %t = (s32[], f32[8]) tuple(%c, %c)
+}
+
+ENTRY %main (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %once = f32[8] fusion(%p), kind=kLoop, calls=%f
+  ROOT %w = (s32[], f32[8]) while(%p), condition=%step_cond, body=%step
+}
+"""
+
+
+def test_kernels_per_decode_step_are_counted_from_the_hlo():
+  assert hlo.loop_kernels(DECODE_LOOP_HLO) == 14
+  # Without a loop: the whole program (a program of one step).
+  assert hlo.loop_kernels(DECODE_LOOP_HLO.split('ENTRY')[0] + 'ENTRY %main (p: f32[8]) -> '
+                          'f32[8] {\n  %p = f32[8] parameter(0)\n  ROOT %c = f32[8] '
+                          'call(%p), to_apply=%yes\n}\n') == 2
+
+
+def test_decode_bounds_at_several_batches():
+  """One decode step of a dense model at 64 and 512 rows on a v5e-8 (8 and 64 rows per chip): the
+  FLOPs per chip of the compiled steps against the matmuls counted by hand (XLA also counts the
+  elementwise work), and the bounds are FLOPs / peak, bytes / HBM bandwidth, the largest of the
+  three."""
+  cfg = model_lib.ModelConfig(vocab_size=2048, d_model=512, num_layers=4, num_heads=8,
+                              num_kv_heads=2, head_dim=64, num_experts=0, dense_hidden=1536,
+                              dtype='bfloat16')
+  target = targets.parse_target('tpu:v5e-8')
+  mesh = sharding.make_mesh(dict(data=8), target.devices())
+  slots = 256
+  rows = plan.decode_bounds(cfg, mesh, target.chip, [64, 512], slots)
+  assert [r['batch'] for r in rows] == [64, 512]
+  D, H, N, K, F, V = 512, 64, 8, 2, 1536, 2048
+  per_token = 2 * (4 * (D * H * (2 * N + 2 * K) + 3 * D * F + 2 * N * H * slots) + D * V)
+  for row in rows:
+    matmul_flops = row['batch'] // 8 * per_token
+    assert matmul_flops <= row['compute_s'] * target.chip.peak_flops < 1.1 * matmul_flops
+    assert row['bound_s'] == max(row['compute_s'], row['memory_s'], row['collectives_s'])
+    assert row['collectives_s'] == 0 and row['kernels'] > 4 * 5
+  # Weights are read once per step whatever the batch; the KV cache read grows with it.
+  weights = 2 * (4 * (D * H * (2 * N + 2 * K) + 3 * D * F) + 2 * V * D)
+  cache = lambda batch: 4 * 2 * batch // 8 * K * slots * H * 2
+  for row in rows:
+    hbm_bytes = row['memory_s'] * target.chip.hbm_bandwidth
+    assert weights + cache(row['batch']) <= hbm_bytes
 
 
 @pytest.fixture(scope='module')
