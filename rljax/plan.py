@@ -6,8 +6,9 @@ Builds the run's state abstractly (jax.eval_shape), lays it out with rljax.shard
 target's compile-only devices (rljax.targets) and compiles the programs a run executes (the
 rollout sampler at the config's lengths, the update with its micro-batches) plus one decode step
 and one micro-batch on their own (rljax.compiled). Reports per chip what must be resident
-together against HBM, compile times, collectives per decode step and per update, and roofline
-lower bounds for a decode step, the update and the RL step; as a table and as JSON (--json).
+together against HBM, compile times, collectives and kernels per decode step, collectives per
+update, and roofline lower bounds for a decode step (also at other batches: --decode_batches),
+the update and the RL step; as a table and as JSON (--json).
 Without --mesh it proposes a mesh: the first of fsdp over every chip, then fsdp x expert splits,
 that fits. A config that fits nowhere is one `rljax: error: ... does not fit` line with the
 memory per chip.

@@ -2,6 +2,7 @@
 a Qwen3-30B-A3B-wide MoE (real widths, one layer) compiles and fits a v5e-8 and a v5p-8, its
 decode loop moves activations only (no weights, no partial sums of the experts), and bad input
 is one clear error."""
+import json
 import os
 import subprocess
 import sys
@@ -253,3 +254,20 @@ def test_cli_bad_input_is_one_clear_error(args, message):
   assert 'Traceback' not in result.stderr
   import re   # pylint: disable=g-import-not-at-top
   assert re.search(message, errors[0]), errors[0]
+
+
+def test_h200_plan_beside_measured_from_the_records():
+  """docs/performance.md's H200 tables from the checked-in records: the measured program's decode
+  loop (the batch-1 HLO the H200 ran) launches 742 kernels per step, 16 layers of 44 (a loop,
+  its condition one more each) and 22 around them, at 1.94 ms / 742 each."""
+  from bench import plan_vs_measured   # pylint: disable=g-import-not-at-top
+  measured = os.path.join(REPO, 'bench', 'results', 'h200')
+  prefix = os.path.join(REPO, 'bench', 'results', 'plan', 'gpu1b_h200-1')
+  with open(os.path.join(measured, 'sampler.json')) as f:
+    rows = json.load(f)['rows']
+  per_kernel_s, kernels = plan_vs_measured.launch_seconds(measured, rows)
+  assert kernels == 742 and per_kernel_s == pytest.approx(1.9427e-3 / 742, rel=1e-3)
+  with open(prefix + '_decode.json') as f:
+    table = plan_vs_measured.decode_table(measured, json.load(f)).splitlines()
+  assert [line.split(' | ')[0] for line in table[2:8]] == [
+      f'| {b}' for b in (1, 4, 16, 64, 256, 1024)]
