@@ -21,8 +21,9 @@ from rljax import sharding
 
 
 def compile_lowered(lowered):
-  """{'compile_s', 'memory': per-device bytes, 'flops', 'bytes_accessed', 'collectives'} of a
-  lowered program; ValueError('does not fit ...') when the compiler runs out of device memory."""
+  """{'compile_s', 'memory': per-device bytes, 'flops', 'bytes_accessed', 'collectives',
+  'loop_kernels' (rljax.hlo)} of a lowered program; ValueError('does not fit ...') when the
+  compiler runs out of device memory."""
   start = time.perf_counter()
   try:
     compiled = lowered.compile()
@@ -33,16 +34,29 @@ def compile_lowered(lowered):
     raise
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
-  # XLA:GPU's compiled programs report no costs: then those of the program before optimization.
-  cost = compiled.cost_analysis() or lowered.cost_analysis() or {}
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  cost = optimized_costs(compiled)
   mem = dict(arguments=memory.argument_size_in_bytes, outputs=memory.output_size_in_bytes,
              aliased=memory.alias_size_in_bytes, temporaries=memory.temp_size_in_bytes,
              code=memory.generated_code_size_in_bytes)
   mem['peak'] = mem['arguments'] + mem['outputs'] - mem['aliased'] + mem['temporaries']
+  text = compiled.as_text()
   return dict(compile_s=seconds, memory=mem, flops=float(cost.get('flops', 0.0)),
               bytes_accessed=float(cost.get('bytes accessed', 0.0)),
-              collectives=hlo.loop_collectives(compiled.as_text()))
+              collectives=hlo.loop_collectives(text), loop_kernels=hlo.loop_kernels(text))
+
+
+def optimized_costs(compiled):
+  """XLA's cost analysis of a compiled program: FLOPs and HBM bytes per device. XLA:GPU's
+  compile-only executables report none; for them, XLA's HLO cost analysis of their optimized
+  module (fusions as compiled, jaxlib's `hlo_module_cost_analysis`, which jax's own
+  `Lowered.cost_analysis` runs on the module before optimization)."""
+  cost = compiled.cost_analysis()
+  if not cost:
+    import jax.extend   # pylint: disable=g-import-not-at-top
+    from jax._src.lib import _jax   # pylint: disable=g-import-not-at-top
+    module = compiled._executable.xla_extension_executable().hlo_modules()[0]   # pylint: disable=protected-access
+    cost = _jax.hlo_module_cost_analysis(jax.extend.backend.get_backend('cpu'), module)
+  return cost[0] if isinstance(cost, (list, tuple)) else cost
 
 
 def batch_struct(shape, dtype, mesh):

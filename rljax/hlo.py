@@ -19,8 +19,8 @@ _DTYPE_BYTES = {'pred': 1, 's4': 0.5, 'u4': 0.5, 's8': 1, 'u8': 1, 'f8e4m3fn': 1
 _SHAPE = re.compile(r'\b(' + '|'.join(_DTYPE_BYTES) + r')\[([\d,]*)\]')
 _COMPUTATION = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$')
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$')
-_CALLS = re.compile(r'(?:calls|to_apply|body|condition|branch_computations|called_computations)'
-                    r'=\{?([%\w.\-, ]+)\}?')
+_CALLS = re.compile(r'(?:calls|to_apply|body|condition|branch_computations|called_computations'
+                    r'|true_computation|false_computation)=\{?([%\w.\-, ]+)\}?')
 
 
 def shape_bytes(text):
@@ -62,15 +62,19 @@ def collectives_in(bodies, names):
   result and its operands (the gathered array of an all-gather, the input of a reduce-scatter)."""
   found = []
   for name in names:
+    shapes = {}   # instruction -> its result shape: operands are written by name only
     for line in bodies[name]:
       match = _INSTRUCTION.match(line)
       if not match:
         continue
+      shapes[match.group(1)] = match.group(2)
       op = match.group(3)
       base = op[:-len('-start')] if op.endswith('-start') else op
       if base in COLLECTIVES:
         operands = match.group(4).split('), ')[0]
-        found.append((base, max(shape_bytes(match.group(2)), shape_bytes(operands))))
+        operand_bytes = shape_bytes(operands) or sum(
+            shape_bytes(shapes.get(n, '')) for n in re.findall(r'%([\w.\-]+)', operands))
+        found.append((base, max(shape_bytes(match.group(2)), operand_bytes)))
   return found
 
 
@@ -108,3 +112,52 @@ def loop_collectives(hlo_text):
     ops, total = summarize(collectives_in(bodies, names))
     result[key] = dict(ops=ops, bytes=total)
   return result
+
+
+# Instructions that launch no kernel of their own on XLA:GPU: values, views and control flow (a
+# while, conditional or call runs the kernels of the computations it calls).
+_NO_KERNEL = ('parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast', 'while',
+              'conditional', 'call', 'opt-barrier', 'after-all', 'partition-id', 'replica-id',
+              'add-dependency', 'copy-done', 'send-done', 'recv-done') + tuple(
+                  f'{op}-done' for op in COLLECTIVES)
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def _called(line, key):
+  match = re.search(key + r'=\{?([%\w.\-, ]+)\}?', line)
+  return [n.strip().lstrip('%') for n in match.group(1).split(',')] if match else []
+
+
+def kernels_in(bodies, name):
+  """Kernels that one run of computation `name` launches on XLA:GPU: each fusion, library call
+  (a cuBLAS GEMM) or unfused op at least one; a nested loop's body and condition times its
+  known trip count (once where XLA knows none), a conditional's largest branch."""
+  count = 0
+  for line in bodies.get(name, ()):
+    match = _INSTRUCTION.match(line)
+    op = match.group(3) if match else None
+    if op == 'while':
+      trips = _TRIP_COUNT.search(line)
+      count += (int(trips.group(1)) if trips else 1) * sum(
+          kernels_in(bodies, c) for c in _called(line, 'body') + _called(line, 'condition'))
+    elif op == 'conditional':
+      branches = (_called(line, 'branch_computations') + _called(line, 'true_computation')
+                  + _called(line, 'false_computation'))
+      count += max(kernels_in(bodies, c) for c in branches)
+    elif op == 'call':
+      count += sum(kernels_in(bodies, c) for c in _called(line, 'to_apply'))
+    elif op is not None and op not in _NO_KERNEL:
+      count += 1
+  return count
+
+
+def loop_kernels(hlo_text):
+  """Kernels per iteration of the entry computation's busiest while loop, its condition included:
+  a sampler's decode loop (its prefill may run a loop over layers); those of the whole program
+  without a loop (a program of one step)."""
+  bodies, entry = computations(hlo_text)
+  whiles = [line for line in bodies[entry] if re.search(r' while\(', line)]
+  if not whiles:
+    return kernels_in(bodies, entry)
+  return max(sum(kernels_in(bodies, c) for c in _called(line, 'body') + _called(line, 'condition'))
+             for line in whiles)

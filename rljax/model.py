@@ -275,26 +275,38 @@ def unstack_layers(params, num_layers):
 
 def decoding_layout(box, cfg: ModelConfig, mesh):
   """(logical axis names, dtype) of a weight (an nn.Partitioned of the unrolled model) in
-  `decoding_params` on `mesh`: outside the experts, whole along 'embed', in the compute dtype
-  (the router in float32, as it is read)."""
-  if mesh.shape.get('fsdp', 1) == 1 or box.value.ndim < 2 or box.value.ndim == 3 and (
-      'expert' in box.names):
+  `decoding_params` on `mesh`: outside the experts, whole along 'embed', in the compute dtype;
+  the router whole, in float32 as it is read; the expert matrices in rljax.moe.DECODING_NAMES's
+  layout in the compute dtype where the sampler splits their hidden dimension, else as stored."""
+  if mesh.shape.get('fsdp', 1) == 1 or box.value.ndim < 2:
     return box.names, box.value.dtype
-  dtype = box.value.dtype if 'expert' in box.names else jnp.dtype(cfg.dtype)
-  return tuple('replicated' if name == 'embed' else name for name in box.names), dtype
+  if 'expert' not in box.names:
+    return tuple('replicated' if name == 'embed' else name for name in box.names), jnp.dtype(
+        cfg.dtype)
+  if moe.splits_hidden_for_decoding(cfg, mesh):
+    names = moe.DECODING_NAMES[box.names]
+  elif box.value.ndim == 2:   # the router
+    names = tuple('replicated' if name == 'embed' else name for name in box.names)
+  else:
+    return box.names, box.value.dtype
+  return names, box.value.dtype if box.value.ndim == 2 else jnp.dtype(cfg.dtype)
 
 
 def decoding_params(params, cfg: ModelConfig):
   """The sampler's parameters for one call: `unstack_layers`, and on a mesh with an 'fsdp' axis
-  every weight outside the experts all-gathered whole over 'fsdp' in the compute dtype, once per
-  call, before the decoding loop (`decoding_layout`).
+  laid out once per call, before the decoding loop, so that a decoding step moves no weight
+  (`decoding_layout`): every weight outside the experts all-gathered whole over 'fsdp' in the
+  compute dtype, and the expert matrices, cast to it, re-split from their model dimension to
+  their hidden one (an all-to-all; rljax.moe.DECODING_NAMES).
 
   XLA does not hoist an all-gather of a loop-invariant weight out of a while loop: with the
   weights split over 'fsdp', every decoding step gathered the embedding table, lm_head and each
-  layer's attention and router weights. The expert matrices stay split (their products run on the
-  local slices, and only activation-sized partial sums are reduced), and so do the norm scales
-  (vectors). The casts are the ones each weight gets where it is used, so the function computed
-  is the same.
+  layer's attention and router weights. With the experts split over their model dimension, each
+  layer's expert products were partial sums reduced every step ([tokens x k, 2F] and
+  [tokens x k, D]); split over the hidden one, only the combined [tokens, D] output is
+  (rljax.moe.moe_expert_parallel). The norm scales (vectors) stay split. The re-split experts are
+  a transient of half the float32 shards they come from. The casts are the ones each weight gets
+  where it is used, so the function computed is the same.
   """
   params = unstack_layers(params, cfg.num_layers)
   mesh = jax.sharding.get_abstract_mesh()
@@ -305,7 +317,7 @@ def decoding_params(params, cfg: ModelConfig):
     names, dtype = decoding_layout(box, cfg, mesh)
     if names == box.names:
       return weight
-    # Cast first, then gather: the barrier keeps XLA from gathering the float32 weights.
+    # Cast first, then lay out: the barrier keeps XLA from moving the float32 weights.
     return sharding.constrain(jax.lax.optimization_barrier(weight.astype(dtype)), names)
 
   return jax.tree.map(gathered, unrolled_boxes(cfg), params,

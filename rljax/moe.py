@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax import layers
+from rljax import sharding
 
 
 def route(router_logits_TxE, k):
@@ -224,7 +225,10 @@ class MoE(nn.Module):
                           ('expert', 'mlp', 'embed'), cfg)
     weights = (router_DxE, w_gate, w_up, w_down)
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.shape.get('expert', 1) * mesh.shape.get('tensor', 1) == 1:
+    if self.decoding and splits_hidden_for_decoding(cfg, mesh, x_TxD.shape[0]):
+      y_TxD, load_stats = moe_expert_parallel(cfg, True, mesh, x_TxD, *weights,
+                                              split_hidden=True)
+    elif mesh.empty or mesh.shape.get('expert', 1) * mesh.shape.get('tensor', 1) == 1:
       y_TxD, load_stats = moe_local(cfg, self.decoding, x_TxD, *weights)
     else:
       y_TxD, load_stats = moe_expert_parallel(cfg, self.decoding, mesh, x_TxD, *weights)
@@ -248,19 +252,58 @@ def moe_local(cfg, decoding, x_TxD, router_DxE, w_gate, w_up, w_down):
   return y_TxD, load_stats
 
 
-def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_down):
+# The sampler's layout of the MoE weights on a mesh with an 'fsdp' axis (the logical names of
+# their training layout -> those of decoding; rljax.model.decoding_params lays them out once per
+# call): the router whole, each expert's hidden dimension split over 'tensor' and 'fsdp' and its
+# model dimension whole, so that a decoding step multiplies by its own columns of gate and up and
+# its own rows of down with no weight moving (Megatron's split of an MLP).
+DECODING_NAMES = {('embed', 'expert'): ('replicated', 'replicated'),
+                  ('expert', 'embed', 'mlp'): ('expert', 'replicated', 'decoding_mlp'),
+                  ('expert', 'mlp', 'embed'): ('expert', 'decoding_mlp', 'replicated')}
+
+
+def splits_hidden_for_decoding(cfg, mesh, num_tokens=None):
+  """Whether the sampler runs the experts with their hidden dimension split over 'fsdp' (and
+  'tensor'): on a mesh with an 'fsdp' axis whose split of the hidden dimension (and of
+  `num_tokens`, the batch's rows) divides evenly. Otherwise the weights keep their training
+  layout and the compiler reduces partial sums over the split model dimension."""
+  if mesh.empty or mesh.shape.get('fsdp', 1) == 1 or not cfg.num_experts:
+    return False
+  batch_split = sharding.data_parallel_size(mesh)
+  if num_tokens is not None and num_tokens % batch_split:
+    return False
+  shape = (cfg.num_experts, cfg.d_model, cfg.expert_hidden)
+  spec = sharding.spec_for(shape, DECODING_NAMES[('expert', 'embed', 'mlp')], mesh)
+  return 'fsdp' in jax.tree.leaves(tuple(spec)[2])
+
+
+def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_down,
+                        split_hidden=False):
   """Experts split over the 'expert' mesh axis (and their width over 'tensor'), still dropless.
 
   Inside `jax.shard_map` each device all-gathers the tokens of its expert group, routes them,
   runs only its own experts on the tokens sent to them (others get weight 0), and a
   reduce-scatter returns to each device the summed outputs of its own tokens (the all-gather
   token dispatcher of Megatron-Core: exact, no capacity factor, no dropped tokens).
+  `split_hidden` (decoding, `splits_hidden_for_decoding`): the weights in the DECODING_NAMES
+  layout, the group gathered over 'fsdp' and 'expert': each device's outputs are partial sums over
+  its slice of the hidden dimension, summed by the same reduce-scatter after the top-k combine.
   """
   batch_axes = tuple(a for a in ('data', 'fsdp', 'expert') if a in mesh.shape)
   spec = jax.sharding.PartitionSpec
+  if split_hidden:
+    group_axes = ('fsdp', 'expert')
+    w_specs = [sharding.spec_for(w.shape, DECODING_NAMES[names], mesh) for w, names in (
+        (w_gate, ('expert', 'embed', 'mlp')), (w_up, ('expert', 'embed', 'mlp')),
+        (w_down, ('expert', 'mlp', 'embed')))]
+    hidden_axes = jax.tree.leaves(tuple(w_specs[0])[2])
+  else:
+    group_axes, hidden_axes = ('expert',), ('tensor',)
+    w_specs = [spec('expert', None, 'tensor'), spec('expert', None, 'tensor'),
+               spec('expert', 'tensor', None)]
 
   def local(x_TxD, router_DxE, w_gate, w_up, w_down):
-    x_NxD = jax.lax.all_gather(x_TxD, 'expert', tiled=True)
+    x_NxD = jax.lax.all_gather(x_TxD, group_axes, tiled=True)
     router_logits_NxE = jnp.dot(x_NxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
     weights_NxK, experts_NxK, load_stats = route(router_logits_NxE, cfg.experts_per_token)
     num_local = w_gate.shape[0]
@@ -268,18 +311,18 @@ def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_
     is_local_NxK = (local_NxK >= 0) & (local_NxK < num_local)
     local_NxK = jnp.where(is_local_NxK, local_NxK, num_local)   # off-device: a group of none
     weights_NxK = jnp.where(is_local_NxK, weights_NxK, 0.0)
-    y_NxD = EXPERT_IMPLS[cfg.moe_impl](   # joined here: this device's columns of gate and up
+    impl = expert_impl(cfg, x_NxD.shape[0]) if split_hidden else EXPERT_IMPLS[cfg.moe_impl]
+    y_NxD = impl(   # joined here: this device's columns of gate and up
         x_NxD.astype(cfg.dtype), weights_NxK, local_NxK,
         *expert_matrices(w_gate, w_up, w_down, cfg.dtype, decoding))
-    y_NxD = jax.lax.psum(y_NxD, 'tensor')
-    y_TxD = jax.lax.psum_scatter(y_NxD, 'expert', scatter_dimension=0, tiled=True)
-    other_batch_axes = tuple(a for a in batch_axes if a != 'expert')
+    reduce_axes = tuple(a for a in hidden_axes if a not in group_axes)
+    y_NxD = jax.lax.psum(y_NxD, reduce_axes) if reduce_axes else y_NxD
+    y_TxD = jax.lax.psum_scatter(y_NxD, group_axes, scatter_dimension=0, tiled=True)
+    other_batch_axes = tuple(a for a in batch_axes if a not in group_axes)
     load_stats = jax.lax.psum(load_stats, other_batch_axes) if other_batch_axes else load_stats
     return y_TxD, load_stats
 
   return jax.shard_map(
-      local, mesh=mesh,
-      in_specs=(spec(batch_axes, None), spec(), spec('expert', None, 'tensor'),
-                spec('expert', None, 'tensor'), spec('expert', 'tensor', None)),
+      local, mesh=mesh, in_specs=(spec(batch_axes, None), spec(), *w_specs),
       out_specs=(spec(batch_axes, None), spec()), check_vma=False)(
           x_TxD, router_DxE, w_gate, w_up, w_down)

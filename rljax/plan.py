@@ -6,8 +6,9 @@ Builds the run's state abstractly (jax.eval_shape), lays it out with rljax.shard
 target's compile-only devices (rljax.targets) and compiles the programs a run executes (the
 rollout sampler at the config's lengths, the update with its micro-batches) plus one decode step
 and one micro-batch on their own (rljax.compiled). Reports per chip what must be resident
-together against HBM, compile times, collectives per decode step and per update, and roofline
-lower bounds for a decode step, the update and the RL step; as a table and as JSON (--json).
+together against HBM, compile times, collectives and kernels per decode step, collectives per
+update, and roofline lower bounds for a decode step (also at other batches: --decode_batches),
+the update and the RL step; as a table and as JSON (--json).
 Without --mesh it proposes a mesh: the first of fsdp over every chip, then fsdp x expert splits,
 that fits. A config that fits nowhere is one `rljax: error: ... does not fit` line with the
 memory per chip.
@@ -179,10 +180,34 @@ def roofline(s, chip, programs, costs):
               decode_rows_per_chip=s.batch // sharding.data_parallel_size(s.mesh))
 
 
-def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_too=True):
+def decode_bounds(model_cfg, mesh, chip, batches, slots):
+  """Roofline lower bounds of one decode step at each of `batches` rows (a cache of `slots`
+  tokens), as `roofline` bounds the config's own: FLOPs and HBM bytes per chip of one decode step
+  compiled alone at 1 and 2 layers (rljax.compiled.decode_step), taken to the model's depth, and
+  its kernels (rljax.hlo.loop_kernels) the same way.
+  Returns [dict(batch, compute_s, memory_s, collectives_s, bound_s, kernels)]."""
+  from rljax import compiled   # pylint: disable=g-import-not-at-top
+  rows = []
+  for batch in batches:
+    one, two = (compiled.decode_step(compiled.scaled(model_cfg, num_layers=n), mesh, batch, slots)
+                for n in (1, 2))
+    at_depth = lambda get, one=one, two=two: get(one) + (model_cfg.num_layers - 1) * (
+        get(two) - get(one))
+    flops, hbm = at_depth(lambda p: p['flops']), at_depth(lambda p: p['bytes_accessed'])
+    ici = at_depth(lambda p: p['collectives']['outside']['bytes'])
+    times = dict(compute_s=flops / chip.peak_flops, memory_s=hbm / chip.hbm_bandwidth,
+                 collectives_s=ici / chip.ici_bandwidth)
+    rows.append(dict(batch=batch, **times, bound_s=max(times.values()),
+                     kernels=at_depth(lambda p: p['loop_kernels'])))
+  return rows
+
+
+def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_too=True,
+              decode_batches=()):
   """The report for `config` on `target` with mesh `mesh_cfg` (ValueError: does not fit).
   Without `compile_programs_too`, only what is resident at full size (params, optimizer state,
-  KV cache): seconds, where the compiles take minutes."""
+  KV cache): seconds, where the compiles take minutes. `decode_batches`: also `decode_bounds` at
+  those batches, the config's prompt + response tokens cached."""
   import time   # pylint: disable=g-import-not-at-top
   from rljax import compiled, config_checks, sharding   # pylint: disable=g-import-not-at-top
   config = _with_mesh(config, mesh_cfg)
@@ -210,6 +235,9 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
         s.batch, s.prompt_len + s.new_tokens, s.micro, s.prompt_len, s.new_tokens)
     report['per_step'] = per_step
     report['roofline'] = roofline(s, target.chip, programs, per_step)
+  if decode_batches:
+    report['decode_bounds'] = decode_bounds(s.model.cfg, mesh, target.chip, decode_batches,
+                                            s.prompt_len + s.new_tokens)
   report['wall_s'] = time.perf_counter() - start
   return report
 
@@ -249,15 +277,18 @@ def candidate_meshes(config, chips):
   return [{k: v for k, v in mesh.items() if v > 1} or dict(fsdp=1) for mesh in meshes]
 
 
-def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True):
+def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True,
+         decode_batches=()):
   """`plan_mesh` on the given mesh, or on the first candidate mesh that fits."""
   devices = target.devices()
   if mesh_cfg:
-    return plan_mesh(config, target, mesh_cfg, devices, costs, compile_programs_too)
+    return plan_mesh(config, target, mesh_cfg, devices, costs, compile_programs_too,
+                     decode_batches)
   failures = []
   for candidate in candidate_meshes(config, len(devices)):
     try:
-      report = plan_mesh(config, target, candidate, devices, costs, compile_programs_too)
+      report = plan_mesh(config, target, candidate, devices, costs, compile_programs_too,
+                         decode_batches)
     except ValueError as error:   # too big, or a mesh the batch does not divide over
       failures.append(str(error))
       continue
@@ -300,6 +331,7 @@ def format_report(r):
     part = r['programs'][name]['collectives']
     rows.append((f'{name} collectives {loop[name]}', _collectives_text(part['loop'])))
     rows.append((f'{name} collectives once', _collectives_text(part['outside'])))
+  rows.append(('sampler kernels per decode step', str(r['programs']['sampler']['loop_kernels'])))
   if 'roofline' in r:
     roof = r['roofline']
     for key, label in (('decode_step', 'decode step'), ('micro_batch', 'micro-batch'),
@@ -311,6 +343,11 @@ def format_report(r):
     rows.append(('update MFU ceiling', f'{100 * roof["mfu_ceiling"]:.0f}%'))
     rows.append(('RL step bound', f'rollout {roof["rollout_s"]:.2f} s + update '
                                   f'{roof["update"]["bound_s"]:.2f} s = {roof["rl_step_s"]:.2f} s'))
+  for b in r.get('decode_bounds', ()):
+    ms = {k: f'{v * 1e3:.3f}' for k, v in b.items() if k.endswith('_s')}
+    rows.append((f'decode step bound, batch {b["batch"]}',
+                 f'{ms["bound_s"]} ms (compute {ms["compute_s"]}, HBM {ms["memory_s"]}, '
+                 f'collectives {ms["collectives_s"]} ms), {b["kernels"]} kernels'))
   return _aligned(rows)
 
 
@@ -396,8 +433,9 @@ def main(argv):
   try:
     target = targets.parse_target(_TARGET.value)
     config = flags.FLAGS.config
+    batches = [int(b) for b in filter(None, _DECODE_BATCHES.value.split(','))]
     report = plan(config, target, _parse_mesh(_MESH.value), costs=_COSTS.value,
-                  compile_programs_too=_COMPILE.value)
+                  compile_programs_too=_COMPILE.value, decode_batches=batches)
   except ValueError as error:
     rljax_main.fail(error, rljax_main.EXIT_BAD_INPUT)
   print(format_report(report), flush=True)
@@ -421,6 +459,8 @@ if __name__ == '__main__':
                              'for per-step FLOPs, bytes and roofline bounds.')
   _COMPILE = flags.DEFINE_bool('compile', True, 'Compile the programs; --nocompile: only what is '
                                'resident (params, optimizer state, KV cache), in seconds.')
+  _DECODE_BATCHES = flags.DEFINE_string(
+      'decode_batches', '', 'e.g. 1,16,256: also bound one decode step at these batches.')
   _JSON = flags.DEFINE_string('json', '', 'Also write the report as JSON to this path.')
   flags.mark_flags_as_required(['config', 'target'])
   app.run(main, flags_parser=rljax_main.parse_flags)

@@ -252,7 +252,7 @@ def generate_continuous(model, params, prompt_NxT, prompt_valid_NxT, keys_Nx2,
     return generate(model, params, prompt_NxT, prompt_valid_NxT, keys_Nx2, cfg, caps_N)
   caps_N = jnp.full((num,), max_len) if caps_N is None else jnp.minimum(caps_N, max_len)
   decoder = model_lib.Transformer(model.cfg, unrolled=True)
-  variables = {'params': model_lib.unstack_layers(params, model.cfg.num_layers)}
+  variables = {'params': model_lib.decoding_params(params, model.cfg)}
   cache = shard_cache(model_lib.KVCache.zeros(model.cfg, num_slots, prompt_len + max_len))
   kv_valid_SxC = jnp.ones((num_slots, prompt_len + max_len), bool)
   position0_N = model_lib.positions_from_valid(prompt_valid_NxT)[:, -1]

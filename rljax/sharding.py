@@ -27,6 +27,7 @@ LOGICAL_RULES = {
     'kv_heads': ('tensor',),
     'mlp': ('tensor',),
     'expert': ('expert',),
+    'decoding_mlp': ('tensor', 'fsdp'),   # the sampler's experts (rljax.moe.DECODING_NAMES)
 }  # names not listed ('layers', 'head_dim', 'norm', 'length') are replicated
 
 

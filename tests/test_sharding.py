@@ -113,6 +113,37 @@ def test_bucketed_experts_split_over_devices_equal_single_device(single_device):
   assert_same_run(run_everything(mesh_of(dict(data=2, expert=4)), cfg), single_device)
 
 
+def sampled(mesh, slots):
+  """Sampled (temperature 1) and greedy rollouts of CFG's model on `mesh`."""
+  model = model_lib.Transformer(CFG)
+  params, _ = sharding.init_params(functools.partial(model_lib.init_params, CFG),
+                                   jax.random.PRNGKey(0), mesh)
+  placed = sharding.put_batch(inputs(), mesh)
+  out = {}
+  for greedy in (False, True):
+    sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+        max_new_tokens=L, eos_id=1, greedy=greedy, slots=slots)), mesh)
+    out[greedy] = jax.device_get(sample(params, *placed, jax.random.PRNGKey(3)))
+  return out
+
+
+@pytest.mark.parametrize('sizes, slots', [
+    (dict(fsdp=8), 0), (dict(fsdp=8), 8), (dict(data=2, fsdp=2, expert=2), 0),
+    (dict(fsdp=4, tensor=2), 0)], ids=['fsdp8', 'fsdp8-continuous', 'data2xfsdp2xexpert2',
+                                       'fsdp4xtensor2'])
+def test_fsdp_decoding_samples_what_one_device_samples(sizes, slots):
+  """On an 'fsdp' mesh the sampler re-splits the experts over their hidden dimension
+  (rljax.model.decoding_params): the same tokens, sampled and greedy, as on one device."""
+  mesh = mesh_of(sizes)
+  assert sharding.spec_for((4, 64, 64), ('expert', 'replicated', 'decoding_mlp'), mesh)[2]
+  want = sampled(sharding.make_mesh(ml_collections.ConfigDict({}), jax.devices()[:1]), slots)
+  got = sampled(mesh, slots)
+  for greedy in (False, True):
+    np.testing.assert_array_equal(got[greedy].tokens_BxL, want[greedy].tokens_BxL)
+    np.testing.assert_allclose(got[greedy].logp_BxL, want[greedy].logp_BxL, rtol=2e-5, atol=2e-5)
+  assert len(np.unique(want[False].tokens_BxL)) > 3   # sampled: many different tokens
+
+
 def test_params_live_where_the_rules_say():
   mesh = mesh_of(dict(data=2, fsdp=2, expert=2))
   params, _ = sharding.init_params(functools.partial(model_lib.init_params, CFG),
