@@ -67,12 +67,14 @@ def setup(config, mesh):
 
 
 def resident_bytes(s):
-  """Bytes per chip of the state every phase holds: params, optimizer state, KV cache."""
-  from rljax import sharding   # pylint: disable=g-import-not-at-top
+  """Bytes per chip of the state every phase holds: params, optimizer state, KV cache (one row per
+  response, or per decode slot with continuous batching)."""
+  from rljax import sampler, sharding   # pylint: disable=g-import-not-at-top
   cfg = s.model.cfg
   kv_heads = cfg.num_kv_heads // (s.mesh.shape['tensor'] if cfg.num_kv_heads % s.mesh.shape[
       'tensor'] == 0 else 1)
-  rows = s.batch // sharding.data_parallel_size(s.mesh)
+  rows = (sampler.cache_rows(s.batch, s.config.rollout.slots)
+          // sharding.data_parallel_size(s.mesh))
   kv_cache = (2 * cfg.num_layers * rows * kv_heads * (s.prompt_len + s.new_tokens) * cfg.head_dim
               * _itemsize(cfg.dtype))
   return dict(params=sharding.bytes_per_device(s.algo.state['params']),
@@ -118,9 +120,9 @@ def compile_programs(s, chip, target_name):
   from rljax import compiled   # pylint: disable=g-import-not-at-top
   resident = check_resident(s, chip, target_name)
   programs = {}
-  for name, build in (('sampler', lambda: compiled.sampler(s.model, s.algo.state['params'],
-                                                           s.mesh, s.batch, s.prompt_len,
-                                                           s.new_tokens)),
+  for name, build in (('sampler', lambda: compiled.sampler(
+      s.model, s.algo.state['params'], s.mesh, s.batch, s.prompt_len, s.new_tokens,
+      slots=s.config.rollout.slots)),
                       ('update', lambda: compiled.update(s.algo, s.mesh, s.batch, s.prompt_len,
                                                          s.new_tokens))):
     try:

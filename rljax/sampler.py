@@ -237,6 +237,12 @@ def refill(decoder, variables, prompt_NxT, valid_NxT, cache, kv_valid_SxC, slots
   return cache, kv_valid_SxC, slots, pending + count
 
 
+def cache_rows(num, slots):
+  """KV-cache rows of a rollout of `num` responses, as generate_continuous lays them out: one per
+  decode slot (min(slots, num), when that is >= 2), else one per response."""
+  return min(slots, num) if min(slots, num) >= 2 else num
+
+
 def generate_continuous(model, params, prompt_NxT, prompt_valid_NxT, keys_Nx2,
                         cfg: SamplingConfig, caps_N=None) -> Rollout:
   """`generate` with per-response keys, over min(cfg.slots, N) decode slots: once a chunk of

@@ -274,3 +274,25 @@ def test_h200_plan_beside_measured_from_the_records():
     table = plan_vs_measured.decode_table(measured, json.load(f)).splitlines()
   assert [line.split(' | ')[0] for line in table[2:8]] == [
       f'| {b}' for b in (1, 4, 16, 64, 256, 1024)]
+
+
+@pytest.mark.e2e
+def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
+  """rollout.slots: the plan holds a KV cache of `slots` rows, not P x G, and the compiled
+  continuous sampler's temporaries stay the same from 256 to 1024 responses."""
+  target = targets.parse_target('tpu:v5e-8')
+  mesh = sharding.make_mesh(dict(data=8), target.devices())
+  temporaries = {}
+  for P, slots in ((32, 0), (128, 0), (32, 64), (128, 64)):   # 256, 1024 responses; 64 slots
+    config = grpo_config.get_config(f'runlocal,P={P}')
+    config.rollout.slots = slots
+    s = plan.setup(config, mesh)
+    m = s.model.cfg
+    row_bytes = 2 * m.num_layers * m.num_kv_heads * (s.prompt_len + s.new_tokens) * m.head_dim * (
+        np.dtype(jnp.dtype(m.dtype)).itemsize)
+    assert plan.resident_bytes(s)['kv_cache'] == (slots or P * 8) // 8 * row_bytes
+    if slots:
+      temporaries[P] = compiled.sampler(s.model, s.algo.state['params'], mesh, s.batch,
+                                        s.prompt_len, s.new_tokens, slots=slots)[
+                                            'memory']['temporaries']
+  assert temporaries[128] == temporaries[32]
