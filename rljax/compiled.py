@@ -162,18 +162,31 @@ def scaled(model_cfg, **fields):
   return model_lib.ModelConfig(**dict(vars(model_cfg), **fields))
 
 
+def decode_costs(cfg, mesh, batch, cache_len):
+  """Per device, one decode step's FLOPs, HBM bytes, collective bytes and kernels at full depth:
+  the step compiled alone at 1 and 2 layers, plus the difference once per further layer (XLA
+  counts a loop body once, so the sampler's own costs cannot tell). 'collectives': the 2-layer
+  step's, as rljax.hlo lists them."""
+  one, two = (decode_step(scaled(cfg, num_layers=n), mesh, batch, cache_len) for n in (1, 2))
+  at_depth = lambda get: get(one) + (cfg.num_layers - 1) * (get(two) - get(one))
+  return dict(flops=at_depth(lambda p: p['flops']),
+              bytes_accessed=at_depth(lambda p: p['bytes_accessed']),
+              collective_bytes=at_depth(lambda p: p['collectives']['outside']['bytes']),
+              kernels=at_depth(lambda p: p['loop_kernels']), collectives=two['collectives'])
+
+
 def per_step_costs(model, params_fn, mesh, loss_cfg, decode_batch, slots, micro, prompt_len,
                    new_tokens):
   """FLOPs and bytes per device of one decode step and one micro-batch gradient, at full depth."""
   cfg = model.cfg
-  one, two = (decode_step(scaled(cfg, num_layers=n), mesh, decode_batch, slots) for n in (1, 2))
+  step = decode_costs(cfg, mesh, decode_batch, slots)
   keys = ('flops', 'bytes_accessed')
-  decode = {k: one[k] + (cfg.num_layers - 1) * (two[k] - one[k]) for k in keys}
+  decode = {k: step[k] for k in keys}
   shallow = scaled(cfg, num_layers=1)
   micro_1 = micro_gradient(model_lib.Transformer(shallow), params_fn(shallow), mesh, loss_cfg,
                            micro, prompt_len, new_tokens)
   layer = layer_gradient(cfg, mesh, micro, prompt_len + new_tokens)
   train = {k: micro_1[k] + (cfg.num_layers - 1) * layer[k] for k in keys}
-  return dict(decode=decode, decode_collectives=two['collectives'], micro=train)
+  return dict(decode=decode, decode_collectives=step['collectives'], micro=train)
 
 

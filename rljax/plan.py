@@ -66,15 +66,20 @@ def setup(config, mesh):
   return Setup(config, model, mesh, algo, *lengths(config), batch, micro)
 
 
+def decode_rows(s):
+  """Rows the sampler decodes at once: P x G, or its decode slots with continuous batching."""
+  from rljax import sampler   # pylint: disable=g-import-not-at-top
+  return sampler.cache_rows(s.batch, s.config.rollout.slots)
+
+
 def resident_bytes(s):
   """Bytes per chip of the state every phase holds: params, optimizer state, KV cache (one row per
   response, or per decode slot with continuous batching)."""
-  from rljax import sampler, sharding   # pylint: disable=g-import-not-at-top
+  from rljax import sharding   # pylint: disable=g-import-not-at-top
   cfg = s.model.cfg
   kv_heads = cfg.num_kv_heads // (s.mesh.shape['tensor'] if cfg.num_kv_heads % s.mesh.shape[
       'tensor'] == 0 else 1)
-  rows = (sampler.cache_rows(s.batch, s.config.rollout.slots)
-          // sharding.data_parallel_size(s.mesh))
+  rows = decode_rows(s) // sharding.data_parallel_size(s.mesh)
   kv_cache = (2 * cfg.num_layers * rows * kv_heads * (s.prompt_len + s.new_tokens) * cfg.head_dim
               * _itemsize(cfg.dtype))
   return dict(params=sharding.bytes_per_device(s.algo.state['params']),
@@ -175,32 +180,30 @@ def roofline(s, chip, programs, costs):
   update = {k: v * num_micro for k, v in micro.items()}
   tokens = s.batch * (s.prompt_len + s.new_tokens) / s.mesh.size
   model_flops = 6 * active_params(s.model.cfg) * tokens
-  rollout_s = s.new_tokens * decode['bound_s']
+  rows = decode_rows(s)   # with continuous batching: every response at full length, in waves
+  rollout_s = s.new_tokens * -(-s.batch // rows) * decode['bound_s']
   return dict(decode_step=decode, micro_batch=micro, update=update,
               mfu_ceiling=model_flops / (chip.peak_flops * update['bound_s']),
               rollout_s=rollout_s, rl_step_s=rollout_s + update['bound_s'],
-              decode_rows_per_chip=s.batch // sharding.data_parallel_size(s.mesh))
+              decode_rows_per_chip=rows // sharding.data_parallel_size(s.mesh))
 
 
 def decode_bounds(model_cfg, mesh, chip, batches, slots):
   """Roofline lower bounds of one decode step at each of `batches` rows (a cache of `slots`
-  tokens), as `roofline` bounds the config's own: FLOPs and HBM bytes per chip of one decode step
-  compiled alone at 1 and 2 layers (rljax.compiled.decode_step), taken to the model's depth, and
-  its kernels (rljax.hlo.loop_kernels) the same way.
+  tokens), as `roofline` bounds the config's own, from rljax.compiled.decode_costs.
   Returns [dict(batch, compute_s, memory_s, collectives_s, bound_s, kernels)]."""
-  from rljax import compiled   # pylint: disable=g-import-not-at-top
+  from rljax import compiled, sharding   # pylint: disable=g-import-not-at-top
+  split = sharding.data_parallel_size(mesh)
+  if any(batch % split for batch in batches):
+    raise ValueError(f'decode batches {[b for b in batches if b % split]} do not divide over the '
+                     f'{split} devices the mesh splits a batch over')
   rows = []
   for batch in batches:
-    one, two = (compiled.decode_step(compiled.scaled(model_cfg, num_layers=n), mesh, batch, slots)
-                for n in (1, 2))
-    at_depth = lambda get, one=one, two=two: get(one) + (model_cfg.num_layers - 1) * (
-        get(two) - get(one))
-    flops, hbm = at_depth(lambda p: p['flops']), at_depth(lambda p: p['bytes_accessed'])
-    ici = at_depth(lambda p: p['collectives']['outside']['bytes'])
-    times = dict(compute_s=flops / chip.peak_flops, memory_s=hbm / chip.hbm_bandwidth,
-                 collectives_s=ici / chip.ici_bandwidth)
-    rows.append(dict(batch=batch, **times, bound_s=max(times.values()),
-                     kernels=at_depth(lambda p: p['loop_kernels'])))
+    cost = compiled.decode_costs(model_cfg, mesh, batch, slots)
+    times = dict(compute_s=cost['flops'] / chip.peak_flops,
+                 memory_s=cost['bytes_accessed'] / chip.hbm_bandwidth,
+                 collectives_s=cost['collective_bytes'] / chip.ici_bandwidth)
+    rows.append(dict(batch=batch, **times, bound_s=max(times.values()), kernels=cost['kernels']))
   return rows
 
 
@@ -234,7 +237,7 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
   if costs:
     per_step = compiled.per_step_costs(
         s.model, lambda cfg: _abstract_params(cfg, mesh), mesh, config.grpo,
-        s.batch, s.prompt_len + s.new_tokens, s.micro, s.prompt_len, s.new_tokens)
+        decode_rows(s), s.prompt_len + s.new_tokens, s.micro, s.prompt_len, s.new_tokens)
     report['per_step'] = per_step
     report['roofline'] = roofline(s, target.chip, programs, per_step)
   if decode_batches:
@@ -429,13 +432,22 @@ def _parse_mesh(text):
   return mesh
 
 
+def parse_batches(text):
+  """'1,16,256' -> [1, 16, 256]; ValueError with one clear line otherwise."""
+  parts = [p.strip() for p in text.split(',') if p.strip()]
+  if not all(p.isdigit() and int(p) > 0 for p in parts):
+    raise ValueError(f'--decode_batches must be positive integers separated by commas, got '
+                     f'{text!r}')
+  return [int(p) for p in parts]
+
+
 def main(argv):
   if len(argv) > 1:
     rljax_main.fail(f'unexpected arguments: {argv[1:]}', rljax_main.EXIT_BAD_INPUT)
   try:
     target = targets.parse_target(_TARGET.value)
     config = flags.FLAGS.config
-    batches = [int(b) for b in filter(None, _DECODE_BATCHES.value.split(','))]
+    batches = parse_batches(_DECODE_BATCHES.value)
     report = plan(config, target, _parse_mesh(_MESH.value), costs=_COSTS.value,
                   compile_programs_too=_COMPILE.value, decode_batches=batches)
   except ValueError as error:

@@ -247,7 +247,13 @@ def test_preflight_states_the_run_and_refuses_what_cannot_fit():
      r"'fsdp': 3.* needs 3 devices, but 8 are available"),
     (['--config=configs/grpo.py:P=8,model=qwen3-235b-a22b', '--target=tpu:v5e-8'],
      r'no mesh fits tpu:v5e-8; .* does not fit .* params 109\.\d \+ optimizer 219\.\d'),
-], ids=['bad-target', 'mesh-does-not-divide', 'does-not-fit'])
+    (['--config=configs/grpo.py:runlocal', '--target=tpu:v5e-8', '--decode_batches=1,x'],
+     r"--decode_batches must be positive integers separated by commas, got '1,x'"),
+    (['--config=configs/grpo.py:runlocal', '--target=tpu:v5e-8', '--mesh=data=8', '--nocosts',
+      '--decode_batches=1,16'],
+     r'decode batches \[1\] do not divide over the 8 devices the mesh splits a batch over'),
+], ids=['bad-target', 'mesh-does-not-divide', 'does-not-fit', 'bad-decode-batches',
+        'decode-batch-does-not-divide'])
 def test_cli_bad_input_is_one_clear_error(args, message):
   result = subprocess.run([sys.executable, '-m', 'rljax.plan', *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600,
@@ -290,9 +296,28 @@ def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
     m = s.model.cfg
     row_bytes = 2 * m.num_layers * m.num_kv_heads * (s.prompt_len + s.new_tokens) * m.head_dim * (
         np.dtype(jnp.dtype(m.dtype)).itemsize)
+    assert plan.decode_rows(s) == (slots or P * 8)
     assert plan.resident_bytes(s)['kv_cache'] == (slots or P * 8) // 8 * row_bytes
     if slots:
       temporaries[P] = compiled.sampler(s.model, s.algo.state['params'], mesh, s.batch,
                                         s.prompt_len, s.new_tokens, slots=slots)[
                                             'memory']['temporaries']
   assert temporaries[128] == temporaries[32]
+
+
+@pytest.mark.parametrize('slots, waves', [(0, 1), (64, 4)])
+def test_roofline_rollout_decodes_every_wave_of_slots(slots, waves):
+  """The rollout bound is max_new_tokens decode steps per wave of rows: one wave of P x G rows
+  (static), or P x G / slots waves of `slots` rows (continuous, every response at full length)."""
+  target = targets.parse_target('tpu:v5e-8')
+  config = grpo_config.get_config('runlocal,P=32')   # 256 responses
+  config.rollout.slots = slots
+  s = plan.setup(config, sharding.make_mesh(dict(data=8), target.devices()))
+  chip = target.chip
+  costs = dict(decode=dict(flops=3e9, bytes_accessed=4e6), micro=dict(flops=1e12, bytes_accessed=0))
+  no_collectives = dict(collectives=dict(loop=dict(bytes=0)))
+  roof = plan.roofline(s, chip, dict(sampler=no_collectives, update=no_collectives), costs)
+  step_s = max(3e9 / chip.peak_flops, 4e6 / chip.hbm_bandwidth)
+  assert roof['decode_step']['bound_s'] == pytest.approx(step_s)
+  assert roof['rollout_s'] == pytest.approx(s.new_tokens * waves * step_s)
+  assert roof['decode_rows_per_chip'] == (slots or 256) // 8
