@@ -98,11 +98,13 @@ def eval_xy(run, x_key):
 
 def wallclock_at(run, samples, warmup=0):
   """Training seconds (cumulative step_time_s) when the run had consumed `samples` responses. With
-  warmup > 0 its first `warmup` steps (compilation) count at the run's median later step time."""
-  times = np.nan_to_num(run['train']['step_time_s'])
+  warmup > 0 its first `warmup` steps (compilation) count at the mean time of its later steps,
+  the steady_throughput rule."""
+  times = np.asarray(run['train']['step_time_s'], float)
   if 0 < warmup < len(times):
-    times = np.concatenate([np.full(warmup, np.median(times[warmup:])), times[warmup:]])
-  seconds = np.concatenate([[0.0], np.cumsum(times)])
+    later = times[warmup:]
+    times = np.concatenate([np.full(warmup, np.mean(later[np.isfinite(later)])), later])
+  seconds = np.concatenate([[0.0], np.cumsum(np.nan_to_num(times))])
   return np.interp(samples, np.concatenate([[0.0], run['train']['samples']]), seconds)
 
 

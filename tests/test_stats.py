@@ -114,9 +114,11 @@ def test_to_target_in_samples_steps_and_wallclock():
   assert stats.to_target(run, 0.35) == pytest.approx(350.0)
   assert stats.to_target(run, 0.35, x_key='step') == pytest.approx(3.5)
   assert stats.wallclock_to_target(run, 0.35) == pytest.approx(7.0)
-  run['train']['step_time_s'][:2] = 30.0   # compiling steps: counted at the later steps' median
+  run['train']['step_time_s'][:2] = 30.0   # compiling steps: counted at the later steps' mean
   assert stats.wallclock_to_target(run, 0.35) == pytest.approx(63.0)
   assert stats.wallclock_to_target(run, 0.35, warmup=2) == pytest.approx(7.0)
+  run['train']['step_time_s'][-1] = 10.0   # the later steps' mean is 3.0, as steady_throughput's
+  assert stats.wallclock_to_target(run, 0.35, warmup=2) == pytest.approx(2 * 3.0 + 2.0 + 1.0)
   assert np.isnan(stats.to_target(run, 2.0)) and np.isnan(stats.wallclock_to_target(run, 2.0))
   assert stats.samples_reached(run) == 1000.0
 
