@@ -188,15 +188,21 @@ def roofline(s, chip, programs, costs):
               decode_rows_per_chip=rows // sharding.data_parallel_size(s.mesh))
 
 
-def decode_bounds(model_cfg, mesh, chip, batches, slots):
-  """Roofline lower bounds of one decode step at each of `batches` rows (a cache of `slots`
-  tokens), as `roofline` bounds the config's own, from rljax.compiled.decode_costs.
-  Returns [dict(batch, compute_s, memory_s, collectives_s, bound_s, kernels)]."""
-  from rljax import compiled, sharding   # pylint: disable=g-import-not-at-top
+def check_decode_batches(batches, mesh):
+  """ValueError unless the mesh splits each of `batches` rows evenly (before any compile)."""
+  from rljax import sharding   # pylint: disable=g-import-not-at-top
   split = sharding.data_parallel_size(mesh)
   if any(batch % split for batch in batches):
     raise ValueError(f'decode batches {[b for b in batches if b % split]} do not divide over the '
                      f'{split} devices the mesh splits a batch over')
+
+
+def decode_bounds(model_cfg, mesh, chip, batches, slots):
+  """Roofline lower bounds of one decode step at each of `batches` rows (a cache of `slots`
+  tokens), as `roofline` bounds the config's own, from rljax.compiled.decode_costs.
+  Returns [dict(batch, compute_s, memory_s, collectives_s, bound_s, kernels)]."""
+  from rljax import compiled   # pylint: disable=g-import-not-at-top
+  check_decode_batches(batches, mesh)
   rows = []
   for batch in batches:
     cost = compiled.decode_costs(model_cfg, mesh, batch, slots)
@@ -219,6 +225,7 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
   config_checks.check(config, device_count=len(devices), process_count=1)
   start = time.perf_counter()
   mesh = sharding.make_mesh(config.mesh, devices)
+  check_decode_batches(decode_batches, mesh)
   s = setup(config, mesh)
   report = dict(target=target.name, chip=target.chip.name, chips=len(devices),
                 mesh=dict(mesh.shape), batch=s.batch, micro_batch=s.micro,

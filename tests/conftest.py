@@ -1,11 +1,24 @@
-"""Test session setup: 8 fake CPU devices in this process, so sharding tests use real meshes.
+"""Test session setup: 8 fake CPU devices in this process, so sharding tests use real meshes, and
+one persistent XLA cache for the session.
 
-The flag is set only while JAX starts its backend, then removed again, so subprocesses started
-by tests (training runs, multi-process runs) get the environment they ask for.
+The device flag is set only while JAX starts its backend, then removed again, so subprocesses
+started by tests (training runs, multi-process runs) get the environment they ask for. The cache
+is shared by both xdist workers and by every subprocess (they inherit its variables), so a
+program that several tests compile (the tiny model's sampler, a resumed run) compiles once per
+session. RLJAX_TEST_XLA_CACHE=DIR keeps it across sessions (a fast inner loop).
 """
 import os
+import shutil
+import tempfile
 
 _FLAG = '--xla_force_host_platform_device_count=8'
+# Made by the main pytest process, which xdist workers inherit the environment from.
+_OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ and not os.environ.get(
+    'RLJAX_TEST_XLA_CACHE')
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.environ.get('RLJAX_TEST_XLA_CACHE') or
+                      tempfile.mkdtemp(prefix='rljax_test_xla_cache_'))
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 _saved = os.environ.get('XLA_FLAGS')
 os.environ['XLA_FLAGS'] = f'{_saved or ""} {_FLAG}'.strip()
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -32,3 +45,8 @@ def tiny(tmp_path_factory):
   root = base / f'rljax_tiny_run_{os.environ.get("PYTEST_XDIST_TESTRUNUID", "")}'
   rljax_cli.shared_reference(root)
   return root
+
+
+def pytest_sessionfinish(session):
+  if _OWN_CACHE and not hasattr(session.config, 'workerinput'):   # the main process, last
+    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)

@@ -39,10 +39,12 @@ def args(shared, workdir, *overrides):
 
 
 def env(shared, **extra):
-  """CPU unless RLJAX_TEST_PLATFORMS names another JAX platform (e.g. cuda, for a GPU check)."""
+  """CPU unless RLJAX_TEST_PLATFORMS names another JAX platform (e.g. cuda, for a GPU check); the
+  test session's XLA cache (tests/conftest.py), else one in SHARED."""
   return dict(os.environ, PYTHONPATH=str(REPO),
               JAX_PLATFORMS=os.environ.get('RLJAX_TEST_PLATFORMS', 'cpu'),
-              JAX_COMPILATION_CACHE_DIR=f'{shared}/xla_cache',
+              JAX_COMPILATION_CACHE_DIR=os.environ.get('JAX_COMPILATION_CACHE_DIR',
+                                                       f'{shared}/xla_cache'),
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0', **extra)
 
