@@ -1,8 +1,9 @@
 """Mixture-of-experts feed-forward layer (Qwen3-MoE style): softmax router, top-k, SwiGLU experts.
 
 Dropless: every token reaches all of its k experts, whatever the load. Exact implementations:
-- 'ragged': sort the (token, expert) pairs by expert and run grouped matmuls with
-  `jax.lax.ragged_dot` (FLOPs proportional to k; the choice for real models on accelerators);
+- 'ragged': sort the (token, expert) pairs by expert and run grouped matmuls (`grouped_matmul`:
+  `jax.lax.ragged_dot`, the megablox kernels on TPU), FLOPs proportional to k: the choice for real
+  models on accelerators;
 - 'dense': run every expert on every token and combine with the (mostly zero) routing weights
   (E/k times the FLOPs, but plain matmuls);
 - 'bucketed': sort as 'ragged', lay the pairs out as [E, C] slots, C the smallest of a few static
@@ -22,6 +23,7 @@ import functools
 
 import flax.linen as nn
 import jax
+from jax.experimental.pallas.ops.tpu import megablox
 import jax.numpy as jnp
 
 from rljax import layers
@@ -93,13 +95,34 @@ def swiglu(*products):
   return nn.silu(gate) * up
 
 
+MEGABLOX_ROWS = 128   # the Pallas kernel's row tile: it takes a whole number of tiles
+
+
+def megablox_matmul(x_NxD, w_ExDxF, group_sizes_E, interpret=False):
+  """`ragged_dot` by the Pallas TPU kernels gmm (forward, input gradient) and tgmm (weight
+  gradient); `interpret` runs them on any backend (tests)."""
+  rows = x_NxD.shape[0]
+  padded_MxD = jnp.pad(x_NxD, ((0, -rows % MEGABLOX_ROWS), (0, 0)))   # rows in no group
+  y_MxF = megablox.gmm(padded_MxD, w_ExDxF, group_sizes_E, preferred_element_type=x_NxD.dtype,
+                       interpret=interpret)
+  return y_MxF[:rows]
+
+
+def grouped_matmul(x_NxD, w_ExDxF, group_sizes_E):
+  """Rows sorted by group, times their group's matrix. XLA:TPU lowers the weight gradient of
+  `ragged_dot` as a dense product against every group, so TPU runs the megablox kernels
+  (docs/design/moe_expert_paths.md); every other backend `ragged_dot`."""
+  return jax.lax.platform_dependent(
+      x_NxD, w_ExDxF, group_sizes_E, default=jax.lax.ragged_dot, tpu=megablox_matmul)
+
+
 def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   """Sort token copies by expert, grouped matmuls, unsort, weight and sum over k."""
   num_experts = w_down_ExFxD.shape[0]
   order_N, x_NxD, _ = sort_by_expert(x_TxD, experts_TxK)
   group_sizes_E = jnp.bincount(experts_TxK.reshape(-1), length=num_experts).astype(jnp.int32)
-  hidden_NxF = swiglu(*[jax.lax.ragged_dot(x_NxD, w, group_sizes_E) for w in w_in])
-  y_NxD = jax.lax.ragged_dot(hidden_NxF, w_down_ExFxD, group_sizes_E)
+  hidden_NxF = swiglu(*[grouped_matmul(x_NxD, w, group_sizes_E) for w in w_in])
+  y_NxD = grouped_matmul(hidden_NxF, w_down_ExFxD, group_sizes_E)
   return unsort_and_combine(y_NxD, order_N, weights_TxK)
 
 
