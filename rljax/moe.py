@@ -1,8 +1,9 @@
 """Mixture-of-experts feed-forward layer (Qwen3-MoE style): softmax router, top-k, SwiGLU experts.
 
 Dropless: every token reaches all of its k experts, whatever the load. Exact implementations:
-- 'ragged': sort the (token, expert) pairs by expert and run grouped matmuls with
-  `jax.lax.ragged_dot` (FLOPs proportional to k; the choice for real models on accelerators);
+- 'ragged': sort the (token, expert) pairs by expert and run grouped matmuls (`grouped_matmul`:
+  `jax.lax.ragged_dot`, the megablox kernels on TPU), FLOPs proportional to k: the choice for real
+  models on accelerators;
 - 'dense': run every expert on every token and combine with the (mostly zero) routing weights
   (E/k times the FLOPs, but plain matmuls);
 - 'bucketed': sort as 'ragged', lay the pairs out as [E, C] slots, C the smallest of a few static
@@ -22,6 +23,7 @@ import functools
 
 import flax.linen as nn
 import jax
+from jax.experimental.pallas.ops.tpu import megablox
 import jax.numpy as jnp
 
 from rljax import layers
@@ -93,13 +95,38 @@ def swiglu(*products):
   return nn.silu(gate) * up
 
 
+MEGABLOX_ROWS = 128   # the Pallas kernel's row tile: it takes a whole number of tiles
+
+
+def megablox_matmul(x_NxD, w_ExDxF, group_sizes_E, interpret=False):
+  """`ragged_dot` by the Pallas TPU kernels gmm (forward, input gradient) and tgmm (weight
+  gradient); `interpret` runs them on any backend (tests)."""
+  rows = x_NxD.shape[0]
+  padded_MxD = jnp.pad(x_NxD, ((0, -rows % MEGABLOX_ROWS), (0, 0)))   # rows in no group
+  y_MxF = megablox.gmm(padded_MxD, w_ExDxF, group_sizes_E, preferred_element_type=x_NxD.dtype,
+                       interpret=interpret)
+  return y_MxF[:rows]
+
+
+def grouped_matmul(x_NxD, w_ExDxF, group_sizes_E):
+  """Rows sorted by group, times their group's matrix. XLA:TPU lowers the weight gradient of
+  `ragged_dot` as a dense product against every group, so TPU runs the megablox kernels
+  (docs/design/moe_expert_paths.md) where it can: not where XLA partitions the arrays (a mesh
+  outside `shard_map`), which it cannot do for a kernel. Elsewhere `ragged_dot`."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if any(mesh.shape[axis] > 1 for axis in mesh.auto_axes):
+    return jax.lax.ragged_dot(x_NxD, w_ExDxF, group_sizes_E)
+  return jax.lax.platform_dependent(
+      x_NxD, w_ExDxF, group_sizes_E, default=jax.lax.ragged_dot, tpu=megablox_matmul)
+
+
 def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   """Sort token copies by expert, grouped matmuls, unsort, weight and sum over k."""
   num_experts = w_down_ExFxD.shape[0]
   order_N, x_NxD, _ = sort_by_expert(x_TxD, experts_TxK)
   group_sizes_E = jnp.bincount(experts_TxK.reshape(-1), length=num_experts).astype(jnp.int32)
-  hidden_NxF = swiglu(*[jax.lax.ragged_dot(x_NxD, w, group_sizes_E) for w in w_in])
-  y_NxD = jax.lax.ragged_dot(hidden_NxF, w_down_ExFxD, group_sizes_E)
+  hidden_NxF = swiglu(*[grouped_matmul(x_NxD, w, group_sizes_E) for w in w_in])
+  y_NxD = grouped_matmul(hidden_NxF, w_down_ExFxD, group_sizes_E)
   return unsort_and_combine(y_NxD, order_N, weights_TxK)
 
 
@@ -228,7 +255,7 @@ class MoE(nn.Module):
     if self.decoding and splits_hidden_for_decoding(cfg, mesh, x_TxD.shape[0]):
       y_TxD, load_stats = moe_expert_parallel(cfg, True, mesh, x_TxD, *weights,
                                               split_hidden=True)
-    elif mesh.empty or mesh.shape.get('expert', 1) * mesh.shape.get('tensor', 1) == 1:
+    elif mesh.empty or x_TxD.shape[0] % sharding.data_parallel_size(mesh):
       y_TxD, load_stats = moe_local(cfg, self.decoding, x_TxD, *weights)
     else:
       y_TxD, load_stats = moe_expert_parallel(cfg, self.decoding, mesh, x_TxD, *weights)
@@ -243,7 +270,8 @@ def expert_matrices(w_gate, w_up, w_down, dtype, join):
 
 
 def moe_local(cfg, decoding, x_TxD, router_DxE, w_gate, w_up, w_down):
-  """All experts on this device (or left to the compiler): route, then run the experts."""
+  """All experts on this device, or left to the compiler (a batch the mesh does not divide):
+  route, then run the experts."""
   router_logits_TxE = jnp.dot(x_TxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
   weights_TxK, experts_TxK, load_stats = route(router_logits_TxE, cfg.experts_per_token)
   y_TxD = expert_impl(cfg, x_TxD.shape[0])(
@@ -277,9 +305,18 @@ def splits_hidden_for_decoding(cfg, mesh, num_tokens=None):
   return 'fsdp' in jax.tree.leaves(tuple(spec)[2])
 
 
+def gather_dim(w, w_spec, dim):
+  """`w` (a shard_map block) gathered whole along `dim` over the mesh axes `w_spec` splits it by
+  (its gradient: a reduce-scatter)."""
+  axes = tuple(w_spec)[dim] if dim < len(tuple(w_spec)) else None
+  return jax.lax.all_gather(w, axes, axis=dim, tiled=True) if axes else w
+
+
 def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_down,
                         split_hidden=False):
-  """Experts split over the 'expert' mesh axis (and their width over 'tensor'), still dropless.
+  """The experts on any mesh, in `jax.shard_map` (XLA cannot partition the TPU grouped-matmul
+  kernel itself): split over the 'expert' axis (their width over 'tensor'), their model dimension
+  gathered over 'fsdp' for the call, as FSDP gathers a layer. Still dropless.
 
   Inside `jax.shard_map` each device all-gathers the tokens of its expert group, routes them,
   runs only its own experts on the tokens sent to them (others get weight 0), and a
@@ -297,12 +334,16 @@ def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_
         (w_gate, ('expert', 'embed', 'mlp')), (w_up, ('expert', 'embed', 'mlp')),
         (w_down, ('expert', 'mlp', 'embed')))]
     hidden_axes = jax.tree.leaves(tuple(w_specs[0])[2])
-  else:
+  else:   # as stored: the model dimension may be split over 'fsdp', gathered in `local`
     group_axes, hidden_axes = ('expert',), ('tensor',)
-    w_specs = [spec('expert', None, 'tensor'), spec('expert', None, 'tensor'),
-               spec('expert', 'tensor', None)]
+    w_specs = [sharding.spec_for(w.shape, names, mesh) for w, names in (
+        (w_gate, ('expert', 'embed', 'mlp')), (w_up, ('expert', 'embed', 'mlp')),
+        (w_down, ('expert', 'mlp', 'embed')))]
 
   def local(x_TxD, router_DxE, w_gate, w_up, w_down):
+    if not split_hidden:   # FSDP: the layer's experts whole, in the compute dtype, for this call
+      w_gate, w_up, w_down = (gather_dim(w.astype(cfg.dtype), w_spec, dim) for w, w_spec, dim in
+                              zip((w_gate, w_up, w_down), w_specs, (1, 1, 2)))
     x_NxD = jax.lax.all_gather(x_TxD, group_axes, tiled=True)
     router_logits_NxE = jnp.dot(x_NxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
     weights_NxK, experts_NxK, load_stats = route(router_logits_NxE, cfg.experts_per_token)

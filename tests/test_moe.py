@@ -305,3 +305,50 @@ def test_bucketed_picks_a_capacity_that_holds_every_token(load, joined):
     numeric = np.sum(np.tanh(shifted(1)) - np.tanh(shifted(-1))) / (2 * eps)
     analytic = sum(float(np.sum(np.asarray(g) * d)) for g, d in zip(grads, directions))
     np.testing.assert_allclose(analytic, numeric, rtol=1e-3, atol=1e-3)
+
+
+# ------------------------------------------------------------------ the grouped matmul on TPU
+
+
+def test_megablox_matmul_and_its_gradients_match_numpy():
+  """The Pallas kernels TPU runs for 'ragged' (interpreted here), rows not a whole tile, one group
+  empty: the product, and the gradients of <y, c> for x (gmm) and the weights (tgmm)."""
+  rng = np.random.default_rng(0)
+  sizes_E = np.array([70, 0, 33, 97], np.int32)   # 200 rows: 2 tiles of 128, the second partial
+  x_NxD = rng.normal(size=(200, 256)).astype(np.float32)
+  w_ExDxF = rng.normal(size=(4, 256, 128)).astype(np.float32)
+  cotangent_NxF = rng.normal(size=(200, 128)).astype(np.float32)
+  matmul = lambda x, w: moe.megablox_matmul(x, w, jnp.asarray(sizes_E), interpret=True)
+  y_NxF, vjp = jax.vjp(matmul, x_NxD, w_ExDxF)
+  dx_NxD, dw_ExDxF = vjp(jnp.asarray(cotangent_NxF))
+  group_N = np.repeat(np.arange(4), sizes_E)
+  x64, w64, c64 = (a.astype(np.float64) for a in (x_NxD, w_ExDxF, cotangent_NxF))
+  want_y = np.einsum('nd,ndf->nf', x64, w64[group_N])
+  want_dx = np.einsum('nf,ndf->nd', c64, w64[group_N])
+  want_dw = np.stack([x64[group_N == e].T @ c64[group_N == e] for e in range(4)])
+  np.testing.assert_allclose(y_NxF, want_y, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(dx_NxD, want_dx, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(dw_ExDxF, want_dw, rtol=1e-4, atol=1e-3)
+  assert not np.any(dw_ExDxF[1])   # the empty group's weights get no gradient
+
+
+def test_tpu_trains_the_experts_at_the_routed_flops():
+  """On TPU the expert layer's gradient costs about 3x its forward (as a dense layer's does), not
+  the E/k-fold dense product XLA:TPU makes of `ragged_dot`'s weight gradient."""
+  from rljax import targets   # pylint: disable=g-import-not-at-top
+  device = targets.parse_target('tpu:v5e-8').devices()[0]
+  T, D, F, E, k = 1024, 512, 256, 64, 2
+  args = [jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.SingleDeviceSharding(device))
+          for shape, dtype in [((T, D), jnp.bfloat16), ((T, k), jnp.float32), ((T, k), jnp.int32),
+                               ((E, D, F), jnp.bfloat16), ((E, D, F), jnp.bfloat16),
+                               ((E, F, D), jnp.bfloat16)]]
+
+  def loss(x, weights, experts, w_gate, w_up, w_down):
+    y = moe.experts_ragged(x, weights, experts, (w_gate, w_up), w_down)
+    return jnp.sum(y.astype(jnp.float32) ** 2)
+
+  grad = jax.jit(jax.grad(loss, argnums=(0, 3, 4, 5)))
+  costs = grad.lower(*args).compile().cost_analysis()
+  flops = (costs[0] if isinstance(costs, list) else costs)['flops']
+  forward = 3 * 2 * T * k * D * F   # three routed matmuls
+  assert 2.5 * forward < flops < 4 * forward, flops / forward
