@@ -76,11 +76,14 @@ def test_running_sums_verifier(response, reward):
 
 def test_preset_and_task(tmp_path):
   config = grpo.get_config('runlocal,task=sums')
-  config.data.update(dir=str(tmp_path), max_operands=6, num_train=300, num_test=30)
-  assert config.data.name == 'sums' and config.rollout.slots == 0
+  assert (config.data.digits, config.data.max_operands, config.rollout.slots) == (1, 8, 32)
+  assert config.data.name == 'sums' and config.rollout.P * config.rollout.G > config.rollout.slots
+  assert config.warmstart.threshold < 0.5   # RL needs room above the warm start
+  config.data.update(dir=str(tmp_path), num_train=300, num_test=30)
   task = tasks.make_task(config)
   prompt_len, max_new_tokens, vocab = tasks.lengths(config)
-  assert (task.prompt_len, task.max_new_tokens) == (prompt_len, max_new_tokens) == (18, 35)
+  # '9+9+9+9+9+9+9+9=' and '9=18+9=27+9=36+9=45+9=54+9=63+9=72' plus the end token
+  assert (task.prompt_len, task.max_new_tokens) == (prompt_len, max_new_tokens) == (16, 35)
   assert vocab == TOKENIZER.vocab_size and task.reward_fn is rewards.running_sums
   for prompt, answer in records(task.test_source):
     assert len(TOKENIZER.encode(prompt)) <= prompt_len

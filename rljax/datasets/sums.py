@@ -1,8 +1,8 @@
 """Multi-operand addition with the work written out, as a TFDS dataset: responses of uneven length.
 
-A prompt adds k operands ('37+5+82+19='); the reference response writes every running sum, each
-step the next operand and the sum so far ('5=42+82=124+19=143'), so a correct response has k - 1
-steps: from 4 tokens (k = 2) to ~7 per step at the top of the range. k is drawn with
+A prompt adds k operands ('3+5+8+9='); the reference response writes every running sum, each
+step the next operand and the sum so far ('5=8+8=16+9=25'), so a correct response has k - 1 steps:
+4 tokens with the end token at k = 2, then up to 5 more per step (1-digit operands). k is drawn with
 P(k) proportional to 1/k over [2, max_operands], so most responses are short and a few are long,
 the shape of reasoning rollouts. Problems are generated locally from a seed (no download,
 identical on every host); test prompts never occur in the train split.
@@ -22,8 +22,8 @@ _MAX_DIGITS = 6
 class SumsConfig(tfds.core.BuilderConfig):
   """The knobs of one sums dataset; build it with `make_config`."""
 
-  max_operands: int = 12  # k in [2, max_operands]
-  digits: int = 2         # operands drawn uniformly from [0, 10**digits), no zero padding
+  max_operands: int = 8   # k in [2, max_operands]
+  digits: int = 1         # operands drawn uniformly from [0, 10**digits), no zero padding
   num_train: int = 100_000
   num_test: int = 1_000
   seed: int = 0
@@ -52,7 +52,7 @@ def problem_count(max_operands, digits):
   return sum(10**(digits * k) for k in range(2, max_operands + 1))
 
 
-def _new_config(max_operands=12, digits=2, num_train=100_000, num_test=1_000,
+def _new_config(max_operands=8, digits=1, num_train=100_000, num_test=1_000,
                 seed=0) -> SumsConfig:
   if not 2 <= max_operands <= 64:
     raise ValueError(f'data.max_operands must be in [2, 64], got {max_operands}')
@@ -119,7 +119,7 @@ class Sums(local.LocalBuilder):
       yield {'prompt': '+'.join(map(str, operands)) + '=', 'answer': solution(operands)}
 
 
-def make_config(max_operands=12, digits=2, num_train=100_000, num_test=1_000,
+def make_config(max_operands=8, digits=1, num_train=100_000, num_test=1_000,
                 seed=0) -> SumsConfig:
   """Returns the config for these knobs (the predefined one if they match)."""
   return local.predefined_or(Sums, _new_config(max_operands, digits, num_train, num_test, seed))
