@@ -32,6 +32,5 @@ def get_config(arg=None):
     config.rollout.slots = 32
     if arg.runlocal:   # warm start and RL sized for the 15-minute CPU run (docs/guide/rollouts.md)
       config.warmstart.update(batch=64, lr=2e-3, min_steps=100, threshold=0.2)
-      config.optimizer.update(lr=5e-5, decay='constant')
       config.train.max_samples = 51_200
   return config
