@@ -31,6 +31,6 @@ def get_config(arg=None):
     config.data.update(name='sums', digits=1, max_operands=8)
     config.rollout.slots = 32
     if arg.runlocal:   # warm start and RL sized for the 15-minute CPU run (docs/guide/rollouts.md)
-      config.warmstart.update(batch=64, lr=2e-3, min_steps=100, threshold=0.2)
+      config.warmstart.update(batch=64, lr=2e-3, min_steps=100)   # to the default threshold 0.3
       config.train.max_samples = 51_200
   return config
