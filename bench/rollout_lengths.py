@@ -102,7 +102,9 @@ def measure(args):
       for _, _, name, sample, inputs in group:
         rollout = jax.device_get(call(sample, inputs))
         wall, spread = common.median_spread(seconds[name])
-        tokens = int(rollout.lengths_B.sum())   # the same in every schedule: time ratio = tok/s ratio
+        # The same tokens in every schedule: static's time over this one's is this one's tokens/s
+        # over static's.
+        tokens = int(rollout.lengths_B.sum())
         ratio, low, high, coverage = common.median_interval(
             np.divide(seconds['static'], seconds[name]))
         rows.append(dict(dist=dist, batch=batch, schedule=name, wall_s=wall, spread=spread,

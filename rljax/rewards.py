@@ -63,7 +63,8 @@ def math_equivalent(response: str, answer: str) -> float:
 def running_sums(response: str, answer: str) -> float:
   """1.0 when the response writes out the reference's steps ('operand=running sum', joined by
   '+'), each operand and each sum equal to the reference's as numbers, else 0.0
-  (rljax.datasets.sums). Every step counts: a right total reached through wrong sums is wrong work."""
+  (rljax.datasets.sums). Every step counts: a right total reached through a wrong sum is wrong
+  work, and rewarding it would teach the policy wrong additions."""
   steps, reference = ([step.split('=') for step in text.split('+')] for text in (response, answer))
   if len(steps) != len(reference) or any(len(step) != 2 for step in steps):
     return 0.0

@@ -1,11 +1,11 @@
 """Multi-operand addition with the work written out, as a TFDS dataset: responses of uneven length.
 
 A prompt adds k operands ('3+5+8+9='); the reference response writes every running sum, each
-step the next operand and the sum so far ('5=8+8=16+9=25'), so a correct response has k - 1 steps:
-4 tokens with the end token at k = 2, then up to 5 more per step (1-digit operands). k is drawn with
-P(k) proportional to 1/k over [2, max_operands], so most responses are short and a few are long,
-the shape of reasoning rollouts. Problems are generated locally from a seed (no download,
-identical on every host); test prompts never occur in the train split.
+step the next operand and the sum so far ('5=8+8=16+9=25'), so a correct response has k - 1
+steps: 4 tokens with the end token at k = 2, then up to 5 more per step (1-digit operands). k is
+drawn with P(k) proportional to 1/k over [2, max_operands], so most responses are short and a few
+are long, the shape of reasoning rollouts. Problems are generated locally from a seed (no
+download, identical on every host); test prompts never occur in the train split.
 """
 
 import dataclasses
