@@ -73,6 +73,20 @@ def median_spread(xs):
   return med, float((xs.max() - xs.min()) / med) if med else 0.0
 
 
+def median_interval(xs, coverage=0.9):
+  """(median, low, high, coverage): a distribution-free interval for the median of `xs`, the
+  order statistics (x_(j), x_(n+1-j)) with the largest j whose binomial coverage
+  1 - 2 P(Binomial(n, 1/2) < j) is still >= `coverage`; with too few values, min and max (and
+  their coverage, below the target)."""
+  xs = np.sort(np.asarray(xs, float))
+  n = len(xs)
+  cover = lambda j: 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2**n
+  j = 1
+  while j < n // 2 and cover(j + 1) >= coverage:
+    j += 1
+  return float(np.median(xs)), float(xs[j - 1]), float(xs[n - j]), cover(j)
+
+
 @contextlib.contextmanager
 def count_compiles():
   """Counts XLA backend compilations (and their seconds) inside the block: {'count', 'seconds'}."""

@@ -69,7 +69,7 @@ def base_config(P, G, runlocal, seed, model=''):
   config.data = dict(name='arithmetic', dir='', digits=3, ops='+', zero_pad=True,
                      num_train=100_000, num_test=1000, seed=0, on_bad_record='skip',
                      path='', test_path='', max_prompt_len=256, max_response_len=512,
-                     instruction='', chat_template=True, max_operands=12)   # max_operands: sums
+                     instruction='', chat_template=True, max_operands=8)   # max_operands: sums
   config.reward = 'auto'   # the task's verifier: exact_numeric (arithmetic), math (gsm8k, math)
 
   # A Hugging Face Qwen3 / Qwen3-MoE directory to start from (architecture, weights, tokenizer).

@@ -28,6 +28,10 @@ def get_config(arg=None):
   if arg.runlocal:
     config.optimizer.update(lr=1e-4, decay='linear')
   if arg.task == 'sums':   # running sums: responses of uneven length (docs/guide/rollouts.md)
-    config.data.update(name='sums', digits=2)
-    config.model.max_seq_len = max(config.model.max_seq_len, 160)
+    config.data.update(name='sums', digits=1, max_operands=8)
+    config.model.max_seq_len = max(config.model.max_seq_len, 160)   # room for longer chains
+    config.rollout.slots = 32
+    if arg.runlocal:   # warm start and RL sized for the 15-minute CPU run (docs/guide/rollouts.md)
+      config.warmstart.update(batch=64, lr=2e-3, min_steps=100)   # to the default threshold 0.3
+      config.train.max_samples = 51_200
   return config

@@ -61,13 +61,16 @@ def math_equivalent(response: str, answer: str) -> float:
 
 
 def running_sums(response: str, answer: str) -> float:
-  """1.0 when the response writes out as many steps ('operand=running sum', joined by '+') as the
-  reference and ends on the same sum, else 0.0 (rljax.datasets.sums)."""
-  steps = [step.split('=') for step in response.split('+')]
-  well_formed = all(len(step) == 2 and None not in map(_number, step) for step in steps)
-  if not well_formed or len(steps) != answer.count('='):
+  """1.0 when the response writes out the reference's steps ('operand=running sum', joined by
+  '+'), each operand and each sum equal to the reference's as numbers, else 0.0
+  (rljax.datasets.sums). Every step counts: a right total reached through a wrong sum is wrong
+  work, and rewarding it would teach the policy wrong additions."""
+  steps, reference = ([step.split('=') for step in text.split('+')] for text in (response, answer))
+  if len(steps) != len(reference) or any(len(step) != 2 for step in steps):
     return 0.0
-  return exact_numeric(steps[-1][1], answer.rsplit('=', 1)[1])
+  values = [_number(value) for step in steps for value in step]
+  return float(None not in values and
+               values == [_number(value) for step in reference for value in step])
 
 
 REWARDS = {'exact_numeric': exact_numeric, 'math': math_equivalent, 'running_sums': running_sums}

@@ -2,8 +2,8 @@
 verifier, so the loop itself is the same for every task.
 
   arithmetic   the built-in synthetic task, character tokenizer (the default)
-  sums         multi-operand addition with every running sum written out: responses from a few
-               to ~100 tokens (rljax.datasets.sums), character tokenizer
+  sums         multi-operand addition with every running sum written out: responses of uneven
+               length, 4 to 35 tokens by default (rljax.datasets.sums), character tokenizer
   gsm8k, math  local JSONL files (--config.data.path=FILE), the tokenizer of the Hugging Face model
                in --config.init.hf_path, prompts rendered through its chat template
 """

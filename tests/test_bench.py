@@ -182,3 +182,24 @@ def test_positive_ints():
   for text in ('', '0', '1,-2', '1.5', '8,'):
     with pytest.raises(argparse.ArgumentTypeError):
       common.positive_ints(text)
+
+
+@pytest.mark.parametrize('n', [3, 5, 7, 9, 15])
+def test_median_interval_covers_the_median_as_often_as_it_says(n):
+  """Exact coverage from the binomial pmf (numpy convolution), and the empirical rate over
+  log-normal samples whose median is 1."""
+  pmf = np.array([1.0])
+  for _ in range(n):
+    pmf = np.convolve(pmf, [0.5, 0.5])
+  rng = np.random.default_rng(n)
+  samples = np.exp(rng.standard_normal((4000, n)))
+  results = [common.median_interval(xs) for xs in samples]
+  median, low, high, coverage = results[0]
+  xs = np.sort(samples[0])
+  j = int(np.flatnonzero(xs == low)[0]) + 1
+  assert median == np.median(xs) and high == xs[n - j]
+  assert np.isclose(coverage, 1 - 2 * pmf[:j].sum())
+  assert coverage >= 0.9 or j == 1                 # the target, or as wide as n allows
+  assert j == n // 2 or 1 - 2 * pmf[:j + 1].sum() < 0.9   # and no wider than it needs
+  hits = np.mean([lo <= 1.0 <= hi for _, lo, hi, _ in results])
+  assert abs(hits - coverage) < 0.02

@@ -24,7 +24,7 @@ def test_small_sweep_compares_the_same_tokens(capsys):
   table = {(r[0].strip(), r[2].strip()): [c.strip() for c in r] for r in rows}
   for dist in ('lognormal', 'uniform'):
     static, slots = table[dist, 'static'], table[dist, 'slots=8']
-    assert static[9:11] == slots[9:11]   # the same mean and longest length: the same tokens
+    assert static[10:12] == slots[10:12]   # the same mean and longest length: the same tokens
   assert table['uniform', 'static'][5] == '12' and float(table['uniform', 'static'][6]) == 1.0
   assert float(table['lognormal', 'slots=8'][6]) > float(table['lognormal', 'static'][6])
   assert np.isclose(float(table['uniform', 'slots=8'][6]), 1.0)
