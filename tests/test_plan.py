@@ -285,7 +285,8 @@ def test_h200_plan_beside_measured_from_the_records():
 @pytest.mark.e2e
 def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
   """rollout.slots: the plan holds a KV cache of `slots` rows, not P x G, and the compiled
-  continuous sampler's temporaries stay the same from 256 to 1024 responses."""
+  continuous sampler's temporaries do not grow with the responses by cache rows: from 256 to 1024
+  responses by less than a tenth of a KV-cache row per response (its per-response outputs)."""
   target = targets.parse_target('tpu:v5e-8')
   mesh = sharding.make_mesh(dict(data=8), target.devices())
   temporaries = {}
@@ -302,7 +303,7 @@ def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
       temporaries[P] = compiled.sampler(s.model, s.algo.state['params'], mesh, s.batch,
                                         s.prompt_len, s.new_tokens, slots=slots)[
                                             'memory']['temporaries']
-  assert temporaries[128] == temporaries[32]
+  assert 0 <= temporaries[128] - temporaries[32] < (1024 - 256) * row_bytes / 10
 
 
 @pytest.mark.parametrize('slots, waves', [(0, 1), (64, 4)])
