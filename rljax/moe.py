@@ -255,7 +255,7 @@ class MoE(nn.Module):
     if self.decoding and splits_hidden_for_decoding(cfg, mesh, x_TxD.shape[0]):
       y_TxD, load_stats = moe_expert_parallel(cfg, True, mesh, x_TxD, *weights,
                                               split_hidden=True)
-    elif mesh.empty or x_TxD.shape[0] % sharding.data_parallel_size(mesh):
+    elif mesh.empty or mesh.size == 1 or x_TxD.shape[0] % sharding.data_parallel_size(mesh):
       y_TxD, load_stats = moe_local(cfg, self.decoding, x_TxD, *weights)
     else:
       y_TxD, load_stats = moe_expert_parallel(cfg, self.decoding, mesh, x_TxD, *weights)
@@ -270,8 +270,8 @@ def expert_matrices(w_gate, w_up, w_down, dtype, join):
 
 
 def moe_local(cfg, decoding, x_TxD, router_DxE, w_gate, w_up, w_down):
-  """All experts on this device, or left to the compiler (a batch the mesh does not divide):
-  route, then run the experts."""
+  """All experts on this device (no mesh, or one device), or left to the compiler (a batch the
+  mesh does not divide): route, then run the experts."""
   router_logits_TxE = jnp.dot(x_TxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
   weights_TxK, experts_TxK, load_stats = route(router_logits_TxE, cfg.experts_per_token)
   y_TxD = expert_impl(cfg, x_TxD.shape[0])(
