@@ -255,10 +255,10 @@ class MoE(nn.Module):
     if self.decoding and splits_hidden_for_decoding(cfg, mesh, x_TxD.shape[0]):
       y_TxD, load_stats = moe_expert_parallel(cfg, True, mesh, x_TxD, *weights,
                                               split_hidden=True)
-    elif mesh.empty or mesh.size == 1 or x_TxD.shape[0] % sharding.data_parallel_size(mesh):
-      y_TxD, load_stats = moe_local(cfg, self.decoding, x_TxD, *weights)
-    else:
+    elif splits_tokens(mesh, x_TxD.shape[0]):
       y_TxD, load_stats = moe_expert_parallel(cfg, self.decoding, mesh, x_TxD, *weights)
+    else:
+      y_TxD, load_stats = moe_local(cfg, self.decoding, x_TxD, *weights)
     aux_loss = load_balance_loss(load_stats, cfg.experts_per_token)
     return y_TxD.reshape(batch, length, d_model), aux_loss
 
@@ -290,6 +290,12 @@ DECODING_NAMES = {('embed', 'expert'): ('replicated', 'replicated'),
                   ('expert', 'mlp', 'embed'): ('expert', 'decoding_mlp', 'replicated')}
 
 
+def splits_tokens(mesh, num_tokens):
+  """Whether a mesh of several devices divides `num_tokens` evenly over its batch axes: then each
+  device runs the experts on its own tokens (`moe_expert_parallel`)."""
+  return not mesh.empty and mesh.size > 1 and num_tokens % sharding.data_parallel_size(mesh) == 0
+
+
 def splits_hidden_for_decoding(cfg, mesh, num_tokens=None):
   """Whether the sampler runs the experts with their hidden dimension split over 'fsdp' (and
   'tensor'): on a mesh with an 'fsdp' axis whose split of the hidden dimension (and of
@@ -297,8 +303,7 @@ def splits_hidden_for_decoding(cfg, mesh, num_tokens=None):
   layout and the compiler reduces partial sums over the split model dimension."""
   if mesh.empty or mesh.shape.get('fsdp', 1) == 1 or not cfg.num_experts:
     return False
-  batch_split = sharding.data_parallel_size(mesh)
-  if num_tokens is not None and num_tokens % batch_split:
+  if num_tokens is not None and not splits_tokens(mesh, num_tokens):
     return False
   shape = (cfg.num_experts, cfg.d_model, cfg.expert_hidden)
   spec = sharding.spec_for(shape, DECODING_NAMES[('expert', 'embed', 'mlp')], mesh)

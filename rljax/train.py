@@ -2,8 +2,8 @@
 
 `rljax.run.setup` checks the config and builds (or restores) everything a run holds; `rl_step` is
 one rollout batch, start to finish; `train` is the loop around it, owning only the budget,
-evaluation, checkpoints, preemption and the non-finite stop. The algorithm (rljax.algos, by `config.algo`)
-owns how a rollout becomes a training batch and what its update does.
+evaluation, checkpoints, preemption and the non-finite stop. The algorithm (rljax.algos, by
+`config.algo`) owns how a rollout becomes a training batch and what its update does.
 """
 import time
 
@@ -24,7 +24,6 @@ from rljax import stats
 from rljax import workdir as workdir_lib
 
 
-
 @jax.jit
 def rollout_stats(rewards_B, rollout):
   """The rollout's logged numbers in one jitted call (each eager op is a dispatch per step)."""
@@ -34,11 +33,6 @@ def rollout_stats(rewards_B, rollout):
 
 step_key = jax.jit(jax.random.fold_in)
 ROLLOUT_KEYS = ('response_len_mean', 'response_len_max', 'slot_utilization', 'decode_steps')
-
-
-def _poisoned(batch):
-  """The batch with every float made NaN: what a diverged step looks like to the update."""
-  return jax.tree.map(lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x, batch)
 
 
 def rl_step(run, carry, examples, step):
@@ -63,8 +57,9 @@ def rl_step(run, carry, examples, step):
   rewards_B = sharding.put_batch(rewards_B, run.mesh)
   batch, batch_stats = run.algo.make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT,
                                            ref_params)
-  if step in run.nan_steps:
-    batch = _poisoned(batch)
+  if step in run.nan_steps:   # fault injection: every float NaN, as a diverged step's batch is
+    batch = jax.tree.map(lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                         batch)
   times['reward_time_s'] = time.perf_counter() - reward_start
 
   update_start = time.perf_counter()
@@ -114,8 +109,11 @@ def _advance(meta, row, iterator):
   return meta
 
 
-def _stop_if_diverged(run, carry, step, workdir):
-  limit = run.config.optimizer.max_bad_steps
+def _check_updates(run, carry, row, workdir):
+  """Warns of skipped non-finite updates; stops the run after `max_bad_steps` in a row."""
+  step, limit = row['step'], run.config.optimizer.max_bad_steps
+  if row['skipped_updates']:
+    logging.warning('step %d: %d non-finite update(s) skipped', step, row['skipped_updates'])
   if max(int(carry[key].notfinite_count) for key in carry if key.endswith('opt_state')) >= limit:
     run.ckpt.close()   # lets the in-flight save commit; skipped updates left its params good
     raise FloatingPointError(
@@ -139,18 +137,16 @@ def train(config, workdir, stop=None):
     meta = _advance(meta, row, run.iterator)
     noise.update(row)
     run.writer.train(row, console=row['step'] % config.train.log_every == 0)
-    if row['skipped_updates']:
-      logging.warning('step %d: %d non-finite update(s) skipped', row['step'],
-                      row['skipped_updates'])
-    _stop_if_diverged(run, carry, row['step'], workdir)
+    _check_updates(run, carry, row, workdir)
     if row['step'] % config.train.eval_every == 0 or _done(config.train, meta):
       meta['eval_accuracy'], correct = run.evaluate(carry['params'])
       run.writer.eval(row['step'], meta['samples'], meta['eval_accuracy'], correct,
                       meta['wallclock_s'])
+    done = _done(config.train, meta)   # the evaluation may have reached the target
     # Every process gets the same answer at the same step; a request during the last step is moot.
-    stopping = stop is not None and stop.agreed() and not _done(config.train, meta)
+    stopping = stop is not None and stop.agreed() and not done
     run.ckpt.save(meta['step'], carry, dict(meta, config=workdir_lib.config_json(config)),
-                  force=_done(config.train, meta) or stopping)
+                  force=done or stopping)
     if stopping:
       run.ckpt.close()
       raise preemption.Preempted(meta['step'])

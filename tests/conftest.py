@@ -1,17 +1,26 @@
-"""Test session setup: 8 fake CPU devices in this process, so sharding tests use real meshes, and
-one persistent XLA cache for the session.
+"""Test session setup: 8 fake CPU devices in this process, so sharding tests use real meshes, fast
+XLA:CPU compiles, and one persistent XLA cache for the session.
 
-The device flag is set only while JAX starts its backend, then removed again, so subprocesses
-started by tests (training runs, multi-process runs) get the environment they ask for. The cache
-is shared by both xdist workers and by every subprocess (they inherit its variables), so a
-program that several tests compile (the tiny model's sampler, a resumed run) compiles once per
-session. RLJAX_TEST_XLA_CACHE=DIR keeps it across sessions (a fast inner loop).
+The device count is set only while JAX starts its backend, then removed again, so subprocesses
+started by tests (training runs, multi-process runs) get the devices they ask for. FAST_COMPILE
+stays in XLA_FLAGS for this process and every subprocess: LLVM at -O0 and XLA:CPU's classic
+fusion emitters compile the same HLO several times faster, and compiling small programs is most
+of the suite's time (docs/design/test_speed.md). RLJAX_TEST_FAST_COMPILE=0 compiles as the
+product does.
+
+The cache is shared by both xdist workers and by every subprocess (they inherit its variables),
+so a program that several tests compile (the tiny model's sampler, a resumed run) compiles once
+per session. RLJAX_TEST_XLA_CACHE=DIR keeps it across sessions (a fast inner loop).
 """
 import os
 import shutil
 import tempfile
 
-_FLAG = '--xla_force_host_platform_device_count=8'
+FAST_COMPILE = '--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
+_flags = os.environ.get('XLA_FLAGS', '')
+if os.environ.get('RLJAX_TEST_FAST_COMPILE', '1') == '1' and FAST_COMPILE not in _flags:
+  _flags = f'{_flags} {FAST_COMPILE}'.strip()   # (xdist workers inherit it from the main process)
+os.environ['XLA_FLAGS'] = f'{_flags} --xla_force_host_platform_device_count=8'
 # Made by the main pytest process, which xdist workers inherit the environment from.
 _OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ and not os.environ.get(
     'RLJAX_TEST_XLA_CACHE')
@@ -19,15 +28,10 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.environ.get('RLJAX_TEST_XL
                       tempfile.mkdtemp(prefix='rljax_test_xla_cache_'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
-_saved = os.environ.get('XLA_FLAGS')
-os.environ['XLA_FLAGS'] = f'{_saved or ""} {_FLAG}'.strip()
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.devices()  # starts the CPU backend with 8 devices
-if _saved is None:
-  del os.environ['XLA_FLAGS']
-else:
-  os.environ['XLA_FLAGS'] = _saved
+os.environ['XLA_FLAGS'] = _flags
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -409,8 +409,8 @@ print('OK', cut)
 @pytest.mark.parametrize('name', MODELS)
 @pytest.mark.e2e
 def test_load_places_each_shard_from_its_own_slice(name):
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  flags = f'{os.environ["XLA_FLAGS"]} --xla_force_host_platform_device_count=8'
+  env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
   result = subprocess.run([sys.executable, '-c', SHARDED_SCRIPT, model_dir(name)], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -239,9 +239,7 @@ def test_remat_same_logits_and_grads():
     def loss(p):
       logits, _, aux = model.apply({'params': p}, jnp.asarray(tokens), jnp.asarray(valid))
       return jnp.sum(jnp.where(jnp.asarray(valid)[..., None], logits * targets, 0.0)) + aux, logits
-    # LLVM optimisation level 0 only to compile faster (it does not change what is computed).
-    (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True),
-                                 compiler_options={'xla_backend_optimization_level': 0})(params)
+    (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
     return np.asarray(logits), grads
 
   ref_logits, ref_grads = run('none')

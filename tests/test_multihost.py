@@ -31,8 +31,8 @@ def free_port():
 
 
 def launch(workdir, data_dir, warm_dir, devices, extra=()):
-  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-             PYTHONPATH=REPO, JAX_PLATFORMS='cpu')
+  flags = f'{os.environ["XLA_FLAGS"]} --xla_force_host_platform_device_count={devices}'
+  env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=REPO, JAX_PLATFORMS='cpu')
   cmd = [sys.executable, '-m', 'rljax.main', f'--workdir={workdir}', *TINY,
          f'--config.data.dir={data_dir}', f'--config.warmstart.dir={warm_dir}', *extra]
   return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

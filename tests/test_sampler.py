@@ -48,19 +48,20 @@ def np_log_softmax(x):
   return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-FAST_COMPILE = {'xla_backend_optimization_level': 0}  # LLVM -O0: compiles faster, same math
+# What the product compiles with, where a test reads the compiled program (tests/conftest.py's
+# FAST_COMPILE turns XLA:CPU's new fusion emitters off, which also changes the fusions).
+PRODUCT_CODEGEN = {'xla_cpu_use_fusion_emitters': True}
 
 
 @functools.lru_cache(maxsize=None)
 def full_forward():
-  return jax.jit(MODEL.apply, compiler_options=FAST_COMPILE)
+  return jax.jit(MODEL.apply)
 
 
 @functools.lru_cache(maxsize=None)
 def trainer_logprobs():
   """policy_loss.response_logprobs, jitted once (the temperature is traced)."""
-  return jax.jit(functools.partial(policy_loss.response_logprobs, MODEL),
-                 compiler_options=FAST_COMPILE)
+  return jax.jit(functools.partial(policy_loss.response_logprobs, MODEL))
 
 
 def full_logits(params, prompt, valid, response):
@@ -96,22 +97,7 @@ def samplers():
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(sampler_lib, 'sample_token', counted)
     built = {name: (sampler_lib.make_sampler(MODEL, cfg), cfg) for name, cfg in configs.items()}
-    # 't1' stays the library's jitted function (test_compiles_once_per_shape inspects it); the
-    # others are compiled from it at LLVM optimisation level 0, only to compile faster.
-    yield {name: (sampler if name == 't1' else FastCompiled(sampler), cfg)
-           for name, (sampler, cfg) in built.items()}
-
-
-class FastCompiled:
-  """Calls `jitted` through `jitted.lower(...).compile(compiler_options)` (one shape only)."""
-
-  def __init__(self, jitted):
-    self.jitted, self.compiled = jitted, None
-
-  def __call__(self, *args):
-    if self.compiled is None:
-      self.compiled = self.jitted.lower(*args).compile(compiler_options=FAST_COMPILE)
-    return self.compiled(*args)
+    yield built
 
 
 def run(sampler, params, prompt, valid, seed):
@@ -207,7 +193,7 @@ def test_one_column_prompts_skip_the_prefill():
   prompt = jnp.asarray(np.arange(2, 2 + 8).reshape(8, 1), jnp.int32)
   valid = jnp.ones((8, 1), bool)
   greedy = jax.jit(sampler_lib.make_sampler(MODEL, sampler_lib.SamplingConfig(
-      MAX_NEW, EOS, PAD, greedy=True)), compiler_options=FAST_COMPILE)
+      MAX_NEW, EOS, PAD, greedy=True)))
   rollout = run(greedy, params, prompt, valid, seed=0)
   ref_tokens, ref_logp, ref_mask = np_greedy_reference(params, prompt, valid)
   np.testing.assert_array_equal(rollout.tokens_BxL, ref_tokens)
@@ -285,7 +271,8 @@ def test_decoding_writes_the_kv_cache_in_place(lengths):
   cfg = dataclasses.replace(CFG, num_layers=2)
   prompt, valid = prompts(1, lengths=lengths)
   sampler = jax.jit(sampler_lib.make_sampler(model_lib.Transformer(cfg),
-                                             sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD)))
+                                             sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD)),
+                    compiler_options=PRODUCT_CODEGEN)
   hlo = sampler.lower(random_params_lib.for_model(cfg, 0), prompt, valid,
                       jax.random.PRNGKey(0)).compile().as_text()
   batch = f'{len(lengths)},' if len(lengths) > 1 else '(?:1,)?'   # either form at batch 1
@@ -320,7 +307,8 @@ def test_decoding_loop_copies_no_weights(moe_impl):
                             expert_hidden=576, num_heads=6, head_dim=40)   # shapes of no other array
   prompt, valid = prompts(1)
   sampler = jax.jit(sampler_lib.make_sampler(model_lib.Transformer(cfg),
-                                             sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD)))
+                                             sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD)),
+                    compiler_options=PRODUCT_CODEGEN)
   params = jax.eval_shape(lambda: random_params_lib.for_model(cfg, 0))   # shapes only
   hlo = sampler.lower(params, prompt, valid, jax.random.PRNGKey(0)).compile().as_text()
   joined = re.escape(f'f32[{cfg.num_experts},{cfg.d_model},{2 * cfg.expert_hidden}]')

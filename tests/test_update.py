@@ -50,14 +50,12 @@ def step_fn(kl_coef, num_micro):
   def step(params, opt_state, batch, ref_params):
     micro_loss = lambda p, b: loss_fn(p, b, ref_params if kl_coef else None)
     return update.apply_update(micro_loss, tx, params, opt_state, batch, num_micro)
-  # LLVM optimisation level 0 only to compile faster (it does not change what is computed).
-  return jax.jit(step, compiler_options={'xla_backend_optimization_level': 0}), tx
+  return jax.jit(step), tx
 
 
 @functools.lru_cache(maxsize=None)
 def logprobs_fn():
-  return jax.jit(functools.partial(policy_loss.response_logprobs, MODEL),
-                 compiler_options={'xla_backend_optimization_level': 0})
+  return jax.jit(functools.partial(policy_loss.response_logprobs, MODEL))
 
 
 def make_setup(seed=0):
