@@ -32,6 +32,9 @@ def get_config(arg=None):
     config.model.max_seq_len = max(config.model.max_seq_len, 160)   # room for longer chains
     config.rollout.slots = 32
     if arg.runlocal:   # warm start and RL sized for the 15-minute CPU run (docs/guide/rollouts.md)
-      config.warmstart.update(batch=64, lr=2e-3, min_steps=100)   # to the default threshold 0.3
-      config.train.max_samples = 51_200
+      # RL learns long chains only from a policy that already solves some of them (below ~0.5
+      # most 6-8 operand groups earn no reward); checks every 10 steps limit the overshoot.
+      config.warmstart.update(batch=64, lr=2e-3, min_steps=300, eval_every=10, threshold=0.5)
+      config.optimizer.lr = 2e-4
+      config.train.max_samples = 48_000
   return config

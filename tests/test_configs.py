@@ -65,6 +65,7 @@ def test_grpo_get_config_args():
 def test_check_accepts_good_configs():
   config_checks.check(grpo.get_config('runlocal'))
   config_checks.check(grpo.get_config('P=1024,G=8'))   # the docstring's full-size example
+  config_checks.check(grpo.get_config('runlocal,task=sums'))   # docs/guide/rollouts.md's run
 
 
 def test_check_accepts_full_size_defaults():
