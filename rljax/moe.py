@@ -333,17 +333,14 @@ def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_
   """
   batch_axes = tuple(a for a in ('data', 'fsdp', 'expert') if a in mesh.shape)
   spec = jax.sharding.PartitionSpec
+  # As stored (the model dimension may be split over 'fsdp', gathered in `local`), or decoding's.
+  names = [('expert', 'embed', 'mlp'), ('expert', 'embed', 'mlp'), ('expert', 'mlp', 'embed')]
+  names = [DECODING_NAMES[n] for n in names] if split_hidden else names
+  w_specs = [sharding.spec_for(w.shape, n, mesh) for w, n in zip((w_gate, w_up, w_down), names)]
   if split_hidden:
-    group_axes = ('fsdp', 'expert')
-    w_specs = [sharding.spec_for(w.shape, DECODING_NAMES[names], mesh) for w, names in (
-        (w_gate, ('expert', 'embed', 'mlp')), (w_up, ('expert', 'embed', 'mlp')),
-        (w_down, ('expert', 'mlp', 'embed')))]
-    hidden_axes = jax.tree.leaves(tuple(w_specs[0])[2])
-  else:   # as stored: the model dimension may be split over 'fsdp', gathered in `local`
+    group_axes, hidden_axes = ('fsdp', 'expert'), jax.tree.leaves(tuple(w_specs[0])[2])
+  else:
     group_axes, hidden_axes = ('expert',), ('tensor',)
-    w_specs = [sharding.spec_for(w.shape, names, mesh) for w, names in (
-        (w_gate, ('expert', 'embed', 'mlp')), (w_up, ('expert', 'embed', 'mlp')),
-        (w_down, ('expert', 'mlp', 'embed')))]
 
   def local(x_TxD, router_DxE, w_gate, w_up, w_down):
     if not split_hidden:   # FSDP: the layer's experts whole, in the compute dtype, for this call

@@ -4,11 +4,13 @@ the MoE layer for every expert implementation vs a naive per-token loop over sel
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from rljax import model as model_lib
 from rljax import moe
+from rljax import sharding
 
 
 # ------------------------------------------------------------------ numpy references (float64)
@@ -126,6 +128,21 @@ def random_moe_params(rng, skew):
   if skew:  # inputs are positive, so expert 2's router logit is by far the largest for almost every token
     params['router'][:, 2] += 0.4
   return {name: value.astype(np.float32) for name, value in params.items()}
+
+
+@pytest.mark.parametrize('devices, tokens, in_shard_map', [
+    (4, 8, True), (4, 6, False), (1, 8, False)])
+def test_experts_run_per_device_where_a_mesh_splits_the_tokens(devices, tokens, in_shard_map):
+  """On a mesh of several devices that divides the tokens, the experts run in shard_map (XLA
+  cannot partition the TPU grouped-matmul kernel); a batch it does not divide, or one device,
+  keeps the local path."""
+  mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(fsdp=devices)), jax.devices()[:devices])
+  layer = moe.MoE(moe_cfg('ragged', 2))
+  x = jnp.ones((1, tokens, D), jnp.float32)
+  params = jax.tree.map(jnp.asarray, random_moe_params(np.random.default_rng(0), False))
+  with jax.set_mesh(mesh):
+    jaxpr = jax.make_jaxpr(lambda p, x: layer.apply({'params': p}, x))(params, x)
+  assert ('shard_map' in str(jaxpr)) == in_shard_map
 
 
 @pytest.mark.parametrize('impl', ['ragged', 'dense', 'bucketed'])
