@@ -9,12 +9,17 @@ schedules alone. Length distributions:
              its prompts;
   lognormal  heavy-tailed: round(median * exp(sigma * z)), clipped to [1, max_len], random prompts;
   uniform    every response max_len tokens, random prompts.
-Reported per point: wall seconds (median of the repeats), decode steps, decode-slot utilization
-(response tokens / (slots x steps)), response tokens/s, and each schedule's tokens/s over
-static's. The schedules of a point run interleaved (static, slots=a, slots=b, static, ...), so
-every repeat gives one ratio per schedule taken under the same load; `vs_static` is the median of
-those per-repeat ratios and `interval` a distribution-free interval of that median (coverage in
-the JSON record: >= 90% from 5 repeats on). Nothing compiles while timing (asserted).
+Schedules per point: `static`; `slots=S`, continuous batching over S decode slots (each S up to
+P x G; at S = P x G it is one wave, the same steps as static); and `static/S`, static batching over
+chunks of S responses, one call each: the decode batch of S slots without their refills.
+Reported per schedule: wall seconds (median of the repeats), decode steps, decode-slot utilization
+(response tokens / (decode rows x steps)), response tokens/s, and ratios of tokens/s: `vs_static`
+(over static's) and, for `slots=S`, `vs_chunked` (over `static/S`'s), which separates the refill
+schedule from the machine's throughput at S rows against P x G rows. The schedules of a point run
+interleaved (static, slots=a, static/a, ..., static, ...), so every repeat gives one ratio per
+schedule taken under the same load; a ratio is the median of those per-repeat ratios with a
+distribution-free interval of that median (coverage in the JSON record: >= 90% from 5 repeats
+on). Nothing compiles while timing (asserted).
 """
 import argparse
 import functools
@@ -35,7 +40,8 @@ from rljax.datasets import sums
 
 DISTRIBUTIONS = ('sums', 'lognormal', 'uniform')
 COLUMNS = ('dist', 'batch', 'schedule', 'wall_s', 'spread', 'steps', 'utilization', 'tok_s',
-           'vs_static', 'interval', 'len_mean', 'len_max', 'load_1min')
+           'vs_static', 'vs_static_interval', 'vs_chunked', 'vs_chunked_interval', 'len_mean',
+           'len_max', 'load_1min')
 
 
 def sums_problems(data_dir, count, seed):
@@ -64,22 +70,48 @@ def synthetic(dist, count, args, seed):
 
 
 def points(args, model, mesh):
-  """(dist, batch, schedule name, jitted sampler, inputs) for every point of the sweep."""
+  """(dist, batch, schedule name, jitted sampler, input chunks, decode rows) for every point of the
+  sweep: static batching; continuous batching at each slot count up to the batch; and, for each
+  slot count S below the batch, static batching over chunks of S responses, one call each: the
+  same decode batch as S slots, without refills, so that `vs_chunked` is the refill schedule's own
+  cost or gain, apart from the machine's throughput at S rows against P x G."""
   out = []
   for dist in args.dists:
     for batch in args.batches:
       if dist == 'sums':
-        prompts, caps = sums_problems(args.data_dir, batch, seed=batch)
+        (prompt_NxT, valid_NxT), caps_N = sums_problems(args.data_dir, batch, seed=batch)
         max_len = sums.lengths(sums.make_config().max_operands, sums.make_config().digits)[1] + 1
       else:
-        prompts, caps = synthetic(dist, batch, args, seed=batch)
+        (prompt_NxT, valid_NxT), caps_N = synthetic(dist, batch, args, seed=batch)
         max_len = args.max_len
-      inputs = sharding.put_batch((*prompts, caps), mesh)
-      for slots in [0] + [s for s in args.slots if s < batch]:
-        sample = sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
-            max_new_tokens=max_len, eos_id=-1, pad_id=0, slots=slots))   # stops: the caps only
-        out.append((dist, batch, f'slots={slots}' if slots else 'static', sample, inputs))
+      chunks = lambda size: [sharding.put_batch(
+          (prompt_NxT[i:i + size], valid_NxT[i:i + size], caps_N[i:i + size]), mesh)
+                             for i in range(0, batch, size)]
+      sampler = lambda slots: sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+          max_new_tokens=max_len, eos_id=-1, pad_id=0, slots=slots))   # stops: the caps only
+      static = sampler(0)
+      out.append((dist, batch, 'static', static, chunks(batch), batch))
+      for slots in [s for s in args.slots if s <= batch]:
+        out.append((dist, batch, f'slots={slots}', sampler(slots), chunks(batch), slots))
+        if slots < batch:
+          out.append((dist, batch, f'static/{slots}', static, chunks(slots), slots))
   return out
+
+
+def summary(rollouts, decode_rows):
+  """Decode steps, utilization and lengths of a schedule's rollouts (one per chunk)."""
+  lengths_N = np.concatenate([r.lengths_B for r in rollouts])
+  steps = sum(int(r.decode_steps) for r in rollouts)
+  return dict(steps=steps, utilization=float(lengths_N.sum() / (decode_rows * steps)),
+              len_mean=float(lengths_N.mean()), len_max=int(lengths_N.max()),
+              tokens=int(lengths_N.sum()))
+
+
+def ratio_columns(seconds, baseline, name, prefix):
+  """`prefix` and its interval: the median per-round ratio of `baseline`'s time over `name`'s."""
+  ratio, low, high, coverage = common.median_interval(
+      np.divide(seconds[baseline], seconds[name]))
+  return {prefix: ratio, f'{prefix}_interval': f'{low:.2f}-{high:.2f}', 'coverage': coverage}
 
 
 def measure(args):
@@ -90,28 +122,26 @@ def measure(args):
                                    jax.random.PRNGKey(0), mesh)
   sweep = points(args, model, mesh)
   key = jax.random.PRNGKey(1)
-  call = lambda sample, inputs: sample(params, inputs[0], inputs[1], key, inputs[2])
-  common.precompile([(sample, (params, inputs[0], inputs[1], key, inputs[2]))
-                     for *_, sample, inputs in sweep], mesh)
+  call = lambda sample, chunks: [sample(params, c[0], c[1], key, c[2]) for c in chunks]
+  common.precompile([(sample, (params, c[0], c[1], key, c[2]))
+                     for *_, sample, chunks, _ in sweep for c in chunks], mesh)
   rows = []
   with common.count_compiles() as compiles, jax.set_mesh(mesh):
     for dist, batch in dict.fromkeys((d, b) for d, b, *_ in sweep):
       group = [p for p in sweep if p[:2] == (dist, batch)]
-      seconds = common.alternated({name: functools.partial(call, sample, inputs)
-                                   for _, _, name, sample, inputs in group}, args.repeats)
-      for _, _, name, sample, inputs in group:
-        rollout = jax.device_get(call(sample, inputs))
-        wall, spread = common.median_spread(seconds[name])
-        # The same tokens in every schedule: static's time over this one's is this one's tokens/s
-        # over static's.
-        tokens = int(rollout.lengths_B.sum())
-        ratio, low, high, coverage = common.median_interval(
-            np.divide(seconds['static'], seconds[name]))
-        rows.append(dict(dist=dist, batch=batch, schedule=name, wall_s=wall, spread=spread,
-                         steps=int(rollout.decode_steps), utilization=float(rollout.utilization),
-                         tok_s=tokens / wall, vs_static=ratio, interval=f'{low:.2f}-{high:.2f}',
-                         coverage=coverage, len_mean=float(rollout.lengths_B.mean()),
-                         len_max=int(rollout.lengths_B.max()), load_1min=common.load_average()))
+      seconds = common.alternated({name: functools.partial(call, sample, chunks)
+                                   for _, _, name, sample, chunks, _ in group}, args.repeats)
+      for _, _, name, sample, chunks, decode_rows in group:
+        row = dict(dist=dist, batch=batch, schedule=name, **summary(
+            jax.device_get(call(sample, chunks)), decode_rows))
+        row['wall_s'], row['spread'] = common.median_spread(seconds[name])
+        # The same number of tokens in every schedule: static's time over this one's is this
+        # one's tokens/s over static's.
+        row.update(tok_s=row.pop('tokens') / row['wall_s'], load_1min=common.load_average(),
+                   **ratio_columns(seconds, 'static', name, 'vs_static'))
+        if f'static/{decode_rows}' in seconds and name.startswith('slots='):
+          row.update(ratio_columns(seconds, f'static/{decode_rows}', name, 'vs_chunked'))
+        rows.append(row)
         print(common.table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
   if compiles['count']:
     raise RuntimeError(f"{compiles['count']} compilation(s) while timing")
@@ -140,7 +170,7 @@ def main(argv):
   parser.add_argument('--batches', type=common.positive_ints, default='64,256,512,1024',
                       help='P x G responses per rollout')
   parser.add_argument('--slots', type=common.positive_ints, default='32,64',
-                      help='continuous-batching slot counts (each below the batch is measured)')
+                      help='continuous-batching slot counts (each up to the batch is measured)')
   parser.add_argument('--dists', type=distributions, default=','.join(DISTRIBUTIONS))
   parser.add_argument('--max_len', type=common.positive_int, default=256,
                       help='synthetic: the response budget (uniform: every length)')

@@ -32,19 +32,17 @@ def rollout_stats(rewards_B, rollout):
 
 
 step_key = jax.jit(jax.random.fold_in)
-ROLLOUT_KEYS = ('response_len_mean', 'response_len_max', 'slot_utilization', 'decode_steps')
 
 
 def rl_step(run, carry, examples, step):
   """One rollout batch of `examples` (P prompts): sample G responses each, score them, turn them
   into the algorithm's batch and update. Returns the new carry and the step's training row (the
   loop adds the running totals)."""
-  G = run.config.rollout.G
   state = {k: v for k, v in carry.items() if k not in ('rng', 'reference')}
   ref_params, rng = carry.get('reference'), step_key(carry['rng'], step)
   start = time.perf_counter()
-  prompts = [p for p in examples['prompt'] for _ in range(G)]   # group-major rows
-  answers = [a for a in examples['answer'] for _ in range(G)]
+  prompts, answers = ([x for x in examples[key] for _ in range(run.config.rollout.G)]
+                      for key in ('prompt', 'answer'))   # group-major rows
   prompt_BxT, valid_BxT = sharding.put_batch(
       data.encode_prompts(prompts, run.task.tokenizer, run.prompt_len), run.mesh)
   rollout = run.sample(state['params'], prompt_BxT, valid_BxT, rng)
@@ -67,8 +65,7 @@ def rl_step(run, carry, examples, step):
   update_metrics = jax.device_get(update_metrics)
   times['update_time_s'] = time.perf_counter() - update_start
   times['step_time_s'] = time.perf_counter() - start
-  batch_stats, rollout_numbers = jax.device_get(
-      (batch_stats, rollout_stats(rewards_B, rollout)))
+  batch_stats, rollout_numbers = jax.device_get((batch_stats, rollout_stats(rewards_B, rollout)))
   row = training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
   row.update(reward_failures=reward_failures, data_skipped=run.iterator.skipped)
   return dict(carry, **state), row
@@ -77,11 +74,9 @@ def rl_step(run, carry, examples, step):
 def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics):
   """The step's metrics.jsonl row, less the running totals (samples, tokens, wallclock_s)."""
   batch_size = run.config.rollout.P * run.config.rollout.G
-  row = dict(step=step, tokens_step=int(rollout_numbers['tokens']),
-             reward_mean=float(rollout_numbers['reward_mean']),
-             reward_std=float(rollout_numbers['reward_std']), **times,
+  row = dict(step=step, tokens_step=int(rollout_numbers.pop('tokens')),
+             **{key: float(value) for key, value in rollout_numbers.items()}, **times,
              samples_per_s=batch_size / times['step_time_s'],
-             **{key: float(rollout_numbers[key]) for key in ROLLOUT_KEYS},
              retained=int(batch_stats.pop('retained')),
              skipped_updates=int(update_metrics.pop('skipped')))
   first_update = run.algo.updates_per_batch * (step - 1)

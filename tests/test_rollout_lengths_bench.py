@@ -15,16 +15,27 @@ def test_rejects_bad_arguments_in_one_line(args, capsys):
   assert exit_info.value.code == 2 and ': error: ' in last_line
 
 
-@pytest.mark.e2e   # the whole benchmark, both schedules compiled and timed
+@pytest.mark.e2e   # the whole benchmark, every schedule compiled and timed
 def test_small_sweep_compares_the_same_tokens(capsys):
-  rollout_lengths.main(['--preset=tiny', '--batches=16', '--slots=8', '--dists=lognormal,uniform',
+  rollout_lengths.main(['--preset=tiny', '--batches=16', '--slots=8,16', '--dists=lognormal,uniform',
                         '--max_len=12', '--median=3', '--repeats=1'])
-  rows = [line.split('|')[1:-1] for line in capsys.readouterr().out.splitlines()
-          if line.startswith('| lognormal') or line.startswith('| uniform')]
-  table = {(r[0].strip(), r[2].strip()): [c.strip() for c in r] for r in rows}
+  lines = capsys.readouterr().out.splitlines()
+  cells = lambda line: [c.strip() for c in line.split('|')[1:-1]]
+  columns = cells(next(line for line in lines if line.startswith('| dist')))
+  table = {}
+  for line in lines:
+    if line.startswith('| lognormal') or line.startswith('| uniform'):
+      row = dict(zip(columns, cells(line)))
+      table[row['dist'], row['schedule']] = row
+  same_tokens = lambda a, b: (a['len_mean'], a['len_max']) == (b['len_mean'], b['len_max'])
   for dist in ('lognormal', 'uniform'):
-    static, slots = table[dist, 'static'], table[dist, 'slots=8']
-    assert static[10:12] == slots[10:12]   # the same mean and longest length: the same tokens
-  assert table['uniform', 'static'][5] == '12' and float(table['uniform', 'static'][6]) == 1.0
-  assert float(table['lognormal', 'slots=8'][6]) > float(table['lognormal', 'static'][6])
-  assert np.isclose(float(table['uniform', 'slots=8'][6]), 1.0)
+    static = table[dist, 'static']
+    assert all(same_tokens(static, table[dist, s]) for s in ('slots=8', 'slots=16', 'static/8'))
+    assert table[dist, 'slots=8']['vs_chunked'] and not table[dist, 'slots=16']['vs_chunked']
+    assert table[dist, 'slots=16']['steps'] == static['steps']   # one wave: static's steps
+  assert table['uniform', 'static']['steps'] == '12'
+  assert all(float(table['uniform', s]['utilization']) == 1.0
+             for s in ('static', 'slots=8', 'static/8'))
+  assert table['uniform', 'static/8']['steps'] == '24'   # two chunks of 12 steps
+  lognormal = lambda s: float(table['lognormal', s]['utilization'])
+  assert lognormal('slots=8') > lognormal('static')
