@@ -1,5 +1,5 @@
 """Test session setup: 8 fake CPU devices in this process, so sharding tests use real meshes, fast
-XLA:CPU compiles, and one persistent XLA cache for the session.
+XLA:CPU compiles, and one persistent XLA cache.
 
 The device count is set only while JAX starts its backend, then removed again, so subprocesses
 started by tests (training runs, multi-process runs) get the devices they ask for. FAST_COMPILE
@@ -8,24 +8,21 @@ fusion emitters compile the same HLO several times faster, and compiling small p
 of the suite's time (docs/design/test_speed.md). RLJAX_TEST_FAST_COMPILE=0 compiles as the
 product does.
 
-The cache is shared by both xdist workers and by every subprocess (they inherit its variables),
-so a program that several tests compile (the tiny model's sampler, a resumed run) compiles once
-per session. RLJAX_TEST_XLA_CACHE=DIR keeps it across sessions (a fast inner loop).
+One persistent XLA cache serves both xdist workers and every subprocess (they inherit its
+variables), kept between sessions in RLJAX_TEST_XLA_CACHE (default ~/.cache/rljax/test-xla): a
+program unchanged since the last run is read back rather than compiled again. The main process
+empties it when it has grown past CACHE_LIMIT_BYTES.
 """
 import os
-import shutil
-import tempfile
 
 FAST_COMPILE = '--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
 _flags = os.environ.get('XLA_FLAGS', '')
 if os.environ.get('RLJAX_TEST_FAST_COMPILE', '1') == '1' and FAST_COMPILE not in _flags:
   _flags = f'{_flags} {FAST_COMPILE}'.strip()   # (xdist workers inherit it from the main process)
 os.environ['XLA_FLAGS'] = f'{_flags} --xla_force_host_platform_device_count=8'
-# Made by the main pytest process, which xdist workers inherit the environment from.
-_OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ and not os.environ.get(
-    'RLJAX_TEST_XLA_CACHE')
+CACHE_LIMIT_BYTES = 2 ** 30
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.environ.get('RLJAX_TEST_XLA_CACHE') or
-                      tempfile.mkdtemp(prefix='rljax_test_xla_cache_'))
+                      os.path.join(os.path.expanduser('~'), '.cache', 'rljax', 'test-xla'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -51,6 +48,10 @@ def tiny(tmp_path_factory):
   return root
 
 
-def pytest_sessionfinish(session):
-  if _OWN_CACHE and not hasattr(session.config, 'workerinput'):   # the main process, last
-    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
+def pytest_configure(config):
+  cache = os.environ['JAX_COMPILATION_CACHE_DIR']
+  if not hasattr(config, 'workerinput') and os.path.isdir(cache):   # the main process, first
+    entries = [entry for entry in os.scandir(cache) if entry.is_file()]
+    if sum(entry.stat().st_size for entry in entries) > CACHE_LIMIT_BYTES:
+      for entry in entries:
+        os.remove(entry.path)

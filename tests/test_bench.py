@@ -28,6 +28,7 @@ def tiny_setup():
   return cfg, model_lib.Transformer(cfg), params, mesh
 
 
+@pytest.mark.e2e   # the benchmark's programs (the product's: tests/test_continuous.py)
 def test_sampler_compiles_once_across_steps():
   cfg, model, params, mesh = tiny_setup()
   sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
@@ -48,6 +49,7 @@ def test_sampler_compiles_once_across_steps():
   assert other_shape['count'] >= 1
 
 
+@pytest.mark.e2e
 def test_train_step_compiles_once_across_steps():
   cfg, model, params, mesh = tiny_setup()
   step, _, optimizer = train_bench.make_update_step(model, num_micro=2, batch_size=8, mesh=mesh)

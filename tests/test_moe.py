@@ -349,6 +349,7 @@ def test_megablox_matmul_and_its_gradients_match_numpy():
   assert not np.any(dw_ExDxF[1])   # the empty group's weights get no gradient
 
 
+@pytest.mark.e2e   # a TPU compile of the Mosaic grouped-matmul kernels
 def test_tpu_trains_the_experts_at_the_routed_flops():
   """On TPU the expert layer's gradient costs about 3x its forward (as a dense layer's does), not
   the E/k-fold dense product XLA:TPU makes of `ragged_dot`'s weight gradient."""

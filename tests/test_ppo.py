@@ -397,7 +397,7 @@ def test_shared_trunk_gets_the_sum_of_both_gradients():
   assert np.abs(np.asarray(g_vf[0]['blocks']['attn']['w_q'])).max() > 0  # value loss reaches trunk
 
 
-@pytest.mark.parametrize('share_trunk', [False, True])
+@pytest.mark.parametrize('share_trunk', [False, pytest.param(True, marks=pytest.mark.e2e)])
 def test_one_ppo_update_moves_actor_and_critic_and_logs_both_norms(share_trunk):
   cfg, model, _, policy, _ = setup()
   config = ppo_config(share_trunk=share_trunk, kl_reward_coef=0.05, kl_coef=0.05)

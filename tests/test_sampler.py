@@ -294,7 +294,7 @@ def computations_run_by(hlo, name):
   return {n: bodies[n] for n in seen}
 
 
-@pytest.mark.parametrize('moe_impl', ['bucketed', 'dense'])
+@pytest.mark.parametrize('moe_impl', ['bucketed', pytest.param('dense', marks=pytest.mark.e2e)])
 @pytest.mark.xla_cpu_codegen   # asserts XLA:CPU's compiled text
 def test_decoding_loop_copies_no_weights(moe_impl):
   """The experts' gate and up matrices are joined where the MoE layer uses them (rljax.moe.gate_up):

@@ -123,7 +123,7 @@ def assert_trees_close(a, b, rtol, what, atol=None):
                                err_msg=f'{what} {jax.tree_util.keystr(path)}')
 
 
-@pytest.mark.parametrize('kl_coef', [0.0, KL_COEF])
+@pytest.mark.parametrize('kl_coef', [pytest.param(0.0, marks=pytest.mark.e2e), KL_COEF])
 def test_micro_batch_split_invariance(kl_coef):
   params, ref_params, batch = make_setup()
   logp, _, _ = logprobs_fn()(params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL,
