@@ -89,10 +89,10 @@ def points(args, model, mesh):
                              for i in range(0, batch, size)]
       sampler = lambda slots: sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
           max_new_tokens=max_len, eos_id=-1, pad_id=0, slots=slots))   # stops: the caps only
-      static = sampler(0)
-      out.append((dist, batch, 'static', static, chunks(batch), batch))
+      static, whole = sampler(0), chunks(batch)
+      out.append((dist, batch, 'static', static, whole, batch))
       for slots in [s for s in args.slots if s <= batch]:
-        out.append((dist, batch, f'slots={slots}', sampler(slots), chunks(batch), slots))
+        out.append((dist, batch, f'slots={slots}', sampler(slots), whole, slots))
         if slots < batch:
           out.append((dist, batch, f'static/{slots}', static, chunks(slots), slots))
   return out
