@@ -1,6 +1,8 @@
 """`python -m rljax.analysis` on the protocol runs whose logs the repository keeps: the report they
-document is rebuilt from their raw logs, byte for byte."""
+document is rebuilt from their raw logs: report.md byte for byte, report.json leaf by leaf."""
 import glob
+import json
+import math
 import os
 import subprocess
 import sys
@@ -22,8 +24,43 @@ def test_analysis_rebuilds_the_committed_report(archive, tmp_path):
   with tarfile.open(archive) as tar:
     tar.extractall(tmp_path, filter='data')
   committed = (tmp_path / 'report.json').read_bytes()
+  committed_md = (tmp_path / 'report.md').read_bytes()
   (tmp_path / 'report.json').unlink()
+  (tmp_path / 'report.md').unlink()
   result = subprocess.run([sys.executable, '-m', 'rljax.analysis', f'--workdir={tmp_path}'],
                           capture_output=True, text=True, check=False)
   assert result.returncode == 0, result.stderr
-  assert (tmp_path / 'report.json').read_bytes() == committed
+  assert_same_report(json.loads((tmp_path / 'report.json').read_bytes()), json.loads(committed))
+  assert (tmp_path / 'report.md').read_bytes() == committed_md
+
+
+# Another BLAS build sums in another order: the last bit of some float leaves changes (2e-16
+# relative seen on two x86-64 machines). 1e-12 is four orders above that and far below any digit
+# the report prints; every other leaf (keys, strings, counts, verdicts) must be identical.
+REL_TOL = 1e-12
+
+
+def assert_same_report(got, want, where='report'):
+  if isinstance(want, dict):
+    assert isinstance(got, dict) and sorted(got) == sorted(want), where
+    for key in want:
+      assert_same_report(got[key], want[key], f'{where}.{key}')
+  elif isinstance(want, list):
+    assert isinstance(got, list) and len(got) == len(want), where
+    for i, (a, b) in enumerate(zip(got, want)):
+      assert_same_report(a, b, f'{where}[{i}]')
+  elif isinstance(want, float) and not isinstance(got, bool):
+    assert isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=REL_TOL), \
+        (where, got, want)
+  else:
+    assert type(got) is type(want) and got == want, (where, got, want)
+
+
+def test_the_report_comparison_fails_where_it_must():
+  report = {'a': [1.0, 2, 'x'], 'b': {'p': 0.25}}
+  assert_same_report(json.loads(json.dumps(report)), report)
+  for wrong in ({'a': [1.0 + 1e-9, 2, 'x'], 'b': {'p': 0.25}}, {'a': [1.0, 3, 'x'], 'b': {'p': 0.25}},
+                {'a': [1.0, 2, 'y'], 'b': {'p': 0.25}}, {'a': [1.0, 2], 'b': {'p': 0.25}},
+                {'a': [1.0, 2, 'x'], 'b': {'q': 0.25}}):
+    with pytest.raises(AssertionError):
+      assert_same_report(wrong, report)

@@ -1,6 +1,6 @@
 """Continuous batching (rljax.sampler.generate_continuous): with per-response keys it returns the
-static sampler's tokens and log-probs bit for bit, whatever the slot count and the order rows
-finish in; every prompt is decoded exactly once (its schedule equals a plain-numpy simulation of
+static sampler's tokens exactly and its log-probs within float32 rounding (tolerance.py: they are
+two compiled programs), whatever the slot count and the order rows finish in; every prompt is decoded exactly once (its schedule equals a plain-numpy simulation of
 the slots); it compiles once; on a mesh it equals the static sampler on that mesh."""
 import functools
 
@@ -15,6 +15,7 @@ from rljax import sampler as sampler_lib
 from rljax import sharding
 
 import random_params as random_params_lib
+import tolerance
 
 V, EOS, PAD = 16, 1, 0
 N, T, L = 12, 6, 9
@@ -42,18 +43,19 @@ def static_sampler(cfg):
 
 
 def assert_rollouts_equal(a, b):
-  for name in ('tokens_BxL', 'logp_BxL', 'mask_BxL', 'lengths_B'):
+  """Same tokens, masks and lengths; log-probs within rounding (two different programs)."""
+  for name in ('tokens_BxL', 'mask_BxL', 'lengths_B'):
     np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)),
                                   err_msg=name)
+  np.testing.assert_allclose(np.asarray(a.logp_BxL), np.asarray(b.logp_BxL),
+                             **tolerance.ACROSS_PROGRAMS)
 
 
-# Refill chunks of >= 3 rows (here >= 15 prompt tokens): XLA:CPU computes products of fewer rows
-# with another kernel, whose sums round differently in the last bit (the tokens stay the same).
 @pytest.mark.parametrize('slots,sampling', [
     (3, dict(temperature=1.0)),
     pytest.param(5, dict(temperature=0.7, top_k=4), marks=pytest.mark.e2e),   # more settings
     pytest.param(N, dict(greedy=True), marks=pytest.mark.e2e)])
-def test_bit_equal_to_static_with_per_response_keys(slots, sampling):
+def test_equal_to_static_with_per_response_keys(slots, sampling):
   params = random_params_lib.for_model(CFG, 0)
   prompt, valid, caps = inputs(1)
   rng = jax.random.PRNGKey(3)
