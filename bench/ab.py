@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from bench import common
-from rljax import moe
+from rljax.model import moe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # this tree
 PACKAGES = ('bench', 'configs', 'rljax')

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax import model as model_lib
+from rljax.model import transformer as model_lib
 
 BACKEND_COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import common
-from rljax import moe
+from rljax.model import moe
 
 
 def make_case(tokens, d, f, experts, k, seed=0):

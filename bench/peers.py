@@ -26,8 +26,8 @@ from bench import presets
 from bench import sampler as sampler_bench
 from bench import train_step as train_bench
 from rljax.algos import grpo
-from rljax import moe
-from rljax import sampler as sampler_lib
+from rljax.model import moe
+from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 
 TUNIX = 'google-tunix==0.1.7'
@@ -102,7 +102,7 @@ def token_reward(tokens_BxL):
 
 
 def rljax_grpo(model, params, mesh, P, G, max_new_tokens, prompt_len):
-  """`step(n) -> seconds`: the body of rljax.train's loop on this reward, with Adam(1e-5)."""
+  """`step(n) -> seconds`: the body of rljax.train.loop's loop on this reward, with Adam(1e-5)."""
   config = train_bench.grpo_defaults()
   config.optimizer.lr, config.optimizer.max_grad_norm = 1e-5, 0.0
   batch_size = P * G

@@ -5,7 +5,7 @@ what bench/gpu.sh measured on one, as the Markdown tables of docs/performance.md
 
 Per decode step: the measured time and the bench's own roofline (bf16 weights and cache read once,
 at the probed bandwidth); the plan's bound (the compiled step's FLOPs and bytes at the datasheet's
-peaks); the kernels the compiled step launches (rljax.hlo.loop_kernels) at the time each kernel
+peaks); the kernels the compiled step launches (rljax.aot.hlo.loop_kernels) at the time each kernel
 of the measured program took (its batch-1 step over the kernels of its own decode loop,
 sampler_b1_hlo.txt.gz); and the plan's FLOPs and bytes at the ceilings probed beside each
 measurement plus those kernels.
@@ -16,8 +16,8 @@ import os
 import re
 import sys
 
-from rljax import hlo
-from rljax import targets
+from rljax.aot import hlo
+from rljax.aot import targets
 
 H200 = targets.CHIPS['h200']
 

@@ -1,4 +1,4 @@
-"""Model presets of the benchmarks (rljax.model.ModelConfig fields).
+"""Model presets of the benchmarks (rljax.model.transformer.ModelConfig fields).
 
 tiny   the runlocal model of configs/grpo.py (~0.3M params): a baseline that fits in any cache.
 cpu    ~130M-param MoE (0.5 GB in f32, above this CPU's 480 MB L3): decode at low batch streams
@@ -7,7 +7,7 @@ gpu1b  the ~1.3B-param Qwen3-MoE-shaped default model of configs/grpo.py (bf16 c
 peer   the tiny Qwen3-MoE that bench/peers.py builds in both rljax and Tunix.
 """
 from configs import common
-from rljax import model as model_lib
+from rljax.model import transformer as model_lib
 
 PRESETS = {
     'tiny': common.model_preset(runlocal=True),

@@ -3,7 +3,7 @@ and the memory of each jitted part, to show that micro-batching keeps the update
 
   PYTHONPATH=. python bench/rl_step.py --preset=tiny --P=8,16,32,64 --G=8 --micro=64
 
-The step is the body of rljax.train's loop, built from the same library functions (sampler,
+The step is the body of rljax.train.loop's loop, built from the same library functions (sampler,
 group_batch, policy_update): prompts (3-digit addition) -> sample -> decode and verify on the host
 -> advantages -> one accumulated Adam update. The first step compiles; the next `steps` are timed.
 """
@@ -20,14 +20,14 @@ from bench import common
 from bench import presets
 from bench import sampler as sampler_bench
 from bench import train_step as train_bench
-from rljax import data
-from rljax import evaluation
 from rljax.algos import grpo
-from rljax import moe
-from rljax import rewards
-from rljax import sampler as sampler_lib
+from rljax.data import rewards
+from rljax.data import sources as data
+from rljax.data import tokenizer as tokenizer_lib
+from rljax.model import moe
+from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
-from rljax import tokenizer as tokenizer_lib
+from rljax.train import evaluation
 
 
 def arithmetic_prompts(num, seed):

@@ -5,7 +5,7 @@
 Each point samples P x G responses whose lengths are FORCED (per-response caps, a stop token the
 model never emits), so both schedules decode exactly the same tokens and the comparison is of the
 schedules alone. Length distributions:
-  sums       the reference responses of the sums task (rljax.datasets.sums, built locally), with
+  sums       the reference responses of the sums task (rljax.data.builders.sums, built locally), with
              its prompts;
   lognormal  heavy-tailed: round(median * exp(sigma * z)), clipped to [1, max_len], random prompts;
   uniform    every response max_len tokens, random prompts.
@@ -31,12 +31,12 @@ import numpy as np
 
 from bench import common
 from bench import presets
-from rljax import data
-from rljax import model as model_lib
-from rljax import sampler as sampler_lib
+from rljax.data.builders import sums
+from rljax.data import sources as data
+from rljax.data import tokenizer as tokenizer_lib
+from rljax.model import transformer as model_lib
+from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
-from rljax import tokenizer as tokenizer_lib
-from rljax.datasets import sums
 
 DISTRIBUTIONS = ('sums', 'lognormal', 'uniform')
 COLUMNS = ('dist', 'batch', 'schedule', 'wall_s', 'spread', 'steps', 'utilization', 'tok_s',

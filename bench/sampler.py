@@ -19,9 +19,9 @@ import numpy as np
 
 from bench import common
 from bench import presets
-from rljax import model as model_lib
-from rljax import moe
-from rljax import sampler as sampler_lib
+from rljax.model import moe
+from rljax.model import transformer as model_lib
+from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 
 

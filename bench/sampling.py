@@ -1,9 +1,9 @@
-"""One token draw per row, `jax.random.categorical` against `rljax.sampler.categorical`, side by side.
+"""One token draw per row, `jax.random.categorical` against `rljax.rollout.sampler.categorical`, side by side.
 
   PYTHONPATH=. python bench/sampling.py --shapes=64x1024,8x151936
 
 Both are Gumbel-max; rljax's takes the argmax as a max and a min (`sampler.first_argmax`) and
-hashes its noise's counters unrolled (`rljax.gumbel`; jax's CPU hash is a rolled loop). The
+hashes its noise's counters unrolled (`rljax.rollout.gumbel`; jax's CPU hash is a rolled loop). The
 draws are checked equal for the timed key before anything is timed (a fast wrong draw is no
 result); rounds alternate the two, and the median of each is printed with the ratio.
 """
@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from bench import common
-from rljax import sampler
+from rljax.rollout import sampler
 
 
 def shapes(text):

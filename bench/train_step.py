@@ -24,7 +24,7 @@ from bench import common
 from bench import presets
 from bench import sampler as sampler_bench
 from configs import grpo as grpo_config
-from rljax import moe
+from rljax.model import moe
 from rljax import optim
 from rljax import policy_loss
 from rljax import sharding

@@ -24,7 +24,7 @@ from bench import common
 from bench import presets
 from bench import sampler as sampler_bench
 from bench import train_step as train_bench
-from rljax import moe
+from rljax.model import moe
 from rljax import sharding
 
 

@@ -8,7 +8,7 @@ import sys
 from absl import app
 from absl import flags
 
-from rljax import report as report_lib
+from rljax.protocol import report as report_lib
 
 
 def main(argv):

@@ -14,7 +14,7 @@ from absl import flags
 from absl import logging
 import orbax.checkpoint as ocp
 
-from rljax import hf
+from rljax.hf import checkpoint as hf
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training run directory (holds checkpoints/).')
 _BASE = flags.DEFINE_string('base', None, 'The HF directory the run started from.')

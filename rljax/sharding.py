@@ -3,9 +3,9 @@
 Mesh axes (config.mesh; one size may be -1 to take the remaining devices):
   data    pure data parallelism: batch split, parameters replicated;
   fsdp    batch split AND parameters split along their 'embed' dimension (gathered per layer);
-  expert  batch split for attention, experts split for the MoE (rljax.moe, under shard_map);
+  expert  batch split for attention, experts split for the MoE (rljax.model.moe, under shard_map);
   tensor  attention heads, FFN width and vocabulary split (Megatron style).
-Parameters carry logical axis names (rljax.model); LOGICAL_RULES maps each name to mesh axes.
+Parameters carry logical axis names (rljax.model.transformer); LOGICAL_RULES maps each name to mesh axes.
 A dimension that a rule's mesh axes do not divide stays replicated (said at start-up), so any
 model runs on any mesh, only less sharded.
 """
@@ -27,7 +27,7 @@ LOGICAL_RULES = {
     'kv_heads': ('tensor',),
     'mlp': ('tensor',),
     'expert': ('expert',),
-    'decoding_mlp': ('tensor', 'fsdp'),   # the sampler's experts (rljax.moe.DECODING_NAMES)
+    'decoding_mlp': ('tensor', 'fsdp'),   # the sampler's experts (rljax.model.moe.DECODING_NAMES)
 }  # names not listed ('layers', 'head_dim', 'norm', 'length') are replicated
 
 
@@ -98,7 +98,7 @@ def param_shardings(boxed_params, mesh):
 
 def compile_only(mesh):
   """Whether `mesh` is made of compile-only devices (a TPU or GPU topology described on a host
-  that lacks it, rljax.targets): programs can be lowered and compiled for it, never run."""
+  that lacks it, rljax.aot.targets): programs can be lowered and compiled for it, never run."""
   return mesh.devices.flat[0] not in jax.devices()
 
 
@@ -108,13 +108,18 @@ def abstract(tree, shardings):
                       shardings)
 
 
-def init_params(init_fn, rng, mesh):
+def is_abstract(tree):
+  """Whether any leaf of `tree` is a ShapeDtypeStruct (shapes only, nothing allocated)."""
+  return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
+
+
+def init_params(init_fn, rng, mesh, abstract_only=False):
   """Runs `init_fn(rng) -> boxed params` so each parameter is created already on its shards
   (no host ever materialises the full model). Returns (params, shardings); on a compile-only
-  mesh the params are ShapeDtypeStructs that carry their shardings."""
+  mesh, or with `abstract_only`, the params are ShapeDtypeStructs that carry their shardings."""
   boxed = jax.eval_shape(init_fn, rng)
   shardings = param_shardings(boxed, mesh)
-  if compile_only(mesh):
+  if abstract_only or compile_only(mesh):
     return abstract(nn.unbox(boxed), shardings), shardings
   params = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=shardings)(rng)
   return params, shardings
@@ -138,10 +143,10 @@ def optimizer_shardings(optimizer, params):
 
 def init_optimizer(optimizer, params, mesh):
   """Optimizer state created on the shards of the parameters it mirrors (Adam's moments would
-  otherwise come out replicated: zeros carry no sharding of their own); ShapeDtypeStructs on a
-  compile-only mesh."""
+  otherwise come out replicated: zeros carry no sharding of their own); ShapeDtypeStructs where
+  the params are (a compile-only mesh, an abstract setup)."""
   shardings = optimizer_shardings(optimizer, params)
-  if compile_only(mesh):
+  if compile_only(mesh) or is_abstract(params):
     return abstract(jax.eval_shape(optimizer.init, params), shardings)
   return on_mesh(jax.jit(optimizer.init, out_shardings=shardings), mesh)(params)
 
@@ -172,7 +177,7 @@ def put_batch(tree, mesh):
 
 
 def on_mesh(fn, mesh):
-  """`fn` called (and so traced) with `mesh` as the context mesh (rljax.moe reads it); a jitted
+  """`fn` called (and so traced) with `mesh` as the context mesh (rljax.model.moe reads it); a jitted
   `fn` keeps its `lower`, under that mesh too (rljax.plan compiles for meshes it cannot run on)."""
   def call(*args, **kwargs):
     with jax.set_mesh(mesh):

@@ -1,6 +1,6 @@
 """Statistics of training logs in plain numpy: the trainer's noise scale, the protocol's numbers.
 
-A run, as rljax.report.load_run gives it, is {'train': columns, 'eval': columns} of float arrays.
+A run, as rljax.protocol.report.load_run gives it, is {'train': columns, 'eval': columns} of float arrays.
 Conventions:
 - Runs are compared against cumulative retained training responses ("samples"), never steps.
 - A run that never reaches a target gives nan for it; anything computed from it says so in a status.

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax import model as model_lib
+from rljax.model import transformer as model_lib
 
 
 def redraw(shapes, rng, norm_std=0.2, wide=('router',)):

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from rljax import metrics
+from rljax.train import metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MAX_STEPS = 8

@@ -8,9 +8,9 @@ from configs import grpo as grpo_config
 from configs import ppo as ppo_config
 from configs import rloo as rloo_config
 from rljax import algos
-from rljax import sampler
 from rljax.algos import grpo
 from rljax.algos import rloo
+from rljax.rollout import sampler
 
 
 def test_algorithms_resolve_by_name_and_unknown_names_fail_clearly():
@@ -26,9 +26,8 @@ def test_algorithms_resolve_by_name_and_unknown_names_fail_clearly():
     (grpo_config.get_config('runlocal'), 64, 512), (ppo_config.get_config('runlocal'), 64, 64),
     (rloo_config.get_config('runlocal,G=4'), 8, 32)])
 def test_with_batch_sets_the_batch_argument_and_caps_micro_batches(config_file, value, batch):
-  module = algos.get(config_file.algo)
-  config = module.with_batch(config_file, value)
-  assert module.batch_size(config) == batch
+  config = algos.with_batch(config_file, value)
+  assert algos.batch_size(config) == batch
   assert config.train.micro_batch == min(config_file.train.micro_batch, batch)
   assert config_file.rollout.P != value   # a copy: the original is untouched
 

@@ -14,10 +14,10 @@ import pytest
 import rljax_cli as cli
 from configs import grpo
 from configs import ppo
-from rljax import config_checks
-from rljax import hf
+from rljax.hf import checkpoint as hf
 from rljax import main
 from rljax import tasks
+from rljax.train import config_checks
 
 CONFIG = 'configs/grpo.py:runlocal,P=4,G=4'
 VALID = ['--config.train.micro_batch=8']   # with CONFIG, a valid command (as config_with({}))

@@ -12,8 +12,8 @@ import pytest
 from bench import common
 from bench import presets
 from bench import train_step as train_bench
-from rljax import model as model_lib
-from rljax import sampler as sampler_lib
+from rljax.model import transformer as model_lib
+from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 
 TINY = dict(vocab_size=16, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -112,7 +112,7 @@ def test_moe_bench_checks_and_times_every_implementation(forward_only):
 
 def test_moe_bench_refuses_to_time_a_wrong_implementation(monkeypatch):
   from bench import moe as moe_bench   # pylint: disable=import-outside-toplevel
-  from rljax import moe   # pylint: disable=import-outside-toplevel
+  from rljax.model import moe   # pylint: disable=import-outside-toplevel
   off_by_one_percent = lambda *args: 1.01 * moe.experts_ragged(*args)
   monkeypatch.setitem(moe.EXPERT_IMPLS, 'dense', off_by_one_percent)
   with pytest.raises(AssertionError, match='dense differs from ragged'):
@@ -149,7 +149,7 @@ def test_ab_imports_a_revision_apart_and_times_both_alternately(tmp_path):
   rev, this = ab.import_tree(str(tmp_path)), ab.import_tree(ab.ROOT)
   assert rev['sampler'].__file__.startswith(str(tmp_path))
   assert this['sampler'].__file__.startswith(ab.ROOT) and rev['sampler'] is not this['sampler']
-  assert sampler_lib is __import__('sys').modules['rljax.sampler']   # the test's own, untouched
+  assert sampler_lib is __import__('sys').modules['rljax.rollout.sampler']   # the test's own, untouched
   for part, flags in (('sampler', ['--moe_impl=dense']), ('update', [])):
     result = ab.main([f'--part={part}', '--rev=HEAD', '--preset=tiny', '--batch=8', '--length=4',
                       '--rounds=2', *flags])

@@ -1,4 +1,4 @@
-"""rljax.checkpoint under kill -9: a real subprocess saves checkpoints through Checkpointer in a
+"""rljax.train.checkpoint under kill -9: a real subprocess saves checkpoints through Checkpointer in a
 loop (async saves, old steps deleted as it goes) and is killed at random instants; every step
 left behind must restore, and the latest must be the last one the process reported committed or a
 later one. Cheap enough for many kills: no model, just arrays big enough that saving and deleting
@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import pytest
 
 import rljax_cli as cli
-from rljax import checkpoint
+from rljax.train import checkpoint
 
 KILLS = int(os.environ.get("RLJAX_CHECKPOINT_KILLS", 12))
 _SAVER = '''
 import sys
 import jax.numpy as jnp
-from rljax import checkpoint
+from rljax.train import checkpoint
 ckpt = checkpoint.Checkpointer(sys.argv[1], every=1, keep=2)
 start = (ckpt.latest_step() or 0) + 1
 for step in range(start, start + 10_000):

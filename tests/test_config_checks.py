@@ -1,10 +1,10 @@
-"""Unit checks of rljax.config_checks helpers; the CLI-level table of bad inputs is in
+"""Unit checks of rljax.train.config_checks helpers; the CLI-level table of bad inputs is in
 tests/test_bad_input.py."""
 import pytest
 
 from configs import grpo
-from rljax import config_checks
 from rljax import sharding
+from rljax.train import config_checks
 
 
 @pytest.mark.parametrize('mesh, devices, sizes', [

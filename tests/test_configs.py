@@ -1,10 +1,10 @@
-"""configs/common.parse_arg, configs/grpo.get_config and rljax.config_checks.check."""
+"""configs/common.parse_arg, configs/grpo.get_config and rljax.train.config_checks.check."""
 
 import pytest
 
 from configs import common
 from configs import grpo
-from rljax import config_checks
+from rljax.train import config_checks
 
 DEFAULTS = dict(P=16, lr=1e-3, runlocal=False, name='base')
 

@@ -1,4 +1,4 @@
-"""Continuous batching (rljax.sampler.generate_continuous): with per-response keys it returns the
+"""Continuous batching (rljax.rollout.sampler.generate_continuous): with per-response keys it returns the
 static sampler's tokens exactly and its log-probs within float32 rounding (tolerance.py: they are
 two compiled programs), whatever the slot count and the order rows finish in; every prompt is decoded exactly once (its schedule equals a plain-numpy simulation of
 the slots); it compiles once; on a mesh it equals the static sampler on that mesh."""
@@ -10,8 +10,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rljax import model as model_lib
-from rljax import sampler as sampler_lib
+from rljax.model import transformer as model_lib
+from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 
 import random_params as random_params_lib

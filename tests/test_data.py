@@ -6,9 +6,9 @@ import signal
 import numpy as np
 import pytest
 
-from rljax import data
-from rljax.datasets import arithmetic
-from rljax.tokenizer import ArithmeticTokenizer
+from rljax.data.builders import arithmetic
+from rljax.data import sources as data
+from rljax.data.tokenizer import ArithmeticTokenizer
 
 SMALL = dict(digits=3, ops='+', zero_pad=True, num_train=2000, num_test=200,
              seed=0)
@@ -18,8 +18,8 @@ _PROBLEM = re.compile(r'(\d+)([+\-*])(\d+)=')
 
 
 def _records(source):
-  return [(data._text(r['prompt']), data._text(r['answer']))
-          for r in data._read(source, range(len(source)))]
+  return [(data.text(r['prompt']), data.text(r['answer']))
+          for r in data.read_records(source, range(len(source)))]
 
 
 def _check_arithmetic(prompt, answer):

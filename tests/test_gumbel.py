@@ -1,11 +1,11 @@
-"""rljax.gumbel: the published Threefry-2x32 answers, and jax.random's bits and Gumbel noise to the
+"""rljax.rollout.gumbel: the published Threefry-2x32 answers, and jax.random's bits and Gumbel noise to the
 last bit."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import gumbel
+from rljax.rollout import gumbel
 
 
 def np_threefry2x32(key, counter):

@@ -1,4 +1,4 @@
-"""rljax.hf / rljax.hf_tokenizer against transformers' own outputs.
+"""rljax.hf.checkpoint / rljax.hf.tokenizer against transformers' own outputs.
 
 tests/testdata/tiny_qwen3{,_moe}/ are real transformers checkpoints (random weights, built by
 tests/testdata/make_tiny_hf.py) with logits, greedy generations and chat-template ids recorded
@@ -19,11 +19,11 @@ import pytest
 from safetensors import safe_open
 
 from configs import grpo as grpo_config
-from rljax import checkpoint
-from rljax import hf
-from rljax import hf_tokenizer
-from rljax import model as model_lib
-from rljax import sampler as sampler_lib
+from rljax.hf import checkpoint as hf
+from rljax.hf import tokenizer as hf_tokenizer
+from rljax.model import transformer as model_lib
+from rljax.rollout import sampler as sampler_lib
+from rljax.train import checkpoint
 
 TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata')
 MODELS = ('tiny_qwen3', 'tiny_qwen3_moe')
@@ -369,8 +369,8 @@ import sys
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from configs import grpo as grpo_config
-from rljax import checkpoint
-from rljax import hf
+from rljax.hf import checkpoint as hf
+from rljax.train import checkpoint
 assert jax.device_count() == 8
 name = sys.argv[1]
 cfg = hf.model_config(hf.read_config(name))

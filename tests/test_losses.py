@@ -11,9 +11,9 @@ import pytest
 
 from rljax.algos import grpo
 from rljax import losses
-from rljax import model as model_lib
+from rljax.model import transformer as model_lib
 from rljax import policy_loss
-from rljax import sampler
+from rljax.rollout import sampler
 
 RTOL, ATOL = 2e-6, 1e-6
 MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm')

@@ -8,6 +8,7 @@ from absl import flags
 import pytest
 
 from configs import grpo
+from rljax import cli
 from rljax import main
 
 CONFIG = '--config=configs/grpo.py:runlocal,P=4,G=4'
@@ -15,12 +16,12 @@ WORKDIR = '--workdir=/nonexistent/run'
 
 
 def parse(monkeypatch, *args):
-  """main.parse_flags on a fresh FlagValues (ml_collections reads the overrides from sys.argv)."""
+  """cli.parse_flags on a fresh FlagValues (ml_collections reads the overrides from sys.argv)."""
   argv = ['rljax.main', *args]
   monkeypatch.setattr(sys, 'argv', argv)
   flag_values = flags.FlagValues()
   main.define_flags(flag_values)
-  return main.parse_flags(argv, flag_values), flag_values
+  return cli.parse_flags(argv, flag_values), flag_values
 
 
 def error_line(capsys, call, *args):
@@ -29,7 +30,7 @@ def error_line(capsys, call, *args):
     call(*args)
   stderr = capsys.readouterr().err
   lines = stderr.splitlines()
-  assert stopped.value.code == main.EXIT_BAD_INPUT, stderr
+  assert stopped.value.code == cli.EXIT_BAD_INPUT, stderr
   assert len(lines) == 1 and lines[0].startswith('rljax: error: '), stderr
   return lines[0][len('rljax: error: '):]
 
@@ -93,4 +94,4 @@ def test_bad_input_from_the_run_is_one_line(capsys, tmp_path):
 
 
 def test_a_multi_line_message_is_printed_on_one_line(capsys):
-  assert error_line(capsys, main.fail, 'first\nsecond', main.EXIT_BAD_INPUT) == 'first second'
+  assert error_line(capsys, cli.fail, 'first\nsecond', cli.EXIT_BAD_INPUT) == 'first second'

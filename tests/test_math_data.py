@@ -1,4 +1,4 @@
-"""The GSM8K / MATH JSONL datasets (rljax.datasets.math_jsonl) and the task layer on top
+"""The GSM8K / MATH JSONL datasets (rljax.data.builders.math_jsonl) and the task layer on top
 (rljax.tasks): final-answer extraction, splits, bad files, chat-rendered prompts."""
 import json
 import os
@@ -7,11 +7,11 @@ import ml_collections
 import pytest
 
 from configs import grpo
-from rljax import data
-from rljax import hf_tokenizer
-from rljax import rewards
+from rljax.data.builders import math_jsonl
+from rljax.data import rewards
+from rljax.data import sources as data
+from rljax.hf import tokenizer as hf_tokenizer
 from rljax import tasks
-from rljax.datasets import math_jsonl
 
 TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata')
 GSM8K = os.path.join(TESTDATA, 'gsm8k_sample.jsonl')
@@ -20,7 +20,7 @@ TINY = os.path.join(TESTDATA, 'tiny_qwen3')
 
 
 def records(source):
-  return [{k: data._text(v) for k, v in r.items()} for r in data._read(source, range(len(source)))]
+  return [{k: data.text(v) for k, v in r.items()} for r in data.read_records(source, range(len(source)))]
 
 
 def load(tmp_path, fmt, path, split, **kwargs):
@@ -168,10 +168,10 @@ def test_gsm8k_task_renders_prompts_through_the_chat_template(tmp_path):
   tokenizer = hf_tokenizer.HFTokenizer(TINY)
   assert task.reward_fn is rewards.math_equivalent
   assert (task.prompt_len, task.max_new_tokens) == (64, 8)
-  first = data._read(task.test_source, [0])[0]
+  first = data.read_records(task.test_source, [0])[0]
   raw = records(load(tmp_path, 'gsm8k', GSM8K, 'test', num_test=8))[0]
   assert first['prompt'] == tokenizer.chat_prompt(raw['prompt'] + '\nAnswer after ####.')
-  assert data._text(first['answer']) == raw['answer']
+  assert data.text(first['answer']) == raw['answer']
   prompts, answers = data.eval_set(task.test_source, 8)
   tokens, _ = data.encode_prompts(prompts, tokenizer, task.prompt_len)
   assert tokens.shape == (8, 64)
@@ -179,7 +179,7 @@ def test_gsm8k_task_renders_prompts_through_the_chat_template(tmp_path):
 
 def test_over_long_prompts_are_left_out(tmp_path):
   full = tasks.make_task(math_config(tmp_path))
-  lengths = sorted(len(full.tokenizer.encode(r['prompt'])) for r in data._read(
+  lengths = sorted(len(full.tokenizer.encode(r['prompt'])) for r in data.read_records(
       full.train_source, range(len(full.train_source))))
   cut = lengths[len(lengths) // 2]
   short = tasks.make_task(math_config(tmp_path, max_prompt_len=cut))
@@ -194,7 +194,7 @@ def test_task_errors(tmp_path):
   config.init.hf_path = ''
   with pytest.raises(ValueError, match='init.hf_path'):
     tasks.make_task(config)
-  with pytest.raises(ValueError, match="'gsm9k' is not one of"):
+  with pytest.raises(ValueError, match="data.name must be one of .*, got 'gsm9k'"):
     tasks.make_task(math_config(tmp_path, name='gsm9k'))
 
 
@@ -203,4 +203,4 @@ def test_arithmetic_stays_the_default(tmp_path):
   config.data.update(dir=str(tmp_path), num_train=300, num_test=50)
   task = tasks.make_task(config)
   assert task.reward_fn is rewards.exact_numeric and (task.prompt_len, task.max_new_tokens) == (8, 5)
-  assert data._text(task.test_source[0]['prompt']).endswith('=')
+  assert data.text(task.test_source[0]['prompt']).endswith('=')

@@ -1,4 +1,4 @@
-"""rljax.metrics: metrics.jsonl, TensorBoard events read back with TensorBoard's own reader, resume
+"""rljax.train.metrics: metrics.jsonl, TensorBoard events read back with TensorBoard's own reader, resume
 purging, the progress bar and the optional W&B sink."""
 import json
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from rljax import metrics
+from rljax.train import metrics
 
 
 def train_row(step, reward):

@@ -1,4 +1,4 @@
-"""rljax.model against a plain-numpy forward pass, plus the invariances the RL loop relies on:
+"""rljax.model.transformer against a plain-numpy forward pass, plus the invariances the RL loop relies on:
 left-padding invariance, KV-cache decoding == full forward, scanned/partitioned params, remat."""
 
 import functools
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import model as model_lib
+from rljax.model import transformer as model_lib
 
 import random_params as random_params_lib
 

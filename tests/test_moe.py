@@ -1,4 +1,4 @@
-"""rljax.moe against plain numpy: the router (top-k renormalised softmax, load-balancing loss) and
+"""rljax.model.moe against plain numpy: the router (top-k renormalised softmax, load-balancing loss) and
 the MoE layer for every expert implementation vs a naive per-token loop over selected experts."""
 
 import flax.linen as nn
@@ -8,8 +8,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rljax import model as model_lib
-from rljax import moe
+from rljax.model import moe
+from rljax.model import transformer as model_lib
 from rljax import sharding
 
 
@@ -353,7 +353,7 @@ def test_megablox_matmul_and_its_gradients_match_numpy():
 def test_tpu_trains_the_experts_at_the_routed_flops():
   """On TPU the expert layer's gradient costs about 3x its forward (as a dense layer's does), not
   the E/k-fold dense product XLA:TPU makes of `ragged_dot`'s weight gradient."""
-  from rljax import targets   # pylint: disable=g-import-not-at-top
+  from rljax.aot import targets   # pylint: disable=g-import-not-at-top
   device = targets.parse_target('tpu:v5e-8').devices()[0]
   T, D, F, E, k = 1024, 512, 256, 64, 2
   args = [jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.SingleDeviceSharding(device))

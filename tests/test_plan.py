@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 
 from configs import grpo as grpo_config
-from rljax import compiled
-from rljax import hlo
-from rljax import model as model_lib
-from rljax import plan
+from rljax.aot import hlo
+from rljax.aot import planner
+from rljax.aot import programs as compiled
+from rljax.aot import targets
+from rljax.model import transformer as model_lib
 from rljax import sharding
-from rljax import targets
+from rljax import tasks
+from rljax.train import run as run_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 2 ** 30
@@ -150,7 +152,7 @@ def test_decode_bounds_at_several_batches():
   target = targets.parse_target('tpu:v5e-8')
   mesh = sharding.make_mesh(dict(data=8), target.devices())
   slots = 256
-  rows = plan.decode_bounds(cfg, mesh, target.chip, [64, 512], slots)
+  rows = planner.decode_bounds(cfg, mesh, target.chip, [64, 512], slots)
   assert [r['batch'] for r in rows] == [64, 512]
   D, H, N, K, F, V = 512, 64, 8, 2, 1536, 2048
   per_token = 2 * (4 * (D * H * (2 * N + 2 * K) + 3 * D * F + 2 * N * H * slots) + D * V)
@@ -171,14 +173,14 @@ def test_decode_bounds_at_several_batches():
 def v5e_8():
   """The whole plan (sampler and update) on a v5e-8, 16 GiB per chip: the tight fit."""
   target = targets.parse_target('tpu:v5e-8')
-  return target, plan.plan(mid_size_config(), target, dict(fsdp=8), costs=False)
+  return target, planner.plan(mid_size_config(), target, dict(fsdp=8), costs=False)
 
 
 @pytest.fixture(scope='module')
 def v5p_8_sampler():
   """The rollout sampler alone on a v5p-8 (4 chips; the update compiles as on the v5e-8)."""
   mesh = sharding.make_mesh(dict(fsdp=4), targets.parse_target('tpu:v5p-8').devices())
-  s = plan.setup(mid_size_config(), mesh)
+  s = run_lib.abstract_setup(mid_size_config(), mesh)
   return compiled.sampler(s.model, s.algo.state['params'], mesh, s.batch, s.prompt_len,
                           s.new_tokens)
 
@@ -186,7 +188,7 @@ def v5p_8_sampler():
 @pytest.mark.e2e   # whole programs of a 30B-wide layer through XLA's TPU compiler
 def test_mid_size_moe_compiles_and_fits_a_v5e_8_with_headroom(v5e_8):
   target, report = v5e_8
-  print(plan.format_report(report))
+  print(planner.format_report(report))
   V, D, H, N, K, E, F = 151936, 2048, 128, 32, 4, 128, 768
   assert report['params'] == 2 * V * D + D + (D * H * (2 * N + 2 * K) + 3 * E * D * F + D * E
                                               + 2 * H + 2 * D)
@@ -228,18 +230,18 @@ def test_oversize_config_does_not_fit_with_breakdown():
   with pytest.raises(ValueError, match=r'does not fit tpu:v5e-8 on mesh fsdp=8: params 109\.\d '
                                        r'\+ optimizer 219\.\d \+ kv cache .* GiB per chip, HBM '
                                        r'15\.75 GiB'):
-    plan.plan(config, target, dict(fsdp=8), costs=False)
+    planner.plan(config, target, dict(fsdp=8), costs=False)
   with pytest.raises(ValueError, match=r'no mesh fits tpu:v5e-8; .* does not fit'):
-    plan.plan(config, target, costs=False)
+    planner.plan(config, target, costs=False)
 
 
 def test_preflight_states_the_run_and_refuses_what_cannot_fit():
   config = grpo_config.get_config('runlocal')
-  line = plan.preflight(config, jax.devices())
+  line = planner.preflight(config, jax.devices())
   assert line.startswith('rljax: 0.') and f'on {jax.device_count()} cpu device(s)' in line
   big = grpo_config.get_config('model=qwen3-235b-a22b')
   with pytest.raises(ValueError, match=r'does not fit: .* parameters on'):
-    plan.preflight(big, jax.devices())
+    planner.preflight(big, jax.devices())
 
 
 @pytest.mark.parametrize('args, message', [
@@ -295,12 +297,12 @@ def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
   for P, slots in ((32, 0), (128, 0), (32, 64), (128, 64)):   # 256, 1024 responses; 64 slots
     config = grpo_config.get_config(f'runlocal,P={P}')
     config.rollout.slots = slots
-    s = plan.setup(config, mesh)
+    s = run_lib.abstract_setup(config, mesh)
     m = s.model.cfg
     row_bytes = 2 * m.num_layers * m.num_kv_heads * (s.prompt_len + s.new_tokens) * m.head_dim * (
         np.dtype(jnp.dtype(m.dtype)).itemsize)
-    assert plan.decode_rows(s) == (slots or P * 8)
-    assert plan.resident_bytes(s)['kv_cache'] == (slots or P * 8) // 8 * row_bytes
+    assert planner.decode_rows(s) == (slots or P * 8)
+    assert planner.resident_bytes(s)['kv_cache'] == (slots or P * 8) // 8 * row_bytes
     if slots:
       temporaries[P] = compiled.sampler(s.model, s.algo.state['params'], mesh, s.batch,
                                         s.prompt_len, s.new_tokens, slots=slots)[
@@ -315,12 +317,28 @@ def test_roofline_rollout_decodes_every_wave_of_slots(slots, waves):
   target = targets.parse_target('tpu:v5e-8')
   config = grpo_config.get_config('runlocal,P=32')   # 256 responses
   config.rollout.slots = slots
-  s = plan.setup(config, sharding.make_mesh(dict(data=8), target.devices()))
+  s = run_lib.abstract_setup(config, sharding.make_mesh(dict(data=8), target.devices()))
   chip = target.chip
   costs = dict(decode=dict(flops=3e9, bytes_accessed=4e6), micro=dict(flops=1e12, bytes_accessed=0))
   no_collectives = dict(collectives=dict(loop=dict(bytes=0)))
-  roof = plan.roofline(s, chip, dict(sampler=no_collectives, update=no_collectives), costs)
+  roof = planner.roofline(s, chip, dict(sampler=no_collectives, update=no_collectives), costs)
   step_s = max(3e9 / chip.peak_flops, 4e6 / chip.hbm_bandwidth)
   assert roof['decode_step']['bound_s'] == pytest.approx(step_s)
   assert roof['rollout_s'] == pytest.approx(s.new_tokens * waves * step_s)
   assert roof['decode_rows_per_chip'] == (slots or 256) // 8
+
+
+def test_the_plan_and_the_preflight_size_the_task_that_trains():
+  """The sums task's own lengths (16 prompt + 35 new tokens by default), not the text tasks'
+  data.max_prompt_len / max_response_len: the planner, the pre-flight and training share
+  run.abstract_setup, and it reads the lengths from the task's module."""
+  config = grpo_config.get_config('runlocal,task=sums')
+  prompt_len, new_tokens, _ = tasks.get('sums').lengths(config)
+  assert (prompt_len, new_tokens) != (config.data.max_prompt_len, config.data.max_response_len)
+  report = planner.plan(config, targets.parse_target('tpu:v5e-4'), {}, compile_programs_too=False)
+  assert (report['prompt_len'], report['new_tokens']) == (prompt_len, new_tokens)
+  s = run_lib.abstract_setup(config, sharding.make_mesh(config.mesh, jax.devices()[:1]))
+  assert (s.prompt_len, s.new_tokens, s.batch) == (prompt_len, new_tokens, 128)
+  kv_row = 2 * s.model.cfg.num_layers * s.model.cfg.num_kv_heads * s.model.cfg.head_dim * 4
+  assert planner.resident_bytes(s)['kv_cache'] == (
+      planner.decode_rows(s) * kv_row * (prompt_len + new_tokens))

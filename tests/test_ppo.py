@@ -1,4 +1,4 @@
-"""rljax.critic and rljax.ppo against float64 numpy references with explicit loops, on a tiny MoE.
+"""rljax.model.critic and rljax.ppo against float64 numpy references with explicit loops, on a tiny MoE.
 
 The values must be read at the state that chose each token; the PPO batch (token rewards, KL in
 the reward, GAE, whitening, explained variance) must match a plain loop; actor and critic
@@ -19,12 +19,12 @@ import numpy as np
 import optax
 import pytest
 
-from rljax import critic as critic_lib
-from rljax import losses
-from rljax import model as model_lib
-from rljax import policy_loss
 from rljax.algos import ppo
-from rljax import sampler as sampler_lib
+from rljax import losses
+from rljax.model import critic as critic_lib
+from rljax.model import transformer as model_lib
+from rljax import policy_loss
+from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import update
 
@@ -443,7 +443,7 @@ def test_one_ppo_update_moves_actor_and_critic_and_logs_both_norms(share_trunk):
 ])
 def test_bad_ppo_configs_name_the_field(arg, overrides, message):
   from configs import ppo as ppo_config_file
-  from rljax import config_checks
+  from rljax.train import config_checks
   config = ppo_config_file.get_config(arg)
   for section, values in overrides.items():
     config[section].update(values)
@@ -453,7 +453,7 @@ def test_bad_ppo_configs_name_the_field(arg, overrides, message):
 
 def test_default_ppo_configs_pass_the_checks():
   from configs import ppo as ppo_config_file
-  from rljax import config_checks
+  from rljax.train import config_checks
   for arg in ('', 'runlocal', 'B=1024', 'B=64,runlocal'):
     config_checks.check(ppo_config_file.get_config(arg))
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from rljax import metrics
+from rljax.train import metrics
 
 pytestmark = pytest.mark.e2e   # a whole PPO training run
 

@@ -1,4 +1,4 @@
-"""Tests for rljax.protocol: arm configs, phases, the whole pipeline on a tiny model, and resume.
+"""Tests for rljax.protocol.driver: arm configs, phases, the whole pipeline on a tiny model, and resume.
 
 The pipeline runs for real (TFDS data built locally, real training runs, orbax checkpoints, a real
 subprocess killed mid-protocol), only with a tiny model and budgets of a few steps.
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from configs import protocol as protocol_config
-from rljax import report as report_lib
+from rljax.protocol import driver as protocol
+from rljax.protocol import report as report_lib
 from rljax import stats
-from rljax import protocol
-from rljax import warmstart
+from rljax.train import warmstart
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A tiny model, data set and budget: a few steps per run. Dotted config paths -> values.

@@ -1,5 +1,5 @@
-"""rljax.report on synthetic protocol workdirs whose answers are known, written through the schema
-that rljax.protocol writes with; and the `python -m rljax.analysis` CLI."""
+"""rljax.protocol.report on synthetic protocol workdirs whose answers are known, written through the schema
+that rljax.protocol.driver writes with; and the `python -m rljax.analysis` CLI."""
 import json
 import os
 import subprocess
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from rljax import report as report_lib
+from rljax.protocol import report as report_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOP_TARGET = 0.75

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rljax import rewards
+from rljax.data import rewards
 
 
 @pytest.mark.parametrize('response, answer, expected', [

@@ -1,4 +1,4 @@
-"""rljax.sampler: log-probs equal the trainer's, greedy == step-by-step argmax of the full forward,
+"""rljax.rollout.sampler: log-probs equal the trainer's, greedy == step-by-step argmax of the full forward,
 stop tokens and early exit, top-k / top-p filters vs numpy, sampling frequencies, one compile.
 
 Compiles dominate the run time on CPU, so a few samplers are built once per module and shared."""
@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import model as model_lib
+from rljax.model import transformer as model_lib
 from rljax import policy_loss
-from rljax import sampler as sampler_lib
+from rljax.rollout import sampler as sampler_lib
 
 import random_params as random_params_lib
 
@@ -297,12 +297,12 @@ def computations_run_by(hlo, name):
 @pytest.mark.parametrize('moe_impl', ['bucketed', pytest.param('dense', marks=pytest.mark.e2e)])
 @pytest.mark.xla_cpu_codegen   # asserts XLA:CPU's compiled text
 def test_decoding_loop_copies_no_weights(moe_impl):
-  """The experts' gate and up matrices are joined where the MoE layer uses them (rljax.moe.gate_up):
+  """The experts' gate and up matrices are joined where the MoE layer uses them (rljax.model.moe.gate_up):
   in the sampler XLA must hoist that join out of the decoding loop, or every step copies them, and
   fuse it with the per-layer slice of the stacked weights, or every call copies them twice (which
   XLA:CPU did for a concatenate of matrices this size, not for small ones). The attention output
-  matrix, laid out for its product (rljax.model.Attention), and 'dense''s experts side by side
-  (rljax.moe.experts_dense) are likewise copied once per call, not at every step."""
+  matrix, laid out for its product (rljax.model.transformer.Attention), and 'dense''s experts side by side
+  (rljax.model.moe.experts_dense) are likewise copied once per call, not at every step."""
   cfg = dataclasses.replace(CFG, moe_impl=moe_impl, num_layers=2, d_model=640, num_experts=12,
                             expert_hidden=576, num_heads=6, head_dim=40)   # shapes of no other array
   prompt, valid = prompts(1)

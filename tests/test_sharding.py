@@ -12,10 +12,10 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec
 
-from rljax import model as model_lib
+from rljax.model import transformer as model_lib
 from rljax import optim
 from rljax import policy_loss
-from rljax import sampler as sampler_lib
+from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 
 import tolerance
@@ -110,7 +110,7 @@ def test_sharded_equals_single_device(sizes, single_device):
 def test_bucketed_experts_split_over_devices_equal_single_device(single_device):
   """The 'bucketed' experts inside the expert-parallel shard_map (each device's pairs of other
   devices' experts in no slot) equal the same model on one device (with 'ragged' experts: both
-  compute every pair exactly, rljax.moe)."""
+  compute every pair exactly, rljax.model.moe)."""
   cfg = dataclasses.replace(CFG, moe_impl='bucketed')
   assert_same_run(run_everything(mesh_of(dict(data=2, expert=4)), cfg), single_device)
 
@@ -140,7 +140,7 @@ def sampled_on_one_device(slots):
                          ids=['fsdp8', 'fsdp8-continuous', 'data2xfsdp2xexpert2', 'fsdp4xtensor2'])
 def test_fsdp_decoding_samples_what_one_device_samples(sizes, slots):
   """On an 'fsdp' mesh the sampler re-splits the experts over their hidden dimension
-  (rljax.model.decoding_params): the same sampled tokens and log-probs as on one device."""
+  (rljax.model.transformer.decoding_params): the same sampled tokens and log-probs as on one device."""
   mesh = mesh_of(sizes)
   assert sharding.spec_for((4, 64, 64), ('expert', 'replicated', 'decoding_mlp'), mesh)[2]
   want, got = sampled_on_one_device(slots), sampled(mesh, slots)

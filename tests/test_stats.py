@@ -16,7 +16,7 @@ BASE_N = 20_000 * np.log(2)  # curve() reaches TARGET here.
 
 
 def make_run(acc_fn, batch, n_steps, prompts_u=None, eval_every=5, step_time=1.0):
-  """A run as rljax.report.load_run returns it; with prompts_u, prompt m is solved once the
+  """A run as rljax.protocol.report.load_run returns it; with prompts_u, prompt m is solved once the
   accuracy exceeds u[m] (eval-set noise, shared by every run graded on those prompts)."""
   steps = np.arange(n_steps + 1)[::eval_every].astype(float)
   acc = acc_fn(steps * batch)

@@ -1,4 +1,4 @@
-"""The sums task (rljax.datasets.sums): worked solutions checked against numpy running sums, the
+"""The sums task (rljax.data.builders.sums): worked solutions checked against numpy running sums, the
 length bounds against the longest possible problem, train and test disjoint, the running_sums
 verifier, the task registration and the config preset."""
 import itertools
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from configs import grpo
-from rljax import data
-from rljax import rewards
+from rljax.data.builders import sums
+from rljax.data import rewards
+from rljax.data import sources as data
+from rljax.data import tokenizer as tokenizer_lib
 from rljax import tasks
-from rljax import tokenizer as tokenizer_lib
-from rljax.datasets import sums
 
 TOKENIZER = tokenizer_lib.ArithmeticTokenizer()
 
@@ -35,8 +35,8 @@ def splits(tmp_path_factory):
 
 
 def records(source):
-  return [(data._text(r['prompt']), data._text(r['answer']))  # pylint: disable=protected-access
-          for r in data._read(source, range(len(source)))]  # pylint: disable=protected-access
+  return [(data.text(r['prompt']), data.text(r['answer']))
+          for r in data.read_records(source, range(len(source)))]
 
 
 def test_answers_are_numpy_running_sums_and_splits_are_disjoint(splits):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rljax.tokenizer import ArithmeticTokenizer
+from rljax.data.tokenizer import ArithmeticTokenizer
 
 
 def test_vocabulary_layout():

@@ -1,4 +1,4 @@
-"""rljax.train in-process: one rl_step, a short loop and its resume, and the row it logs (the loop
+"""rljax.train.loop in-process: one rl_step, a short loop and its resume, and the row it logs (the loop
 also runs end to end as a command in test_reliability.py, test_ppo_e2e.py and test_train_math.py)."""
 import jax
 import jax.numpy as jnp
@@ -7,10 +7,10 @@ import pytest
 
 from configs import grpo as grpo_config
 from configs import rloo as rloo_config
-from rljax import metrics
-from rljax import run as run_lib
-from rljax import sampler
-from rljax import train
+from rljax.rollout import sampler
+from rljax.train import loop as train
+from rljax.train import metrics
+from rljax.train import run as run_lib
 
 # The training row's contract (metrics.jsonl, read by other tools).
 CONTRACT = ('step', 'samples', 'tokens', 'reward_mean', 'lr', 'grad_norm', 'step_time_s',

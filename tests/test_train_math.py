@@ -10,10 +10,10 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from configs import grpo
-from rljax import hf
+from rljax.hf import checkpoint as hf
 from rljax import hf_export
-from rljax import metrics
-from rljax import train
+from rljax.train import loop as train
+from rljax.train import metrics
 
 pytestmark = pytest.mark.e2e   # GSM8K-format runs end to end, and the command line
 

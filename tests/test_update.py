@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from rljax import losses
-from rljax import model as model_lib
+from rljax.model import transformer as model_lib
 from rljax import optim
 from rljax import policy_loss
 from rljax import update

@@ -1,13 +1,13 @@
-"""rljax.workdir: one run per workdir, with real orbax checkpoints written by rljax.checkpoint."""
+"""rljax.train.workdir: one run per workdir, with real orbax checkpoints written by rljax.train.checkpoint."""
 import json
 
 import jax.numpy as jnp
 import pytest
 
 from configs import grpo
-from rljax import checkpoint
-from rljax import metrics
-from rljax import workdir as workdir_lib
+from rljax.train import checkpoint
+from rljax.train import metrics
+from rljax.train import workdir as workdir_lib
 
 
 def _config(**train):

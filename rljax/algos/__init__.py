@@ -1,20 +1,25 @@
 """RL algorithms, resolved by name: `config.algo = 'grpo'` is the module rljax.algos.grpo.
 
-The loop (rljax.train) owns what every algorithm shares: rollouts, rewards, evaluation, metrics,
+The loop (rljax.train.loop) owns what every algorithm shares: rollouts, rewards, evaluation, metrics,
 checkpoints. An algorithm module owns what differs, and declares:
 
   BATCH_ARG                     the config-file argument that sets its batch ('P' for GRPO, 'B' for PPO),
                                 a string literal: launchers read it from the source, without jax
-  batch_size(config)            responses per rollout batch: the unit of the learning-rate rule
-  with_batch(config, value)     a copy of `config` whose batch argument is `value`
   check(config)                 ValueError naming the first bad field of its own config section
   make(config, model, params, mesh, rng) -> Algorithm
 
-So a new algorithm is one new file here plus a config file; nothing else changes.
+So a new algorithm is one new file here plus a config file; nothing else changes. Every
+algorithm's batch argument is rollout.P (GRPO's prompts, PPO's B with G = 1), so the batch has one
+owner: `batch_size` and `with_batch` below.
 """
-import importlib
-import pkgutil
+import sys
 from typing import Callable, NamedTuple
+
+import ml_collections
+
+from rljax import losses
+from rljax import optim
+from rljax import registry
 
 # Update metrics that a training row averages over the optimizer updates of one rollout batch;
 # every other update metric is the first update's (on-policy).
@@ -33,22 +38,66 @@ class Algorithm(NamedTuple):
 
 def names():
   """The algorithms this package holds."""
-  return sorted(m.name for m in pkgutil.iter_modules(__path__))
+  return registry.names(sys.modules[__name__])
 
 
 def get(name):
   """The algorithm module called `name`; ValueError naming the known ones if there is none."""
-  if not isinstance(name, str) or not name.isidentifier():
-    raise ValueError(f'algo must be one of {names()}, got {name!r}')
-  try:
-    return importlib.import_module(f'{__name__}.{name}')
-  except ModuleNotFoundError as error:
-    if error.name != f'{__name__}.{name}':
-      raise
-    raise ValueError(f'algo must be one of {names()}, got {name!r}') from None
+  return registry.get(sys.modules[__name__], name, 'algo')
+
+
+def batch_size(config):
+  """Responses per rollout batch (P x G; PPO: B x 1): the unit of the learning-rate rule."""
+  return config.rollout.P * config.rollout.G
+
+
+def with_batch(config, value):
+  """A copy of `config` whose batch argument is `value`; micro-batches (memory only) capped at
+  the new batch."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.rollout.P = value
+  config.train.micro_batch = min(config.train.micro_batch, batch_size(config))
+  return config
 
 
 def micro_batches(config):
   """Micro-batches per minibatch: gradients are accumulated over them, so memory is one's."""
-  minibatch = config.rollout.P * config.rollout.G // config.train.num_minibatches
+  minibatch = batch_size(config) // config.train.num_minibatches
   return minibatch // (config.train.micro_batch or minibatch)
+
+
+def check_policy_loss(name, cfg):
+  """The fields every policy-gradient algorithm's section shares (its name: `name`)."""
+  if cfg.loss_agg not in losses.AGGREGATION_MODES:
+    raise ValueError(f'{name}.loss_agg {cfg.loss_agg!r} is not one of {losses.AGGREGATION_MODES}')
+  if cfg.kl_estimator not in losses.KL_KINDS:
+    raise ValueError(f'{name}.kl_estimator {cfg.kl_estimator!r} is not one of {losses.KL_KINDS}')
+  if cfg.clip_low < 0 or cfg.clip_high < 0 or cfg.kl_coef < 0:
+    raise ValueError(f'{name}.clip_low, clip_high and kl_coef must be >= 0, got {cfg.clip_low}, '
+                     f'{cfg.clip_high}, {cfg.kl_coef}')
+  if cfg.kl_coef > 0 and cfg.kl_estimator == 'k1':
+    raise ValueError(f"{name}.kl_estimator 'k1' with kl_coef > 0: k1's expected gradient is 0, so "
+                     "it does not regularise; use 'k3' (gradient of KL(ref||pi)) or 'k2' (of "
+                     "KL(pi||ref))")
+  if cfg.clip_ratio_c and not cfg.clip_ratio_c > 1:
+    raise ValueError(f'{name}.clip_ratio_c (dual-clip) must be > 1, or 0 for off, got '
+                     f'{cfg.clip_ratio_c}')
+  if 'adv_eps' in cfg and not cfg.adv_eps >= 0:
+    raise ValueError(f'{name}.adv_eps must be >= 0, got {cfg.adv_eps}')
+
+
+def check_decay(name, opt, config, batch):
+  """A decaying lr ends at the run's last planned update, which must be known and after warmup
+  (optim.schedule_for checks the name and the warmup; this adds what only the config knows)."""
+  decay, train = opt.get('decay', 'constant'), config.train
+  filters_rows = config[config.algo].get('filter_zero_variance', False)
+  if decay != 'constant' and filters_rows and not train.max_steps:
+    raise ValueError(f'{name}.decay={decay!r} anneals to 0 at the last planned update, which '
+                     f'{config.algo}.filter_zero_variance leaves unknown under a samples budget: set '
+                     'train.max_steps')
+  budget = (train.max_samples > 0 or train.max_steps > 0) and min(train.num_minibatches,
+                                                                    train.num_epochs) >= 1
+  try:   # without a budget or with bad loop settings: reported by check() itself
+    optim.schedule_for(opt, 1.0, optim.planned_updates(train, batch) if budget else 1 << 30)
+  except ValueError as error:
+    raise ValueError(f'{name}.{error}') from None

@@ -7,10 +7,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from rljax import algos
-from rljax import config_checks
 from rljax import losses
 from rljax import optim
 from rljax import policy_loss
@@ -18,18 +16,6 @@ from rljax import sharding
 from rljax import update as update_lib
 
 BATCH_ARG = 'P'   # prompts per batch; each gets G responses
-
-
-def batch_size(config):
-  return config.rollout.P * config.rollout.G
-
-
-def with_batch(config, value):
-  """`config` at P = value; micro-batches (memory only) capped at the new batch."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.rollout.P = value
-  config.train.micro_batch = min(config.train.micro_batch, batch_size(config))
-  return config
 
 
 def check(config):
@@ -45,7 +31,7 @@ def check(config):
   if train.micro_batch and minibatch % train.micro_batch == 0 and train.micro_batch % rollout.G:
     raise ValueError(f'train.micro_batch ({train.micro_batch}) must be a multiple of rollout.G '
                      f'({rollout.G}): the gradient noise scale needs whole groups per micro-batch')
-  config_checks.check_policy_loss(config.algo, config[config.algo])
+  algos.check_policy_loss(config.algo, config[config.algo])
 
 
 def policy_batch(rollout, advantages_B, keep_B, prompt_BxT, valid_BxT):
@@ -79,8 +65,9 @@ def make(config, model, params, mesh, rng, batch_fn=group_batch):
   del rng
   G, train, section = config.rollout.G, config.train, config[config.algo]
   num_micro = algos.micro_batches(config)
-  optimizer, schedule = optim.make_optimizer(config.optimizer, batch_size(config),
-                                             optim.planned_updates(train, batch_size(config)))
+  batch = algos.batch_size(config)
+  optimizer, schedule = optim.make_optimizer(config.optimizer, batch,
+                                             optim.planned_updates(train, batch))
 
   def make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params):
     del state, ref_params

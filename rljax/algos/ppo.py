@@ -6,7 +6,7 @@ policy can be subtracted from every token's reward (kl_reward_coef, InstructGPT 
 term added to the policy loss (kl_coef, as GRPO does); both, either or neither. GAE(gamma, lambda)
 gives advantages (whitened by default) for the actor and returns for the critic.
 
-The critic is a separate model with its own Adam and its own lr rule of B (rljax.critic), updated
+The critic is a separate model with its own Adam and its own lr rule of B (rljax.model.critic), updated
 after the actor on the same minibatch; with `share_trunk` the value head sits on the policy's trunk
 and ONE update follows policy loss + vf_coef * value loss, each part with its own Adam. Actor and
 critic gradient norms are logged separately: the paper finds the critic's barely falls with batch.
@@ -20,9 +20,8 @@ import ml_collections
 import optax
 
 from rljax import algos
-from rljax import config_checks
-from rljax import critic as critic_lib
 from rljax import losses
+from rljax.model import critic as critic_lib
 from rljax import optim
 from rljax import policy_loss
 from rljax import sharding
@@ -31,23 +30,11 @@ from rljax import update
 BATCH_ARG = 'B'   # responses per batch, one per prompt
 
 
-def batch_size(config):
-  return config.rollout.P * config.rollout.G
-
-
-def with_batch(config, value):
-  """`config` at B = value; micro-batches (memory only) capped at the new batch."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.rollout.P = value
-  config.train.micro_batch = min(config.train.micro_batch, value)
-  return config
-
-
 def check(config):
   rollout, cfg = config.rollout, config.ppo
   if rollout.G != 1:
     raise ValueError(f'rollout.G must be 1 for PPO (B prompts, one response each), got {rollout.G}')
-  config_checks.check_policy_loss('ppo', cfg)
+  algos.check_policy_loss('ppo', cfg)
   if cfg.kl_reward_estimator not in losses.KL_KINDS:
     raise ValueError(f'ppo.kl_reward_estimator {cfg.kl_reward_estimator!r} is not one of '
                      f'{losses.KL_KINDS}')
@@ -63,7 +50,7 @@ def check(config):
     optim.scaled_lr(copt.lr, rollout.P, copt.base_batch, copt.lr_rule)
   except ValueError as error:
     raise ValueError(f'critic_optimizer: {error}') from None
-  config_checks.check_decay('critic_optimizer', copt, config, rollout.P)
+  algos.check_decay('critic_optimizer', copt, config, rollout.P)
 
 
 class PPOBatch(NamedTuple):
@@ -71,7 +58,7 @@ class PPOBatch(NamedTuple):
   critic: critic_lib.CriticBatch
 
 
-# Critic metrics averaged into each training row (rljax.train), beyond the actor's.
+# Critic metrics averaged into each training row (rljax.train.loop), beyond the actor's.
 LOGGED = ('value_loss', 'value_clipfrac', 'critic_grad_norm', 'critic_moe_aux_loss',
           'critic_grad_sq_small', 'critic_grad_sq_big', 'critic_skipped_frac')
 
@@ -197,7 +184,7 @@ def shared_update(state, batch, ref_params, *, actor_loss, critic_loss, tx, loss
 def make(config, model, params, mesh, rng):
   """The PPO Algorithm for `config`, starting from policy `params` (the critic from its trunk,
   its value head drawn from `rng`)."""
-  cfg, train, batch = config.ppo, config.train, batch_size(config)
+  cfg, train, batch = config.ppo, config.train, algos.batch_size(config)
   num_micro = algos.micro_batches(config)
   total_updates = optim.planned_updates(train, batch)
   critic = critic_lib.Critic(model.cfg)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from rljax.algos import grpo
 
 BATCH_ARG = 'P'   # as GRPO's: prompts per batch; each gets G responses
-batch_size, with_batch, check = grpo.batch_size, grpo.with_batch, grpo.check
+check = grpo.check
 
 
 def leave_one_out_advantages(rewards_PxG):

@@ -1,0 +1,192 @@
+"""The programs of an RL step compiled for a mesh of compile-only devices (rljax.aot.targets), from
+abstract state: what one chip holds, what one step costs, what it communicates.
+
+Exactly the jitted functions a run executes (rljax.rollout.sampler's sampler, the algorithm's update from
+rljax.algos.grpo), lowered with ShapeDtypeStructs that carry rljax.sharding's layouts. XLA's cost
+analysis counts a while loop's body once, so per-step costs come from programs of one step: one
+decode step of the unrolled model at 1 and 2 layers (exact per layer, it has no loops), and one
+micro-batch's gradient with one scanned layer plus one remat'ed layer on its own.
+"""
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rljax.aot import hlo
+from rljax.model import transformer as model_lib
+from rljax import policy_loss
+from rljax.rollout import sampler as sampler_lib
+from rljax import sharding
+
+
+def compile_lowered(lowered):
+  """{'compile_s', 'memory': per-device bytes, 'flops', 'bytes_accessed', 'collectives',
+  'loop_kernels' (rljax.aot.hlo)} of a lowered program; ValueError('does not fit ...') when the
+  compiler runs out of device memory."""
+  start = time.perf_counter()
+  try:
+    compiled = lowered.compile()
+  except Exception as error:   # pylint: disable=broad-except
+    text = str(error)
+    if 'RESOURCE_EXHAUSTED' in text or 'HbmOom' in text or 'memory' in text.lower():
+      raise MemoryError(text.splitlines()[0][:400]) from None
+    raise
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  cost = optimized_costs(compiled)
+  mem = dict(arguments=memory.argument_size_in_bytes, outputs=memory.output_size_in_bytes,
+             aliased=memory.alias_size_in_bytes, temporaries=memory.temp_size_in_bytes,
+             code=memory.generated_code_size_in_bytes)
+  mem['peak'] = mem['arguments'] + mem['outputs'] - mem['aliased'] + mem['temporaries']
+  text = compiled.as_text()
+  return dict(compile_s=seconds, memory=mem, flops=float(cost.get('flops', 0.0)),
+              bytes_accessed=float(cost.get('bytes accessed', 0.0)),
+              collectives=hlo.loop_collectives(text), loop_kernels=hlo.loop_kernels(text))
+
+
+def optimized_costs(compiled):
+  """XLA's cost analysis of a compiled program: FLOPs and HBM bytes per device. XLA:GPU's
+  compile-only executables report none; for them, XLA's HLO cost analysis of their optimized
+  module (fusions as compiled, jaxlib's `hlo_module_cost_analysis`, which jax's own
+  `Lowered.cost_analysis` runs on the module before optimization)."""
+  cost = compiled.cost_analysis()
+  if not cost:
+    import jax.extend   # pylint: disable=g-import-not-at-top
+    from jax._src.lib import _jax   # pylint: disable=g-import-not-at-top
+    module = compiled._executable.xla_extension_executable().hlo_modules()[0]   # pylint: disable=protected-access
+    cost = _jax.hlo_module_cost_analysis(jax.extend.backend.get_backend('cpu'), module)
+  return cost[0] if isinstance(cost, (list, tuple)) else cost
+
+
+def batch_struct(shape, dtype, mesh):
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(mesh, len(shape)))
+
+
+def sampler(model, params, mesh, batch, prompt_len, new_tokens, greedy=False, slots=0):
+  """The rollout (or, greedy, the evaluation) sampler at `batch` prompts; slots > 0: continuous."""
+  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+      max_new_tokens=new_tokens, eos_id=1, pad_id=0, greedy=greedy, slots=slots)), mesh)
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
+  return compile_lowered(sample.lower(params, batch_struct((batch, prompt_len), jnp.int32, mesh),
+                                      batch_struct((batch, prompt_len), bool, mesh), key))
+
+
+def policy_batch(mesh, batch, prompt_len, new_tokens):
+  """An abstract rljax.policy_loss.PolicyBatch of `batch` responses."""
+  rows = lambda length, dtype: batch_struct((batch, length), dtype, mesh)
+  return policy_loss.PolicyBatch(
+      prompt_BxT=rows(prompt_len, jnp.int32), prompt_valid_BxT=rows(prompt_len, bool),
+      response_BxL=rows(new_tokens, jnp.int32), mask_BxL=rows(new_tokens, jnp.float32),
+      old_logp_BxL=rows(new_tokens, jnp.float32), advantages_BxL=rows(new_tokens, jnp.float32),
+      weights_BxL=rows(new_tokens, jnp.float32))
+
+
+def update(algo, mesh, batch, prompt_len, new_tokens):
+  """The algorithm's update (every epoch, minibatch and micro-batch) on one rollout batch."""
+  ref = algo.state['params'] if algo.needs_reference else None
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
+  return compile_lowered(algo.update.lower(
+      algo.state, policy_batch(mesh, batch, prompt_len, new_tokens), ref, key))
+
+
+def decode_step(cfg, mesh, batch, slots):
+  """One decoding step (one token per row against a cache of `slots`) of the unrolled model, its
+  parameters laid out as rljax.model.transformer.decoding_params lays them out for the decode loop."""
+  decoder = model_lib.Transformer(cfg, unrolled=True)
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+  def struct(box):
+    names, dtype = model_lib.decoding_layout(box, cfg, mesh)
+    spec = sharding.spec_for(box.value.shape, names, mesh)
+    return jax.ShapeDtypeStruct(box.value.shape, dtype, sharding=jax.NamedSharding(mesh, spec))
+  params = jax.tree.map(struct, model_lib.unrolled_boxes(cfg), is_leaf=is_box)
+  cache = jax.eval_shape(lambda: model_lib.KVCache.zeros(cfg, batch, slots))
+  names = ('batch', 'kv_heads', 'length', 'head_dim')[-cache.k[0].ndim:]
+  spec = sharding.spec_for(cache.k[0].shape, names, mesh)
+  cache = sharding.abstract(cache, jax.tree.map(lambda _: jax.NamedSharding(mesh, spec), cache))
+
+  def step(params, cache, token_B, valid_BxS, index, position_B):
+    logits_Bx1xV, cache, _ = decoder.apply({'params': params}, token_B[:, None], valid_BxS, cache,
+                                           index, position_B[:, None])
+    return logits_Bx1xV, cache
+
+  scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(mesh))
+  lowered = sharding.on_mesh(jax.jit(step, donate_argnums=1), mesh).lower(
+      params, cache, batch_struct((batch,), jnp.int32, mesh),
+      batch_struct((batch, slots), bool, mesh), scalar, batch_struct((batch,), jnp.int32, mesh))
+  return compile_lowered(lowered)
+
+
+def layer_gradient(cfg, mesh, batch, length):
+  """Forward and backward of one remat'ed layer (rljax.model.transformer.Block) on a micro-batch."""
+  block = model_lib.Block
+  if cfg.remat != 'none':
+    block = nn.remat(block, policy=model_lib.REMAT_POLICIES[cfg.remat], prevent_cse=False)
+  layer = block(cfg)
+  x = jax.ShapeDtypeStruct((batch, length, cfg.d_model), jnp.dtype(cfg.dtype))
+  valid = jax.ShapeDtypeStruct((batch, length), bool)
+  rope = jax.eval_shape(lambda: model_lib.layers.rope_tables(
+      jnp.zeros((batch, length), jnp.int32), cfg.head_dim, cfg.rope_theta))
+  init_args = ((x, jnp.zeros((), jnp.float32)), None, rope, valid, 0)
+  boxed = jax.eval_shape(lambda *a: layer.init(jax.random.PRNGKey(0), *a)['params'],
+                         *_zeros_like(init_args))
+  params = sharding.abstract(nn.unbox(boxed), sharding.param_shardings(boxed, mesh))
+
+  def loss(params, x_BxTxD, valid_BxT):
+    positions = model_lib.positions_from_valid(valid_BxT)
+    rope = model_lib.layers.rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    (y_BxTxD, aux), _ = layer.apply({'params': params}, (x_BxTxD, jnp.zeros((), jnp.float32)),
+                                    None, rope, valid_BxT, 0)
+    return jnp.sum(y_BxTxD.astype(jnp.float32)) + aux
+
+  grad = sharding.on_mesh(jax.jit(jax.grad(loss, argnums=(0, 1))), mesh)
+  return compile_lowered(grad.lower(params, batch_struct(x.shape, x.dtype, mesh),
+                                    batch_struct(valid.shape, bool, mesh)))
+
+
+def _zeros_like(tree):
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype) if hasattr(s, 'shape') else s, tree,
+                      is_leaf=lambda s: isinstance(s, jax.ShapeDtypeStruct))
+
+
+def micro_gradient(model, params, mesh, loss_cfg, micro, prompt_len, new_tokens):
+  """The policy loss's gradient on one micro-batch (logits unchunked: the same FLOPs, one loop
+  fewer for the cost analysis to miss)."""
+  loss_fn = policy_loss.make_policy_loss(model, loss_cfg, 1.0, 1, 0)
+  grad = sharding.on_mesh(jax.jit(jax.grad(lambda p, b: loss_fn(p, b)[0])), mesh)
+  return compile_lowered(grad.lower(params, policy_batch(mesh, micro, prompt_len, new_tokens)))
+
+
+def scaled(model_cfg, **fields):
+  """`model_cfg` with some fields replaced (fewer layers for a cost program)."""
+  return model_lib.ModelConfig(**dict(vars(model_cfg), **fields))
+
+
+def decode_costs(cfg, mesh, batch, cache_len):
+  """Per device, one decode step's FLOPs, HBM bytes, collective bytes and kernels at full depth:
+  the step compiled alone at 1 and 2 layers, plus the difference once per further layer (XLA
+  counts a loop body once, so the sampler's own costs cannot tell). 'collectives': the 2-layer
+  step's, as rljax.aot.hlo lists them."""
+  one, two = (decode_step(scaled(cfg, num_layers=n), mesh, batch, cache_len) for n in (1, 2))
+  at_depth = lambda get: get(one) + (cfg.num_layers - 1) * (get(two) - get(one))
+  return dict(flops=at_depth(lambda p: p['flops']),
+              bytes_accessed=at_depth(lambda p: p['bytes_accessed']),
+              collective_bytes=at_depth(lambda p: p['collectives']['outside']['bytes']),
+              kernels=at_depth(lambda p: p['loop_kernels']), collectives=two['collectives'])
+
+
+def per_step_costs(model, params_fn, mesh, loss_cfg, decode_batch, slots, micro, prompt_len,
+                   new_tokens):
+  """FLOPs and bytes per device of one decode step and one micro-batch gradient, at full depth."""
+  cfg = model.cfg
+  step = decode_costs(cfg, mesh, decode_batch, slots)
+  keys = ('flops', 'bytes_accessed')
+  decode = {k: step[k] for k in keys}
+  shallow = scaled(cfg, num_layers=1)
+  micro_1 = micro_gradient(model_lib.Transformer(shallow), params_fn(shallow), mesh, loss_cfg,
+                           micro, prompt_len, new_tokens)
+  layer = layer_gradient(cfg, mesh, micro, prompt_len + new_tokens)
+  train = {k: micro_1[k] + (cfg.num_layers - 1) * layer[k] for k in keys}
+  return dict(decode=decode, decode_collectives=step['collectives'], micro=train)
+
+

@@ -1,0 +1,1 @@
+"""What tasks are built from: TFDS builders and splits, prompt batches, tokenizers, verifiers."""

@@ -1,0 +1,9 @@
+"""TFDS builders for rljax tasks; importing this package registers them."""
+
+from rljax.data.builders.arithmetic import Arithmetic
+from rljax.data.builders.arithmetic import ArithmeticConfig
+from rljax.data.builders.arithmetic import make_config
+from rljax.data.builders.math_jsonl import MathJsonl
+from rljax.data.builders.math_jsonl import MathJsonlConfig
+from rljax.data.builders.sums import Sums
+from rljax.data.builders.sums import SumsConfig

@@ -1,0 +1,1 @@
+"""Align, then accelerate: the sweep driver, its statistics (numpy only), the report and its plots."""

@@ -1,0 +1,391 @@
+"""Align, then accelerate (arXiv 2608.29296) as one resumable job run by the same main as training:
+
+  python -m rljax.main --config=configs/protocol.py:runlocal --workdir=D
+
+1. Calibrate: lr0 at the base batch, a short lr sweep to the target (skipped when protocol.lr0 is
+   given). Every arm's lr follows from it by the sqrt rule (controls: the base arm's lr).
+2. Align: every arm (a batch, or a fixed-lr control) x protocol.num_seeds seeds is an ordinary
+   training run in D/arms/<arm>/seed_<k>/, all from ONE cached warm start, each until target +
+   stop_margin or its sample budget, evaluated on one sample grid whatever its batch.
+3. Throughput: protocol.throughput_rounds interleaved rounds over the candidate batches.
+4. Seeds where they matter: arms whose rN interval straddles the break-even point with the base
+   get more seeds, up to protocol.max_seeds per arm and protocol.extra_seeds in all.
+5. Decide (rljax.protocol.report), then confirm at the base and at the fastest batch with fresh seeds.
+
+Every file the report reads is written through rljax.protocol.report's schema. A run writes done.json when
+it returns; a re-run skips the runs that have one and resumes the others from their checkpoints.
+Every run directory keeps the config it was started with (config.json): a re-run with a
+different config for that run is an error, never a silent mix of two experiments in one report.
+"""
+import json
+import os
+import shutil
+import time
+from typing import NamedTuple
+
+import jax
+import ml_collections
+import numpy as np
+
+from rljax import algos
+from rljax import optim
+from rljax.protocol import report as report_lib
+from rljax import stats
+from rljax.train import config_checks
+from rljax.train import loop as train
+from rljax.train import metrics as metrics_lib
+from rljax.train import workdir as workdir_lib
+
+
+class Arm(NamedTuple):
+  name: str          # e.g. P16, P32_fixed_lr, lr5e-05
+  value: int         # the batch argument of configs/<algo>.py (GRPO: P prompts, PPO: B)
+  batch: int         # responses per update step, the unit of the lr rule (GRPO: P x G)
+  control: bool      # fixed lr (the base arm's) instead of the sqrt rule
+  config: ml_collections.ConfigDict   # the arm's training config, without a seed
+
+
+# ------------------------------------------------------------------------------------------------
+# Arm configs: configs/<algo>.py at one batch, plus the protocol's settings.
+# ------------------------------------------------------------------------------------------------
+
+
+def batch_of(value, arm_config):
+  """Responses per update step at batch argument `value` (GRPO: P x G; PPO: B)."""
+  return value * arm_config.rollout.G
+
+
+def value_of(batch, arm_config):
+  """The batch argument that gives `batch` responses per step (inverse of batch_of)."""
+  return batch // arm_config.rollout.G
+
+
+def default_lr0(config):
+  """The lr that config.arm gives the base batch: the centre of the calibration sweep."""
+  opt = config.arm.optimizer
+  return optim.scaled_lr(opt.lr, batch_of(config.protocol.base, config.arm),
+                         opt.base_batch, opt.lr_rule)
+
+
+def arm_config(config, workdir, value, lr0, control=False):
+  """config.arm at batch argument `value`, lr0 at the base batch, plus the protocol's settings.
+
+  Evals every eval_every_samples // batch steps: the same sample grid for every arm (checked in
+  `arms` to divide), so smoothing and crossings resolve every curve alike.
+  """
+  p = config.protocol
+  arm = algos.with_batch(config.arm, value)
+  batch = batch_of(value, arm)
+  base_batch = batch_of(p.base, config.arm)
+  arm.optimizer.update(lr=lr0, base_batch=base_batch)
+  if control:   # the paper's failure case: a larger batch at the base arm's lr
+    arm.optimizer.lr_rule = 'constant'
+  arm.mode = 'train'
+  arm.seed = p.seed_offset   # run seed_<k> trains with seed seed_offset + k
+  arm.train.eval_every = max(1, p.eval_every_samples // batch)
+  arm.train.checkpoint_every = arm.train.eval_every * p.checkpoint_every_evals
+  arm.train.max_samples, arm.train.max_steps = p.max_samples, 0
+  arm.train.target = min(p.target + p.stop_margin, 1.0) if p.stop_at_target else 0.0
+  arm.warmstart.dir = arm.warmstart.dir or os.path.join(os.path.abspath(workdir), 'warmstart')
+  arm.warmstart.seed = p.warmstart_seed
+  return arm
+
+
+def check(config):
+  """ValueError naming the first bad protocol setting, before anything trains."""
+  p = config.protocol
+  if config.arm.rollout.P:
+    raise ValueError(f'arm.rollout.P ({config.arm.rollout.P}) is set per arm by the protocol: '
+                     'sweep the batch with protocol.sweep and protocol.base, not '
+                     '--config.arm.rollout.P')
+  values = list(p.sweep) + list(p.control) + list(p.throughput)
+  if any(not isinstance(v, int) or v < 1 for v in values):
+    raise ValueError(f'protocol.sweep, .control and .throughput must be positive integers, got '
+                     f'{values}')
+  if len(set(p.sweep)) != len(p.sweep) or len(set(p.control)) != len(p.control):
+    raise ValueError(f'protocol.sweep {tuple(p.sweep)} / control {tuple(p.control)} repeat a batch')
+  if p.base not in p.sweep:
+    raise ValueError(f'protocol.base ({p.base}) must be one of protocol.sweep {tuple(p.sweep)}')
+  if p.seed_offset < 0:
+    raise ValueError(f'protocol.seed_offset must be >= 0, got {p.seed_offset}')
+  if p.num_seeds < 1 or p.max_seeds < p.num_seeds or p.extra_seeds < 0:
+    raise ValueError(f'protocol.num_seeds ({p.num_seeds}) must be >= 1 and <= max_seeds '
+                     f'({p.max_seeds}), extra_seeds ({p.extra_seeds}) >= 0')
+  if not 0 < p.target <= 1 or any(not 0 < t <= 1 for t in p.targets):
+    raise ValueError(f'protocol.target ({p.target}) and .targets {tuple(p.targets)} must be '
+                     'accuracies in (0, 1]')
+  if p.max_samples < 1 or p.eval_every_samples < 1:
+    raise ValueError('protocol.max_samples and protocol.eval_every_samples must be positive')
+  if p.throughput_steps < 1 or p.throughput_warmup < 1 or p.throughput_rounds < 1:
+    raise ValueError('protocol.throughput_steps, .throughput_rounds and .throughput_warmup must '
+                     'be >= 1 (the first step compiles and must not count)')
+  if p.lr0 < 0 or (p.lr0 == 0 and (len(p.calibration_factors) < 2 or p.calibration_seeds < 1)):
+    raise ValueError('protocol.lr0 must be > 0 (given) or 0 (calibrated, with >= 2 '
+                     'calibration_factors and >= 1 calibration_seeds)')
+
+
+def _check_sample_grid(config, arm_list):
+  every = config.protocol.eval_every_samples
+  off_grid = [a.batch for a in arm_list if every % a.batch]
+  if off_grid:
+    raise ValueError(f'protocol.eval_every_samples ({every}) must be a multiple of every arm\'s '
+                     f'batch, so that all arms are evaluated on one sample grid; not of {off_grid}')
+
+
+def arms(config, workdir, lr0=None):
+  """The align arms: the sqrt sweep, then the fixed-lr controls. Validates the protocol first."""
+  check(config)
+  lr0 = lr0 or config.protocol.lr0 or default_lr0(config)
+  key = algos.get(config.algo).BATCH_ARG
+  result = []
+  for value, control in ([(v, False) for v in config.protocol.sweep] +
+                         [(v, True) for v in config.protocol.control]):
+    cfg = arm_config(config, workdir, value, lr0, control)
+    config_checks.check(cfg)
+    name = f'{key}{value}' + ('_fixed_lr' if control else '')
+    result.append(Arm(name, value, batch_of(value, cfg), control, cfg))
+  _check_sample_grid(config, result)
+  return result
+
+
+def calibration_arms(config, workdir):
+  """The lr0 sweep at the base batch: default_lr0 x each protocol.calibration_factors."""
+  p, centre = config.protocol, default_lr0(config)
+  result = []
+  for factor in p.calibration_factors:
+    lr = float(f'{centre * factor:.3g}')
+    cfg = arm_config(config, workdir, p.base, lr)
+    config_checks.check(cfg)
+    result.append(Arm(f'lr{lr:g}', p.base, batch_of(p.base, cfg), False, cfg))
+  return result
+
+
+def _arm_spec(arm):
+  """arm.json: what rljax.protocol.report reads about an arm."""
+  opt, groups = arm.config.optimizer, arm.config.rollout.G > 1
+  return dict(name=arm.name, batch=arm.batch, value=arm.value, P=arm.value if groups else None,
+              G=arm.config.rollout.G if groups else None, lr=optim.scaled_lr(
+                  opt.lr, arm.batch, opt.base_batch, opt.lr_rule), lr_rule=opt.lr_rule,
+              control=arm.control)
+
+
+# ------------------------------------------------------------------------------------------------
+# Runs: ordinary trainings, skipped when done, resumed otherwise.
+# ------------------------------------------------------------------------------------------------
+
+
+def _has_checkpoint(run_dir):
+  ckpt_dir = os.path.join(run_dir, 'checkpoints')
+  return os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir))
+
+
+def run_once(cfg, run_dir, label):
+  """Trains `cfg` in run_dir unless done.json says it finished; returns done.json's content."""
+  done_path = os.path.join(run_dir, 'done.json')
+  workdir_lib.record_or_check(run_dir, cfg)
+  if os.path.exists(done_path):
+    print(f'[protocol] {label}: already done, skipped', flush=True)
+    return workdir_lib.read_json(done_path)
+  if not _has_checkpoint(run_dir):   # killed before its first checkpoint: logs would duplicate
+    for name in ('metrics.jsonl', 'eval_correct.jsonl'):
+      if os.path.exists(os.path.join(run_dir, name)):
+        os.remove(os.path.join(run_dir, name))
+  print(f'[protocol] {label}: training in {run_dir}', flush=True)
+  start = time.time()
+  final_eval = train.train(cfg, run_dir)
+  rows = [r for r in metrics_lib.read_jsonl(os.path.join(run_dir, 'metrics.jsonl'))
+          if not r.get('eval')]
+  done = dict(eval_accuracy=final_eval, steps=rows[-1]['step'] if rows else 0,
+              samples=rows[-1]['samples'] if rows else 0, seconds_this_process=time.time() - start)
+  workdir_lib.write_json_atomic(done_path, done)
+  print(f'[protocol] {label}: done, eval {final_eval:.3f} after {done["samples"]} samples',
+        flush=True)
+  return done
+
+
+def run_arm_seeds(workdir, group, arm, seeds, label):
+  """The arm's runs at `seeds`, each in D/<group>/<arm>/seed_<k>/ (arm.json written first)."""
+  report_lib.write(workdir, 'arm', _arm_spec(arm), group=group, arm=arm.name)
+  for seed in seeds:
+    cfg = ml_collections.ConfigDict(arm.config.to_dict())
+    cfg.seed = arm.config.seed + seed
+    run_once(cfg, report_lib.run_dir(workdir, group, arm.name, seed),
+             f'{label}: {arm.name} seed {seed}')
+
+
+# ------------------------------------------------------------------------------------------------
+# Phases.
+# ------------------------------------------------------------------------------------------------
+
+
+def calibrate(config, workdir):
+  """lr0 at the base batch: given, or the calibration sweep's fewest samples to target."""
+  p = config.protocol
+  if p.lr0 > 0:
+    report_lib.write(workdir, 'calibration', dict(lr0=p.lr0, source='given'))
+    return p.lr0
+  sweep = calibration_arms(config, workdir)
+  for seed in range(p.calibration_seeds):   # seed-major: an interrupted sweep is already usable
+    for i, arm in enumerate(sweep):
+      run_arm_seeds(workdir, 'calibration', arm, [seed], f'calibrate {i + 1}/{len(sweep)}')
+  runs = {a['spec']['name']: a['runs'] for a in report_lib.load_group(workdir, 'calibration')}
+  choice = stats.choose_lr(
+      [a.config.optimizer.lr for a in sweep],
+      [[stats.to_target(r, p.target, p.smooth_window) for r in runs[a.name]] for a in sweep])
+  if not np.isfinite(choice['lr0']):
+    raise ValueError(f'lr0 calibration: no lr reached protocol.target {p.target} on every seed '
+                     'within protocol.max_samples; lower the target or give protocol.lr0')
+  report_lib.write(workdir, 'calibration', dict(lr0=choice['lr0'], source='calibrated',
+                                                at_edge=choice['at_edge']))
+  print(f"[protocol] lr0 = {choice['lr0']:g}" + (' (at the edge of the sweep)'
+                                                  if choice['at_edge'] else ''), flush=True)
+  return choice['lr0']
+
+
+def summarise_throughput(run_dir, warmup):
+  """Steady-state throughput of a short run by stats.steady_throughput, with per-step medians."""
+  train_rows = report_lib.load_run(run_dir)['train']
+  samples = np.diff(np.concatenate([[0.0], train_rows['samples']]))
+  samples_per_s = stats.steady_throughput(samples, train_rows['step_time_s'], warmup)
+  if not np.isfinite(samples_per_s):
+    raise ValueError(f'{run_dir}: no steps after the {warmup} warm-up steps')
+  median = lambda key: float(np.median(train_rows[key][warmup:]))
+  return dict(samples_per_s=samples_per_s, step_time_s=median('step_time_s'),
+              rollout_time_s=median('rollout_time_s'), update_time_s=median('update_time_s'),
+              steps_measured=len(train_rows['step']) - warmup, warmup_steps=int(warmup))
+
+
+def measure_throughput(config, workdir, value, lr0, round_index):
+  """One round at one batch: a few steps, no target, in D/throughput/<batch>/ (skipped if there)."""
+  p = config.protocol
+  cfg = arm_config(config, workdir, value, lr0)
+  batch = batch_of(value, cfg)
+  if report_lib.read(workdir, 'throughput', batch=batch, round=round_index) is not None:
+    print(f'[protocol] throughput at batch {batch}, round {round_index}: already measured, '
+          'skipped', flush=True)
+    return
+  cfg.train.max_samples, cfg.train.max_steps = 0, p.throughput_warmup + p.throughput_steps
+  cfg.train.target, cfg.train.checkpoint_every = 0.0, 0
+  cfg.train.eval_every = cfg.train.max_steps + 1   # evals are not part of the steady state
+  config_checks.check(cfg)
+  run_dir = os.path.join(workdir, 'throughput', str(batch), f'run_{round_index}')
+  shutil.rmtree(run_dir, ignore_errors=True)   # a fresh measurement, never a resumed one
+  train.train(cfg, run_dir)
+  result = dict(batch=batch, round=round_index, value=value,
+                **summarise_throughput(run_dir, p.throughput_warmup))
+  report_lib.write(workdir, 'throughput', result, batch=batch, round=round_index)
+  print(f"[protocol] throughput at batch {batch}, round {round_index}: "
+        f"{result['samples_per_s']:.0f} samples/s", flush=True)
+
+
+def measure_throughputs(config, workdir, arm_list, lr0):
+  """Rounds interleaved across batches, so slow drift of a shared machine hits every batch."""
+  p = config.protocol
+  values = sorted({a.value for a in arm_list if not a.control} | set(p.throughput))
+  for round_index in range(p.throughput_rounds):
+    for value in values:
+      measure_throughput(config, workdir, value, lr0, round_index)
+
+
+def _seeds_of(workdir, arm):
+  """The seeds an align arm has started, from its seed_<k> directories."""
+  root = os.path.join(workdir, 'arms', arm.name)
+  names = os.listdir(root) if os.path.isdir(root) else []
+  return sorted(int(d[len('seed_'):]) for d in names
+                if d.startswith('seed_') and d[len('seed_'):].isdigit())
+
+
+def _straddling(report, counts, max_seeds):
+  """Sqrt arms (not the base) whose rN interval holds the break-even rN with the base, i.e. the
+  throughput ratio, and that may still get a seed: more seeds there can change the answer."""
+  thr = {t['batch']: t['mean'] for t in report['throughput']}
+  base = thr.get(report['base_batch'])
+  chosen = []
+  for a in report['arms']:
+    if a['base'] or a['control'] or a['rN_status'] != 'ok' or counts[a['name']] >= max_seeds:
+      continue
+    lo, hi = a['rN_ci']
+    breakeven = thr.get(a['batch'], np.nan) / base if base else np.nan
+    if not (np.isfinite(lo) and lo > breakeven) and not hi < breakeven:
+      chosen.append(a['name'])
+  return chosen
+
+
+def add_seeds(config, workdir, arm_list):
+  """Adaptive seeds: one more seed per straddling arm per round, within the budgets."""
+  p, by_name = config.protocol, {a.name: a for a in arm_list}
+  for arm in arm_list:   # finish any seed a killed run had started, so decisions replay alike
+    run_arm_seeds(workdir, 'arms', arm, _seeds_of(workdir, arm), 'align (resume)')
+  spent = sum(len(_seeds_of(workdir, a)) - p.num_seeds for a in arm_list)
+  while spent < p.extra_seeds:
+    report = report_lib.write_report(workdir, with_plots=False)
+    counts = {a.name: len(_seeds_of(workdir, a)) for a in arm_list}
+    chosen = _straddling(report, counts, p.max_seeds)[:p.extra_seeds - spent]
+    if not chosen:
+      break
+    for name in chosen:
+      seed = max(_seeds_of(workdir, by_name[name])) + 1
+      run_arm_seeds(workdir, 'arms', by_name[name], [seed], 'extra seed')
+    spent += len(chosen)
+
+
+def confirm(config, workdir, report, lr0):
+  """Runs to target at the base and at the fastest batch, with seeds the align runs never use."""
+  p = config.protocol
+  if report['decision']['fastest'] is None:
+    print('[protocol] no decision (see report.md): nothing to confirm', flush=True)
+    return
+  key = algos.get(config.algo).BATCH_ARG
+  seeds = range(p.max_seeds, p.max_seeds + p.confirm_seeds)
+  for batch in sorted({report['base_batch'], report['decision']['fastest']}):
+    value = value_of(batch, config.arm)
+    cfg = arm_config(config, workdir, value, lr0)
+    cfg.train.target = min(p.target + p.stop_margin, 1.0)
+    arm = Arm(f'{key}{value}', value, batch, False, cfg)
+    run_arm_seeds(workdir, 'confirm', arm, seeds, f'confirm at batch {batch}')
+
+
+def write_protocol_json(config, workdir, base):
+  p = config.protocol
+  report_lib.write(workdir, 'protocol', dict(
+      algo=config.algo, target=p.target, targets=list(p.targets),
+      target_fractions=list(p.target_fractions), base_arm=base.name, base_batch=base.batch,
+      rn_tolerance=p.rn_tolerance, smooth_window=p.smooth_window, level=p.level,
+      n_draws=p.n_draws, seed=p.analysis_seed, throughput_warmup=p.throughput_warmup,
+      sweep_key=algos.get(config.algo).BATCH_ARG, protocol=p.to_dict()))
+
+
+def _compilation_cache(workdir):
+  """Seeds of one arm compile the same programs: compile once, load them from disk after."""
+  if not jax.config.jax_compilation_cache_dir:
+    jax.config.update('jax_compilation_cache_dir', os.path.join(os.path.abspath(workdir),
+                                                                'jax_cache'))
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+
+
+def run(config, workdir):
+  """The whole protocol in `workdir`; returns the final report (also written there)."""
+  if not workdir:
+    raise ValueError('the protocol needs a --workdir')
+  p, start = config.protocol, time.time()
+  arm_list = arms(config, workdir)   # validates everything before anything trains
+  os.makedirs(workdir, exist_ok=True)
+  if p.compilation_cache:
+    _compilation_cache(workdir)
+  lr0 = calibrate(config, workdir)
+  arm_list = arms(config, workdir, lr0)
+  write_protocol_json(config, workdir, next(a for a in arm_list
+                                            if a.value == p.base and not a.control))
+  for seed in range(p.num_seeds):   # seed-major: a partial sweep is already a report
+    for i, arm in enumerate(arm_list):
+      run_arm_seeds(workdir, 'arms', arm, [seed], f'align {i + 1}/{len(arm_list)}')
+  measure_throughputs(config, workdir, arm_list, lr0)
+  add_seeds(config, workdir, arm_list)
+  report = report_lib.write_report(workdir)
+  if p.confirm:
+    confirm(config, workdir, report, lr0)
+    report = report_lib.write_report(workdir)
+  print(f"[protocol] wrote {os.path.join(workdir, 'report.md')} in {time.time() - start:.0f} s "
+        f"(this invocation); recommended batch: {report['recommended']}", flush=True)
+  print(report['summary'], flush=True)
+  return report

@@ -1,0 +1,63 @@
+"""What the RL loop trains on, found by name like the algorithms: `config.data.name = 'sums'` is
+the module rljax.tasks.sums. A task module declares:
+
+  REWARD                      its default verifier (rljax.data.rewards), used when reward='auto'
+  lengths(config)             (prompt tokens, max response tokens incl. the end token, vocabulary
+                              size or 0 if only the tokenizer file knows), from the config alone,
+                              so they are checked (and planned) before anything is built
+  make(config, data_dir)      (tokenizer, train source, test source)
+
+So a new task is one new file here; the loop, the planner and the checks are the same for every
+task. Modules whose name starts with '_' hold what several tasks share.
+"""
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from rljax import registry
+from rljax.data import rewards
+
+
+class Task(NamedTuple):
+  tokenizer: Any
+  train_source: Sequence
+  test_source: Sequence
+  prompt_len: int        # prompts are left-padded to this many tokens
+  max_new_tokens: int    # response budget, end token included
+  reward_fn: Any
+
+
+def names():
+  """The tasks this package holds."""
+  return registry.names(sys.modules[__name__])
+
+
+def get(name):
+  """The task module called `name`; ValueError naming the known ones if there is none."""
+  return registry.get(sys.modules[__name__], name, 'data.name')
+
+
+def name_of(config):
+  return config.data.get('name', 'arithmetic')
+
+
+def lengths(config):
+  """(prompt tokens, max response tokens, vocabulary size or 0): the named task's own."""
+  return get(name_of(config)).lengths(config)
+
+
+def make_task(config) -> Task:
+  """The task named by config.data.name, built (its dataset prepared if needed)."""
+  task = get(name_of(config))
+  data_dir = config.data.dir or os.path.expanduser('~/.cache/rljax/datasets')
+  tokenizer, train_source, test_source = task.make(config, data_dir)
+  prompt_len, max_new_tokens, _ = task.lengths(config)
+  reward = config.reward if config.reward != 'auto' else task.REWARD
+  return Task(tokenizer, train_source, test_source, prompt_len, max_new_tokens,
+              rewards.get_reward_fn(reward))
+
+
+def hf_path(config):
+  """The Hugging Face model directory of `config` ('' without one)."""
+  return config.init.hf_path if 'init' in config else ''

@@ -1,0 +1,59 @@
+"""Held-out accuracy: greedy decoding of every eval prompt in one sampler call, scored by the verifier.
+
+Each process decodes its own slice of the eval set (padded to a multiple of the data-parallel
+size); the per-prompt results are gathered so every process holds the same accuracy.
+"""
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
+from rljax.data import rewards
+from rljax.data import sources as data
+from rljax.rollout import sampler as sampler_lib
+from rljax import sharding
+
+
+def decode_responses(tokenizer, tokens_BxL):
+  """Response token rows -> text (stops at the end token)."""
+  return [tokenizer.decode(row) for row in np.asarray(tokens_BxL)]
+
+
+def to_host(tree, mesh):
+  """Global batch-sharded arrays -> this process's rows as numpy (inverse of sharding.put_batch)."""
+  if jax.process_count() == 1:
+    return jax.tree.map(np.asarray, tree)
+  specs = jax.tree.map(lambda x: x.sharding.spec, tree)
+  return jax.tree.map(np.asarray, multihost_utils.global_array_to_host_local_array(tree, mesh, specs))
+
+
+def make_evaluator(model, tokenizer, prompts, answers, reward_fn, prompt_len, max_new_tokens, mesh,
+                   slots=0):
+  """Returns `evaluate(params) -> (accuracy, correct_N bool array)`; compiled once. `slots`:
+  continuous-batching decode slots (rollout.slots; 0: static batching)."""
+  num = len(prompts)
+  per_process = -(-num // jax.process_count())
+  local_rows = -(-per_process // (sharding.data_parallel_size(mesh) // jax.process_count()))
+  local_rows *= sharding.data_parallel_size(mesh) // jax.process_count()
+  first = jax.process_index() * per_process
+  rows = [min(first + i, num - 1) for i in range(local_rows)]    # pad by repeating the last prompt
+  prompt_BxT, valid_BxT = data.encode_prompts([prompts[r] for r in rows], tokenizer, prompt_len)
+  greedy = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+      max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+      greedy=True, slots=slots)), mesh)
+  real = min(max(num - first, 0), per_process)
+
+  def evaluate(params):
+    inputs = sharding.put_batch((prompt_BxT, valid_BxT), mesh)
+    rollout = greedy(params, *inputs, jax.random.PRNGKey(0))
+    tokens_BxL = to_host(rollout.tokens_BxL, mesh)[:real]
+    scores, _ = rewards.score_batch(reward_fn, decode_responses(tokenizer, tokens_BxL),
+                                    [answers[r] for r in rows[:real]])
+    correct_local = np.zeros(per_process, bool)
+    correct_local[:real] = scores > 0.5
+    correct_N = correct_local
+    if jax.process_count() > 1:
+      correct_N = np.asarray(multihost_utils.process_allgather(correct_local)).reshape(-1)
+    correct_N = correct_N[:num]
+    return float(np.mean(correct_N)), correct_N
+
+  return evaluate

@@ -1,0 +1,150 @@
+"""The RL loop: rollout -> reward -> advantages -> update, on one set of parameter arrays.
+
+`rljax.train.run.setup` checks the config and builds (or restores) everything a run holds; `rl_step` is
+one rollout batch, start to finish; `train` is the loop around it, owning only the budget,
+evaluation, checkpoints, preemption and the non-finite stop. The algorithm (rljax.algos, by
+`config.algo`) owns how a rollout becomes a training batch and what its update does.
+"""
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+
+from rljax import algos
+from rljax.data import rewards
+from rljax.data import sources as data
+from rljax.rollout import sampler as sampler_lib
+from rljax import sharding
+from rljax import stats
+from rljax.train import evaluation
+from rljax.train import metrics as metrics_lib
+from rljax.train import preemption
+from rljax.train import run as run_lib
+from rljax.train import workdir as workdir_lib
+
+
+@jax.jit
+def rollout_stats(rewards_B, rollout):
+  """The rollout's logged numbers in one jitted call (each eager op is a dispatch per step)."""
+  return dict(reward_mean=jnp.mean(rewards_B), reward_std=jnp.std(rewards_B),
+              tokens=jnp.sum(rollout.lengths_B), **sampler_lib.rollout_metrics(rollout))
+
+
+step_key = jax.jit(jax.random.fold_in)
+
+
+def rl_step(run, carry, examples, step):
+  """One rollout batch of `examples` (P prompts): sample G responses each, score them, turn them
+  into the algorithm's batch and update. Returns the new carry and the step's training row (the
+  loop adds the running totals)."""
+  state = {k: v for k, v in carry.items() if k not in ('rng', 'reference')}
+  ref_params, rng = carry.get('reference'), step_key(carry['rng'], step)
+  start = time.perf_counter()
+  prompts, answers = ([x for x in examples[key] for _ in range(run.config.rollout.G)]
+                      for key in ('prompt', 'answer'))   # group-major rows
+  prompt_BxT, valid_BxT = sharding.put_batch(
+      data.encode_prompts(prompts, run.task.tokenizer, run.prompt_len), run.mesh)
+  rollout = run.sample(state['params'], prompt_BxT, valid_BxT, rng)
+  response_tokens = evaluation.to_host(rollout.tokens_BxL, run.mesh)   # the verifier needs text
+  times = dict(rollout_time_s=time.perf_counter() - start)
+
+  reward_start = time.perf_counter()
+  rewards_B, reward_failures = rewards.score_batch(
+      run.task.reward_fn, evaluation.decode_responses(run.task.tokenizer, response_tokens), answers)
+  rewards_B = sharding.put_batch(rewards_B, run.mesh)
+  batch, batch_stats = run.algo.make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT,
+                                           ref_params)
+  if step in run.nan_steps:   # fault injection: every float NaN, as a diverged step's batch is
+    batch = jax.tree.map(lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                         batch)
+  times['reward_time_s'] = time.perf_counter() - reward_start
+
+  update_start = time.perf_counter()
+  state, update_metrics = run.algo.update(state, batch, ref_params, step_key(rng, 1))
+  update_metrics = jax.device_get(update_metrics)
+  times['update_time_s'] = time.perf_counter() - update_start
+  times['step_time_s'] = time.perf_counter() - start
+  batch_stats, rollout_numbers = jax.device_get((batch_stats, rollout_stats(rewards_B, rollout)))
+  row = training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
+  row.update(reward_failures=reward_failures, data_skipped=run.iterator.skipped)
+  return dict(carry, **state), row
+
+
+def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics):
+  """The step's metrics.jsonl row, less the running totals (samples, tokens, wallclock_s)."""
+  batch_size = algos.batch_size(run.config)
+  row = dict(step=step, tokens_step=int(rollout_numbers.pop('tokens')),
+             **{key: float(value) for key, value in rollout_numbers.items()}, **times,
+             samples_per_s=batch_size / times['step_time_s'],
+             retained=int(batch_stats.pop('retained')),
+             skipped_updates=int(update_metrics.pop('skipped')))
+  first_update = run.algo.updates_per_batch * (step - 1)
+  row.update({key: float(schedule(first_update)) for key, schedule in run.algo.schedules.items()})
+  row.update({key: float(value) for key, value in batch_stats.items()})
+  logged = ('grad_norm', 'logprob_mismatch', 'entropy', 'clipfrac', 'pg_loss', 'approx_kl',
+            'moe_aux_loss') + algos.AVERAGED + run.algo.logged
+  row.update({key: float(update_metrics[key]) for key in logged if key in update_metrics})
+  return row
+
+
+def _done(train_cfg, meta):
+  budget_spent = ((train_cfg.max_samples and meta['samples'] >= train_cfg.max_samples) or
+                  (train_cfg.max_steps and meta['step'] >= train_cfg.max_steps))
+  accuracy = meta['eval_accuracy']
+  return budget_spent or (train_cfg.target and accuracy is not None and accuracy >= train_cfg.target)
+
+
+def _advance(meta, row, iterator):
+  """The running totals after `row`, written into the row too."""
+  meta = dict(meta, step=row['step'], samples=meta['samples'] + row['retained'],
+              tokens=meta['tokens'] + row.pop('tokens_step'),
+              wallclock_s=meta['wallclock_s'] + row['step_time_s'], data=iterator.state())
+  row.update(samples=meta['samples'], tokens=meta['tokens'], wallclock_s=meta['wallclock_s'])
+  return meta
+
+
+def _check_updates(run, carry, row, workdir):
+  """Warns of skipped non-finite updates; stops the run after `max_bad_steps` in a row."""
+  step, limit = row['step'], run.config.optimizer.max_bad_steps
+  if row['skipped_updates']:
+    logging.warning('step %d: %d non-finite update(s) skipped', step, row['skipped_updates'])
+  if max(int(carry[key].notfinite_count) for key in carry if key.endswith('opt_state')) >= limit:
+    run.ckpt.close()   # lets the in-flight save commit; skipped updates left its params good
+    raise FloatingPointError(
+        f'{limit} non-finite updates in a row at step {step}; stopping. The last good checkpoint '
+        f'is step {run.ckpt.latest_step()} in {workdir}/checkpoints.')
+
+
+def train(config, workdir, stop=None):
+  """Trains one configuration in `workdir`; resumes from its latest checkpoint. Returns last eval.
+
+  Bad input raises ValueError before anything is compiled. `stop` (a preemption.StopRequest) ends
+  the run after the current step with a checkpoint of it, raising preemption.Preempted.
+  """
+  run, carry, meta = run_lib.setup(config, workdir)
+  noise = stats.NoiseScaleWindow(metrics_lib.read_jsonl(run.writer.path))   # goes on on resume
+  if meta['step'] == 0:
+    meta['eval_accuracy'], correct = run.evaluate(carry['params'])
+    run.writer.eval(0, 0, meta['eval_accuracy'], correct, 0.0)
+  while not _done(config.train, meta):
+    carry, row = rl_step(run, carry, next(run.iterator), meta['step'] + 1)
+    meta = _advance(meta, row, run.iterator)
+    noise.update(row)
+    run.writer.train(row, console=row['step'] % config.train.log_every == 0)
+    _check_updates(run, carry, row, workdir)
+    if row['step'] % config.train.eval_every == 0 or _done(config.train, meta):
+      meta['eval_accuracy'], correct = run.evaluate(carry['params'])
+      run.writer.eval(row['step'], meta['samples'], meta['eval_accuracy'], correct,
+                      meta['wallclock_s'])
+    done = _done(config.train, meta)   # the evaluation may have reached the target
+    # Every process gets the same answer at the same step; a request during the last step is moot.
+    stopping = stop is not None and stop.agreed() and not done
+    run.ckpt.save(meta['step'], carry, dict(meta, config=workdir_lib.config_json(config)),
+                  force=done or stopping)
+    if stopping:
+      run.ckpt.close()
+      raise preemption.Preempted(meta['step'])
+  run.ckpt.close()
+  run.writer.close()
+  return meta['eval_accuracy']

@@ -1,0 +1,148 @@
+"""What a training run holds from its first step to its last, built (or restored) before the
+first step: the mesh, task, model, sampler, evaluator, algorithm, logs and checkpoints.
+
+`setup` validates the config first: bad input raises ValueError before anything compiles. The
+memory a run will need per device is said before that, by the main's pre-flight
+(rljax.aot.planner.preflight). Both, and `python -m rljax.plan`, start from `abstract_setup`: the
+same model config, lengths, batch and algorithm state, so what is planned is what is trained.
+"""
+import functools
+from typing import Any, Callable, NamedTuple
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+
+from rljax import algos
+from rljax.data import sources as data
+from rljax.hf import checkpoint as hf
+from rljax.model import transformer as model_lib
+from rljax.rollout import sampler as sampler_lib
+from rljax import sharding
+from rljax import tasks
+from rljax.train import checkpoint
+from rljax.train import config_checks
+from rljax.train import evaluation
+from rljax.train import metrics as metrics_lib
+from rljax.train import warmstart
+from rljax.train import workdir as workdir_lib
+
+
+class Run(NamedTuple):
+  """What stays fixed through a run. Checkpoints hold the rest (the carry, see `setup`)."""
+  config: Any
+  mesh: jax.sharding.Mesh
+  algo: algos.Algorithm
+  sample: Callable      # (params, prompt_BxT, valid_BxT, rng) -> sampler.Rollout
+  evaluate: Callable    # params -> (accuracy, correct_M)
+  task: tasks.Task
+  prompt_len: int
+  iterator: data.PromptIterator
+  writer: metrics_lib.MetricsWriter
+  ckpt: checkpoint.Checkpointer
+  nan_steps: frozenset  # fault injection (debug.nan_steps): steps whose batch is made NaN
+
+
+class Shape(NamedTuple):
+  """A run of a config on a mesh with every array abstract (ShapeDtypeStructs that carry their
+  shardings): what the pre-flight sizes and rljax.plan compiles."""
+  config: Any
+  model: model_lib.Transformer
+  mesh: jax.sharding.Mesh
+  algo: algos.Algorithm   # algo.state: abstract, laid out as training lays it out
+  prompt_len: int
+  new_tokens: int
+  batch: int              # responses per rollout batch
+  micro: int              # responses per micro-batch of the update
+
+
+def abstract_setup(config, mesh):
+  """`config` (already checked) on `mesh`, allocating nothing: the model (a Hugging Face config
+  or a preset), the task's lengths, the batch and the algorithm's state and shardings."""
+  model, prompt_len, new_tokens = _model_and_task(config)
+  rng = jax.random.PRNGKey(config.seed)
+  params, _ = sharding.init_params(functools.partial(model_lib.init_params, model.cfg), rng, mesh,
+                                   abstract_only=True)
+  algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(rng, 1))
+  batch = algos.batch_size(config)
+  micro = config.train.micro_batch or batch // config.train.num_minibatches
+  return Shape(config, model, mesh, algo, prompt_len, new_tokens, batch, micro)
+
+
+def _model_and_task(config):
+  """The policy's model, the task and the lengths, checked against each other before building."""
+  model_cfg = hf.policy_config(config)
+  prompt_len, task_new_tokens, vocab_size = tasks.lengths(config)
+  max_new_tokens = config.rollout.max_new_tokens or task_new_tokens
+  config_checks.check_lengths(prompt_len, max_new_tokens, model_cfg, vocab_size)
+  return model_lib.Transformer(model_cfg), prompt_len, max_new_tokens
+
+
+def _initial_params(config, model, task, evaluate, rng, mesh, workdir, lengths):
+  """The policy to start from: a Hugging Face checkpoint, or a random init and the warm start."""
+  hf_path = config.init.hf_path if 'init' in config else ''
+  init_fn = functools.partial(model_lib.init_params, model.cfg)
+  if hf_path:   # each tensor read straight onto its shards; no warm start
+    shardings = sharding.param_shardings(jax.eval_shape(init_fn, rng), mesh)
+    return hf.load_params(hf_path, model.cfg, shardings)
+  params, _ = sharding.init_params(init_fn, rng, mesh)
+  if config.warmstart.enabled:
+    params, _ = warmstart.warm_start(config, model, params, task.tokenizer, task.train_source,
+                                     evaluate, config.warmstart.dir or workdir, *lengths, mesh)
+  return params
+
+
+def setup(config, workdir):
+  """Validates `config`, builds the run and restores its latest checkpoint: (run, carry, meta).
+
+  The carry is what checkpoints hold: the algorithm's state plus the rollout key (`rng`) and the
+  frozen reference policy (`reference`, when the algorithm uses one). Bad input raises ValueError
+  before anything is compiled.
+  """
+  config_checks.check(config)
+  mesh = sharding.make_mesh(config.mesh)
+  shape = abstract_setup(config, mesh)   # what the pre-flight sized
+  model, prompt_len, max_new_tokens = shape.model, shape.prompt_len, shape.new_tokens
+  meta = workdir_lib.prepare(workdir, config)   # None: a fresh run
+  try:
+    task = tasks.make_task(config)
+  except OSError as error:
+    raise ValueError(f'cannot build or read the dataset: {error}') from None
+  config_checks.check_lengths(prompt_len, max_new_tokens, model.cfg, task.tokenizer.vocab_size)
+  eval_prompts, eval_answers = data.eval_set(task.test_source, config.train.eval_size)
+  evaluate = evaluation.make_evaluator(model, task.tokenizer, eval_prompts, eval_answers,
+                                       task.reward_fn, prompt_len, max_new_tokens, mesh,
+                                       slots=config.rollout.slots)
+  init_rng, rollout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  params = (_initial_params(config, model, task, evaluate, init_rng, mesh, workdir,
+                            (prompt_len, prompt_len + max_new_tokens)) if meta is None else
+            sharding.init_params(functools.partial(model_lib.init_params, model.cfg), init_rng,
+                                 mesh)[0])   # a template: the checkpoint's values replace it
+  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+      max_new_tokens=max_new_tokens, eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id,
+      temperature=config.rollout.temperature, top_k=config.rollout.top_k,
+      top_p=config.rollout.top_p, slots=config.rollout.slots)), mesh)
+  algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(init_rng, 1))
+  algo = algo._replace(schedules={k: jax.jit(s) for k, s in algo.schedules.items()})
+  carry = dict(algo.state, rng=sharding.place(rollout_rng, mesh))
+  if algo.needs_reference:   # a copy: the update donates the policy's buffers
+    carry['reference'] = jax.tree.map(jnp.copy, params)
+  writer = metrics_lib.writer_from_config(config, workdir, jax.process_index() == 0)
+  ckpt = checkpoint.Checkpointer(workdir, config.train.checkpoint_every,
+                                 config.train.keep_checkpoints)
+  if meta is None:
+    writer.truncate_after(-1)   # rows of an attempt killed before its first checkpoint
+    meta = dict(step=0, samples=0, tokens=0, wallclock_s=0.0, data=None, eval_accuracy=None)
+  else:
+    carry, meta = ckpt.restore(carry, meta['step'])
+    writer.truncate_after(meta['step'])
+    logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
+  workdir_lib.claim(workdir, config)
+  iterator = data.PromptIterator(
+      task.train_source, config.rollout.P, seed=config.seed, process_index=jax.process_index(),
+      process_count=jax.process_count(), state=meta['data'], tokenizer=task.tokenizer,
+      on_bad_record=config.data.on_bad_record)
+  nan_steps = config_checks.step_set(config.debug.nan_steps) if 'debug' in config else set()
+  run = Run(config, mesh, algo, sample, evaluate, task, prompt_len, iterator, writer, ckpt,
+            frozenset(nan_steps))
+  return run, carry, meta

@@ -1,0 +1,123 @@
+"""Supervised warm start: RL from a random policy earns no reward, so the default recipe first
+trains the policy on (prompt, answer) pairs until held-out greedy accuracy crosses a threshold.
+
+The jump in accuracy is sharp, so training stops on the threshold, not a step count. The result is
+cached under a fingerprint of everything that determines it (model, data, warm-start settings,
+seed) and reused by every later run that shares it (e.g. all arms of a protocol).
+"""
+import functools
+import hashlib
+import json
+import os
+import time
+from typing import NamedTuple
+
+from absl import logging
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from rljax.data import sources as data
+from rljax import losses
+from rljax.model import transformer as model_lib
+from rljax import optim
+from rljax import sharding
+from rljax.train import workdir as workdir_lib
+from rljax import update
+
+
+class SupervisedBatch(NamedTuple):
+  tokens_BxS: jax.Array
+  valid_BxS: jax.Array
+  weights_BxS: jax.Array   # weight of the NEXT-token loss at each position (last column 0)
+
+  def normalized(self):
+    """Loss-mask weights -> token-mean weights over the GLOBAL batch (inside jit)."""
+    return self._replace(weights_BxS=losses.token_weights(self.weights_BxS, 'token-mean'))
+
+
+def seed(config):
+  """warmstart.seed when pinned (>= 0), else the run's seed."""
+  pinned = config.warmstart.get('seed', -1)
+  return pinned if pinned >= 0 else config.seed
+
+
+def fingerprint(config):
+  model = {k: v for k, v in config.model.items() if k != 'max_seq_len'}  # a bound, not the model
+  relevant = dict(model=model, seed=seed(config),
+                  data={k: v for k, v in config.data.items() if k != 'dir'},
+                  warmstart={k: v for k, v in config.warmstart.items() if k not in ('dir', 'seed')})
+  return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def supervised_batch(prompts, answers, tokenizer, prompt_len, seq_len):
+  """Fixed-width [prompt | answer EOS | PAD] rows (fixed shapes: one compilation)."""
+  tokens_BxS, valid_BxS, loss_mask_BxS = data.encode_supervised(prompts, answers, tokenizer)
+  left = prompt_len - max(len(tokenizer.encode(p)) for p in prompts)
+  pad = ((0, 0), (left, seq_len - left - tokens_BxS.shape[1]))
+  tokens_BxS = np.pad(tokens_BxS, pad, constant_values=tokenizer.pad_id)
+  valid_BxS, loss_mask_BxS = np.pad(valid_BxS, pad), np.pad(loss_mask_BxS, pad)
+  return SupervisedBatch(tokens_BxS, valid_BxS, loss_mask_BxS.astype(np.float32))
+
+
+def make_supervised_loss(model, moe_aux_coef):
+  def loss_fn(params, batch):
+    logits_BxSxV, _, aux_loss = model.apply({'params': params}, batch.tokens_BxS, batch.valid_BxS)
+    logp_BxS = losses.logprobs_from_logits(logits_BxSxV[:, :-1], batch.tokens_BxS[:, 1:])
+    nll = -jax.numpy.sum(batch.weights_BxS[:, :-1] * logp_BxS)
+    return nll + moe_aux_coef * aux_loss, {'nll': nll}
+  return loss_fn
+
+
+def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_dir, prompt_len,
+               seq_len, mesh):
+  """Returns (params, info): restored from the cache, or trained now and cached."""
+  ws = config.warmstart
+  path = os.path.abspath(os.path.join(cache_dir, f'warmstart-{fingerprint(config)}'))
+  checkpointer = ocp.StandardCheckpointer()
+  if os.path.exists(os.path.join(path, 'info.json')):  # written last: marks a complete cache
+    with open(os.path.join(path, 'info.json')) as f:
+      info = json.load(f)
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, init_params)
+    logging.info('warm start: reusing %s (accuracy %.3f)', path, info['accuracy'])
+    return checkpointer.restore(os.path.join(path, 'params'), abstract), info
+
+  optimizer, _ = optim.make_optimizer(ml_collections.ConfigDict(dict(
+      lr=ws.lr, base_batch=ws.batch, lr_rule='constant', warmup_steps=0, max_grad_norm=1.0,
+      b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=5)), ws.batch)
+  loss_fn = make_supervised_loss(model, config[config.algo].moe_aux_coef)
+  step_fn = sharding.on_mesh(jax.jit(
+      lambda p, s, b: update.apply_update(loss_fn, optimizer, p, s, b.normalized(), 1),
+      donate_argnums=(0, 1)),
+                             mesh)
+  if seed(config) != config.seed:  # pinned: the start must not depend on the run's own seed
+    init_params, _ = sharding.init_params(
+        functools.partial(model_lib.init_params, model.cfg),
+        jax.random.split(jax.random.PRNGKey(seed(config)))[0], mesh)
+  params = init_params
+  opt_state = sharding.init_optimizer(optimizer, params, mesh)
+  iterator = data.PromptIterator(source, ws.batch, seed=seed(config) + 7919,
+                                 process_index=jax.process_index(),
+                                 process_count=jax.process_count())
+  start, accuracy, step = time.time(), 0.0, 0
+  for step in range(1, ws.max_steps + 1):
+    examples = next(iterator)
+    batch = sharding.put_batch(supervised_batch(examples['prompt'], examples['answer'], tokenizer,
+                                                prompt_len, seq_len), mesh)
+    params, opt_state, metrics = step_fn(params, opt_state, batch)
+    if step >= ws.min_steps and step % ws.eval_every == 0:
+      accuracy, _ = evaluate(params)
+      print(f"warm start step {step} | nll {float(metrics['nll']):.3f} | eval accuracy {accuracy:.3f}",
+            flush=True)
+      if accuracy >= ws.threshold:
+        break
+  info = dict(steps=step, accuracy=accuracy, seconds=time.time() - start, fingerprint=path)
+  if accuracy < ws.threshold:
+    logging.warning('warm start reached only %.3f < threshold %.3f after %d steps',
+                    accuracy, ws.threshold, step)
+  checkpointer.save(os.path.join(path, 'params'), params, force=True)
+  checkpointer.wait_until_finished()
+  if jax.process_index() == 0:
+    workdir_lib.write_json_atomic(os.path.join(path, 'info.json'), info)
+  return params, info
