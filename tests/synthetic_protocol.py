@@ -6,8 +6,8 @@ noise model fitted to the committed CPU runs (docs/guide/protocol/*.tar.xz):
 - sd_arm, the arm's own seed spread, is drawn per arm (log-normal around 0.08); with the eval
   noise this gives per-arm log-sds of samples to target of 0.07-0.37 (10th-90th percentile;
   the logs: 0.08-0.42) by first crossing;
-- each eval grades 1000 prompts (binomial noise, ~1.5 points), every 1024 samples (the committed
-  runs' grid; the protocol's default is now finer) or at the run's batch if larger;
+- each eval grades 1000 prompts (binomial noise, ~1.5 points), on one sample grid for every arm
+  (`eval_every`, raised to the largest batch: the protocol refuses anything else);
 - a run stops at its first eval at or above 0.40 (target 0.37 + margin 0.03), so the decision
   target is crossed 1-3 evals in, as in the logs;
 - each throughput round is the true samples/s times exp(0.07 z).
@@ -58,7 +58,7 @@ def write_seeds(root, batch, seeds, truth, seed_sd, rng, eval_every):
   for seed in seeds:
     stretch = truth[batch][1] * np.exp(seed_sd[batch] * rng.standard_normal())
     write_run(report_lib.run_dir(root, 'arms', arm_name(batch), seed), batch, stretch, rng,
-              max(eval_every, batch))
+              max(eval_every, max(truth)))   # one grid for all arms, as the protocol requires
 
 
 def write_workdir(root, truth, rng, seeds=3, rounds=3, eval_every=1024):
