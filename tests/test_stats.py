@@ -152,16 +152,37 @@ def test_rn_of_a_curve_stretched_in_samples():
   assert result['lo'] == pytest.approx(1.5) and result['hi'] == pytest.approx(1.5)  # no spread
 
 
-def test_rn_interval_is_the_pooled_t_interval_on_logs():
-  base, arm = [900.0, 1000.0, 1200.0], [1400.0, 1500.0, 1900.0]
+def welch_reference(base, arm, level=0.95):
+  """Welch's interval on log samples in plain numpy, with scipy's t quantile at the floored df."""
+  scipy_stats = pytest.importorskip('scipy.stats')
   lb, la = np.log(base), np.log(arm)
-  pooled = (np.var(lb, ddof=1) + np.var(la, ddof=1)) / 2
-  half = 2.776445 * np.sqrt(pooled * (2 / 3))   # t(0.975, df=4)
+  vb, va = np.var(lb, ddof=1) / len(lb), np.var(la, ddof=1) / len(la)
+  df = (va + vb)**2 / (va**2 / (len(la) - 1) + vb**2 / (len(lb) - 1))
+  half = scipy_stats.t.ppf((1 + level) / 2, np.floor(df)) * np.sqrt(va + vb)
+  diff = la.mean() - lb.mean()
+  return np.exp(diff - half), np.exp(diff + half)
+
+
+def test_rn_interval_is_welchs_t_interval_on_logs():
+  base, arm = [900.0, 1000.0, 1200.0], [1400.0, 1500.0, 1900.0, 1450.0, 1600.0]
   result = stats.rn_interval(base, arm)
-  assert result['rN'] == pytest.approx(np.exp(la.mean() - lb.mean()))
-  assert [result['lo'], result['hi']] == pytest.approx(
-      [np.exp(la.mean() - lb.mean() - half), np.exp(la.mean() - lb.mean() + half)], rel=1e-5)
+  assert result['rN'] == pytest.approx(np.exp(np.log(arm).mean() - np.log(base).mean()))
+  assert [result['lo'], result['hi']] == pytest.approx(welch_reference(base, arm), rel=1e-6)
   assert np.isnan(stats.rn_interval([1000.0], [1500.0])['lo'])   # one seed each: no interval
+  assert np.isnan(stats.rn_interval([900.0, 1100.0], [1500.0])['lo'])   # no arm spread
+
+
+def test_rn_interval_covers_when_the_arms_spreads_differ():
+  """Base 3 seeds at log-sd 0.30, arm 5 seeds at 0.10 (the committed offset-0 batch-512 case):
+  a pooled spread covers about 84%, Welch about 93%."""
+  rng = np.random.default_rng(0)
+  covered = []
+  for _ in range(2000):
+    base = np.exp(0.30 * rng.standard_normal(3)) * 2000
+    arm = np.exp(0.10 * rng.standard_normal(5)) * 3000
+    result = stats.rn_interval(base, arm)
+    covered.append(result['lo'] <= 1.5 <= result['hi'])
+  assert np.mean(covered) >= 0.91
 
 
 def seeded_runs(rng, n_seeds, stretch, prompts_u):
@@ -184,6 +205,65 @@ def test_rn_interval_covers_the_truth_at_the_default_seed_count():
     assert result['lo'] <= result['rN'] <= result['hi']
     covered.append(result['lo'] <= 1.5 <= result['hi'])
   assert np.mean(covered) >= 0.90
+
+
+def grid_run(stretch, batch=128, every=1024, stop=None, noise=None):
+  """A run of curve()-like shape, start 0.319, evaluated every `every` samples (as the logs)."""
+  acc = lambda n: 0.319 + 0.10 * (1 - np.exp(-np.asarray(n, float) / (2500 * stretch)))
+  run = make_run(acc, batch, 40_000 // batch, eval_every=every // batch)
+  if noise is not None:
+    run['eval']['eval_accuracy'][1:] += noise(len(run['eval']['samples']) - 1)
+  if stop is not None:   # the protocol's stop rule: the first eval at or above `stop`
+    end = np.flatnonzero(run['eval']['eval_accuracy'] >= stop)[0] + 1
+    run['eval'] = {k: v[:end] for k, v in run['eval'].items()}
+  return run
+
+
+def reference_log_stretch(run, shape):
+  """Brute force: the SSE at 60,001 log stretches in a plain loop over the evals."""
+  x, y = run['eval']['samples'][1:], run['eval']['eval_accuracy'][1:]
+  grid = np.linspace(-3, 3, 60_001)
+  sse = np.zeros_like(grid)
+  for xi, yi in zip(x, y):
+    sse += (yi - shape['start'] - shape['rise'] * (1 - np.exp(-xi / np.exp(grid) / shape['scale'])))**2
+  return grid[np.argmin(sse)]
+
+
+def test_curve_shape_and_log_stretch_against_independent_fits():
+  rng = np.random.default_rng(0)
+  noise = lambda n: 0.015 * rng.standard_normal(n)
+  base = [grid_run(1.0, noise=noise, stop=0.40) for _ in range(3)]
+  shape = stats.fit_curve_shape(base)
+  optimize = pytest.importorskip('scipy.optimize')
+  x = np.concatenate([r['eval']['samples'][1:] for r in base])
+  y = np.concatenate([r['eval']['eval_accuracy'][1:] for r in base])
+  fitted = lambda x, rise, scale: stats.saturating(x, 0.319, rise, scale)
+  (rise, scale), _ = optimize.curve_fit(fitted, x, y, p0=[0.1, 2000.0])
+  sse = lambda r, s: np.sum((y - fitted(x, r, s))**2)
+  assert shape['start'] == 0.319
+  assert sse(shape['rise'], shape['scale']) <= sse(rise, scale) * 1.001   # a grid, 1% apart
+  for stretch in (0.7, 1.0, 1.6, 2.5):
+    run = grid_run(stretch, noise=noise, stop=0.40)
+    assert stats.log_stretch(run, shape) == pytest.approx(reference_log_stretch(run, shape),
+                                                          abs=2e-4)
+  assert stats.fit_curve_shape([make_run(lambda n: np.full_like(n, 0.3), 128, 50)]) is None
+  assert stats.shape_samples_to(shape, 0.30) != stats.shape_samples_to(shape, 0.30)   # below start
+
+
+def test_stretch_rn_has_no_grid_bias_where_crossings_have_it():
+  """Noise-free curves on the logs' grid (evals every 1024 samples, stop at 0.40, J at 1-3 evals
+  in): the stretch recovers rN within 1%; one smoothed crossing is 5-15% low, which fails here."""
+  base = [grid_run(1.0, stop=0.40)]
+  shape = stats.fit_curve_shape(base)
+  target = 0.36
+  for truth in (1.5, 2.2):
+    arm = [grid_run(truth, stop=0.40)]
+    by_stretch = stats.rn_interval(stats.stretch_samples_to_target(base, shape, target, 5),
+                                   stats.stretch_samples_to_target(arm, shape, target, 5))['rN']
+    by_crossing = stats.rn_interval([stats.to_target(base[0], target, 5)],
+                                    [stats.to_target(arm[0], target, 5)])['rN']
+    assert by_stretch == pytest.approx(truth, rel=0.01)
+    assert abs(by_crossing / truth - 1) > 0.03
 
 
 def test_arm_or_base_that_never_reaches_the_target():

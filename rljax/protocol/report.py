@@ -195,11 +195,10 @@ def _median_in_window(runs, key, window):
   return float(np.median(values)) if len(values) else np.nan
 
 
-def _rn_at(base, arm, target, settings):
-  """rN of an arm against the base at one target, with its interval and alignment."""
-  n = lambda runs: [stats.to_target(r, target, settings['window']) for r in runs]
-  per_seed = n(arm['runs'])
-  result = stats.rn_interval(n(base['runs']), per_seed, settings['level'],
+def _rn_at(base_n, arm, per_seed, target, settings):
+  """rN of an arm against the base from per-seed samples to one target, with interval and
+  alignment."""
+  result = stats.rn_interval(base_n, per_seed, settings['level'],
                              [stats.samples_reached(r) for r in arm['runs']])
   geo = stats.log_mean_interval(per_seed) if np.isfinite(per_seed).all() else {'mean': np.inf}
   return dict(target=target, samples_to_target=geo['mean'], samples_to_target_per_seed=per_seed,
@@ -208,11 +207,25 @@ def _rn_at(base, arm, target, settings):
               alignment=stats.alignment(result['lo'], result['hi'], settings['tolerance']))
 
 
-def _arm_summary(arm, base, targets, settings, window):
-  spec, runs = arm['spec'], arm['runs']
-  per_target = [_rn_at(base, arm, t, settings) for t in targets['targets']]
-  primary = per_target[targets['targets'].index(targets['primary'])]
-  wallclock = [stats.wallclock_to_target(r, targets['primary'], settings['window']) for r in runs]
+def _crossings(runs, target, settings):
+  return [stats.to_target(r, target, settings['window']) for r in runs]
+
+
+def _stretched(runs, target, settings, shape):
+  """Samples to target per seed from the whole curve (stats.log_stretch); crossings when the
+  base arm has no curve shape to stretch."""
+  if shape is None:
+    return _crossings(runs, target, settings)
+  return stats.stretch_samples_to_target(runs, shape, target, settings['window'])
+
+
+def _arm_summary(arm, base, targets, settings, window, shape):
+  spec, runs, primary_target = arm['spec'], arm['runs'], targets['primary']
+  per_target = [_rn_at(_crossings(base['runs'], t, settings), arm,
+                       _crossings(runs, t, settings), t, settings) for t in targets['targets']]
+  primary = _rn_at(_stretched(base['runs'], primary_target, settings, shape), arm,
+                   _stretched(runs, primary_target, settings, shape), primary_target, settings)
+  wallclock = [stats.wallclock_to_target(r, primary_target, settings['window']) for r in runs]
   noise = stats.noise_scale_interval(_noise_terms(runs, window), rng=settings['seed'],
                                      level=settings['level'])
   own = _own_throughput(runs, settings['warmup'])
@@ -221,7 +234,7 @@ def _arm_summary(arm, base, targets, settings, window):
       control=bool(spec['control']), base=arm is base, n_seeds=len(runs),
       seeds_reached=int(np.isfinite(primary['samples_to_target_per_seed']).sum()),
       **{k: v for k, v in primary.items() if k != 'target'},
-      steps_to_target=float(np.mean([stats.to_target(r, targets['primary'], settings['window'],
+      steps_to_target=float(np.mean([stats.to_target(r, primary_target, settings['window'],
                                                      'step') for r in runs])),
       wallclock_to_target_s=float(np.mean(wallclock)), per_target=per_target,
       grad_norm_median=_median_in_window(runs, 'grad_norm', window),
@@ -255,17 +268,26 @@ def _throughput_table(data, arms, settings):
   return dict(sorted(table.items()))
 
 
+def _decision(arms, throughput, base_batch, settings, per_seed):
+  """stats.decide over the batches timed, with samples to target per seed from `per_seed(arm)`."""
+  sqrt_arms = {a['batch']: a for a in arms if not a['control']}
+  candidates = [dict(batch=b, throughput_rounds=t['per_round'],
+                     samples_per_seed=per_seed(sqrt_arms[b]) if b in sqrt_arms else [])
+                for b, t in throughput.items()]
+  return stats.decide(candidates, base_batch, settings['level'], settings['n_draws'],
+                      settings['seed'])
+
+
 def _decisions(arms, throughput, targets, base_batch, settings):
-  """stats.decide at every target: the primary one decides, the others show if J matters."""
-  sqrt_arms = [a for a in arms if not a['control']]
-  result = []
-  for i, target in enumerate(targets['targets']):
-    candidates = [dict(batch=b, throughput_rounds=t['per_round'], samples_per_seed=next(
-        (a['per_target'][i]['samples_to_target_per_seed'] for a in sqrt_arms if a['batch'] == b),
-        [])) for b, t in throughput.items()]
-    result.append(dict(target=target, **stats.decide(
-        candidates, base_batch, settings['level'], settings['n_draws'], settings['seed'])))
-  return result
+  """The decision (samples from the whole curve, at the primary target) and, as a check that it
+  does not hang on one target or on the estimator, the decision from first crossings at each."""
+  primary = dict(target=targets['primary'], method='stretch', **_decision(
+      arms, throughput, base_batch, settings, lambda a: a['samples_to_target_per_seed']))
+  by_crossing = [dict(target=t, method='first crossing', **_decision(
+      arms, throughput, base_batch, settings,
+      lambda a, i=i: a['per_target'][i]['samples_to_target_per_seed']))
+                 for i, t in enumerate(targets['targets'])]
+  return primary, by_crossing
 
 
 def _calibration(data, settings):
@@ -333,18 +355,19 @@ def build(data):
     raise ValueError(f"base arm {protocol['base_arm']!r} from protocol.json has no logged runs")
   targets = _targets(protocol, base['runs'], settings['window'])
   window = _matched_sample_window(data['arms'])
-  arms = [_arm_summary(a, base, targets, settings, window) for a in data['arms']]
+  shape = stats.fit_curve_shape(base['runs'])
+  arms = [_arm_summary(a, base, targets, settings, window, shape) for a in data['arms']]
   arms.sort(key=lambda a: (a['control'], a['batch'], a['name']))
   _controls(arms)
   aligned = stats.aligned_range(arms, settings['tolerance'])
   throughput = _throughput_table(data, arms, settings)
-  decisions = _decisions(arms, throughput, targets, int(protocol['base_batch']), settings)
-  primary = decisions[targets['targets'].index(targets['primary'])]
+  primary, decisions = _decisions(arms, throughput, targets, int(protocol['base_batch']), settings)
   report = dict(
       algo=protocol['algo'], stop_target=float(protocol['target']),
       **targets, base_arm=protocol['base_arm'], base_batch=int(protocol['base_batch']),
       level=settings['level'], smooth_window=settings['window'],
-      calibration=_calibration(data, settings), arms=arms, aligned_range=aligned,
+      curve_shape=shape, calibration=_calibration(data, settings), arms=arms,
+      aligned_range=aligned,
       grad_norm_window_samples=list(window), **_gradients(arms, aligned),
       throughput=list(throughput.values()), decision=primary, decisions=decisions,
       recommended=primary['recommended'], confirm=_confirm(data, primary, targets, settings))
@@ -425,6 +448,19 @@ def _gradient_sentence(report):
           f"{_num(report['noise_scale_from_grad_norms'])}.")
 
 
+def _robustness_sentence(report):
+  """Whether the verdict (not only the recommendation) holds by first crossings at each target."""
+  primary = report['decision']
+  by_target = {round(d['target'], 4): f"{d['verdict']} ({d['recommended']})"
+               for d in report['decisions']}
+  same = all((d['verdict'], d['recommended']) == (primary['verdict'], primary['recommended'])
+             for d in report['decisions'])
+  if same:
+    return 'The verdict is the same by first crossings at every target.'
+  return (f"By first crossings the verdict differs at some target: {by_target}; it rests on "
+          'the whole-curve estimate.')
+
+
 def summary(report):
   """A plain-language paragraph: what exceeds the noise and what does not."""
   base = next(a for a in report['arms'] if a['base'])
@@ -436,9 +472,7 @@ def summary(report):
   lines.append(_aligned_sentence(report['aligned_range']))
   lines.append(_gradient_sentence(report))
   lines.append(report['decision']['statement'])
-  others = {d['target']: d['recommended'] for d in report['decisions']}
-  if len(set(others.values())) > 1:
-    lines.append(f'The recommendation depends on the target: {others}.')
+  lines.append(_robustness_sentence(report))
   for c in report['confirm']:
     lines.append(f"Confirmation at batch {c['batch']} ({c['n_seeds']} seeds): measured "
                  f"{_num(c['steady_wallclock_s'])} s to J at its steady step time vs predicted "
@@ -448,7 +482,7 @@ def summary(report):
 
 
 def _arms_table(report):
-  rows = ['| arm | batch | lr | samples to J | rN [CI] | alignment | rN at ' +
+  rows = ['| arm | batch | lr | samples to J | rN [CI] | alignment | rN by crossing at ' +
           ', '.join(f'{t:.3g}' for t in report['targets']) + ' | B_simple [CI] | own samples/s |',
           '|' + '---|' * 9]
   for a in report['arms']:
