@@ -1,4 +1,4 @@
-"""Synthetic protocol workdirs whose truth is known, in the format rljax.protocol writes, with a
+"""Synthetic protocol workdirs whose truth is known, in the format rljax.protocol.driver writes, with a
 noise model fitted to the committed CPU runs (docs/guide/protocol/*.tar.xz):
 
 - every run starts at the warm start's 0.319 and follows 0.319 + 0.10 (1 - exp(-s / 2500 r)) in
@@ -17,8 +17,8 @@ import os
 
 import numpy as np
 
-from rljax import protocol as protocol_lib
-from rljax import report as report_lib
+from rljax.protocol import driver as protocol_lib
+from rljax.protocol import report as report_lib
 
 START, RISE, SCALE, STOP, MAX_SAMPLES, PROMPTS = 0.319, 0.10, 2500.0, 0.40, 32_768, 1000
 BASE_SAMPLES_PER_S, ROUND_SD = 700.0, 0.07
@@ -88,7 +88,7 @@ def write_workdir(root, truth, rng, seeds=3, rounds=3, eval_every=1024):
 
 def run_protocol(root, truth, rng, seeds=3, rounds=3, max_seeds=None, extra_seeds=4,
                  eval_every=1024):
-  """A synthetic protocol through the real report code, with rljax.protocol's adaptive seeds."""
+  """A synthetic protocol through the real report code, with rljax.protocol.driver's adaptive seeds."""
   max_seeds = seeds + 2 if max_seeds is None else max_seeds
   seed_sd = write_workdir(root, truth, rng, seeds, rounds, eval_every)
   counts, spent = {arm_name(b): seeds for b in truth}, 0

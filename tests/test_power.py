@@ -1,6 +1,6 @@
 """The decision's error rates and power, measured on synthetic sweeps (tests/synthetic_protocol.py:
 logs in the workdir format with the committed runs' noise) passed through the real report code
-and rljax.protocol's adaptive seeds. docs/guide/protocol.md quotes these numbers."""
+and rljax.protocol.driver's adaptive seeds. docs/guide/protocol.md quotes these numbers."""
 import numpy as np
 import pytest
 

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from rljax import registry
 from rljax.data import rewards
+from rljax import registry
 
 
 class Task(NamedTuple):
