@@ -332,7 +332,7 @@ def preflight(config, devices=None):
   compiled): model size, devices, and per device the parameters, optimizer state and KV cache.
   ValueError on a bad config, or ('does not fit') when those alone exceed a device's memory."""
   devices = jax.devices() if devices is None else devices
-  config_checks.check(config)
+  run_lib.check(config)
   s = run_lib.abstract_setup(config, sharding.make_mesh(config.mesh, devices))
   memory = resident_bytes(s)
   local = [d for d in devices if d.process_index == jax.process_index()] or devices

@@ -2,6 +2,8 @@
 the module rljax.tasks.sums. A task module declares:
 
   REWARD                      its default verifier (rljax.data.rewards), used when reward='auto'
+  check(config)               ValueError for what training it needs and the config lacks (a
+                              tokenizer), before any length or model check; planning skips it
   lengths(config)             (prompt tokens, max response tokens incl. the end token, vocabulary
                               size or 0 if only the tokenizer file knows), from the config alone,
                               so they are checked (and planned) before anything is built
@@ -42,6 +44,11 @@ def name_of(config):
   return config.data.get('name', 'arithmetic')
 
 
+def check(config):
+  """The named task's own check: what it needs to be trained on (its name, first)."""
+  get(name_of(config)).check(config)
+
+
 def lengths(config):
   """(prompt tokens, max response tokens, vocabulary size or 0): the named task's own."""
   return get(name_of(config)).lengths(config)
@@ -50,6 +57,7 @@ def lengths(config):
 def make_task(config) -> Task:
   """The task named by config.data.name, built (its dataset prepared if needed)."""
   task = get(name_of(config))
+  task.check(config)
   data_dir = config.data.dir or os.path.expanduser('~/.cache/rljax/datasets')
   tokenizer, train_source, test_source = task.make(config, data_dir)
   prompt_len, max_new_tokens, _ = task.lengths(config)

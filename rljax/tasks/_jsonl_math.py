@@ -14,9 +14,12 @@ REWARD = 'math'
 
 
 def lengths(config):
-  """The configured lengths; the tokenizer file alone knows the vocabulary."""
-  tokenizer_path(config)   # the first thing to fix, before any length or model check
+  """The configured lengths (planning needs no tokenizer); its file alone knows the vocabulary."""
   return config.data.max_prompt_len, config.data.max_response_len, 0
+
+
+def check(config):
+  tokenizer_path(config)
 
 
 def tokenizer_path(config):

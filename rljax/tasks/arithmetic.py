@@ -6,6 +6,10 @@ from rljax.tasks import _characters
 REWARD = 'exact_numeric'
 
 
+def check(config):
+  del config   # characters: no tokenizer or data file needed
+
+
 def lengths(config):
   dcfg = config.data
   prompt_len = 2 * dcfg.digits + 2

@@ -8,6 +8,10 @@ from rljax.tasks import _characters
 REWARD = 'running_sums'
 
 
+def check(config):
+  del config   # characters: no tokenizer or data file needed
+
+
 def lengths(config):
   dcfg = config.data
   sums.make_config(dcfg.max_operands, dcfg.digits)   # ValueError on bad knobs, first

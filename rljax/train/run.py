@@ -43,6 +43,12 @@ class Run(NamedTuple):
   nan_steps: frozenset  # fault injection (debug.nan_steps): steps whose batch is made NaN
 
 
+def check(config):
+  """ValueError naming the first bad field of a config about to be trained."""
+  config_checks.check(config)
+  tasks.check(config)
+
+
 class Shape(NamedTuple):
   """A run of a config on a mesh with every array abstract (ShapeDtypeStructs that carry their
   shardings): what the pre-flight sizes and rljax.plan compiles."""
@@ -99,7 +105,7 @@ def setup(config, workdir):
   frozen reference policy (`reference`, when the algorithm uses one). Bad input raises ValueError
   before anything is compiled.
   """
-  config_checks.check(config)
+  check(config)
   mesh = sharding.make_mesh(config.mesh)
   shape = abstract_setup(config, mesh)   # what the pre-flight sized
   model, prompt_len, max_new_tokens = shape.model, shape.prompt_len, shape.new_tokens
