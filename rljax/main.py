@@ -3,7 +3,8 @@
 Trains one configuration (config.mode == 'train', the default) or runs the align-then-accelerate
 protocol (config.mode == 'protocol'). Exit codes (docs/reference/reliability.md):
   0   done                       2   bad input: one `rljax: error: ...` line, nothing compiled
-  3   K non-finite updates in a row (the last good checkpoint is kept)
+  3   K non-finite updates in a row, or a state that is not finite (the last good checkpoint is kept)
+  4   checkpoint storage: no checkpoint in the workdir is intact, or one cannot be written
   75  stopped by SIGTERM / SIGINT after saving a checkpoint of the current step: re-run to resume
 
 Multi-host: one process per host. On a multi-worker Cloud TPU VM or under SLURM / Open MPI, JAX
@@ -23,6 +24,7 @@ FLAGS = flags.FLAGS
 
 EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE = 3
+EXIT_STORAGE = 4
 
 
 def define_flags(flag_values):
@@ -130,6 +132,7 @@ def run(config, workdir):
   """Trains `config` (or runs the protocol) in `workdir`; every failure of the exit-code contract
   becomes its line on stderr and its exit code."""
   # Imported here, after flag parsing: jax reads XLA_FLAGS when first imported.
+  from rljax import checkpoint  # pylint: disable=g-import-not-at-top
   from rljax import preemption  # pylint: disable=g-import-not-at-top
   from rljax import protocol  # pylint: disable=g-import-not-at-top
   from rljax import train  # pylint: disable=g-import-not-at-top
@@ -148,9 +151,18 @@ def run(config, workdir):
     fail(error, EXIT_BAD_INPUT)
   except FloatingPointError as error:  # persistent NaN / inf
     fail(error, EXIT_NON_FINITE)
+  except (checkpoint.Damaged, checkpoint.WriteFailed, OSError) as error:  # the disk, not the input
+    fail(error, EXIT_STORAGE)
   except preemption.Preempted as stopped:
     print(f'rljax: {stopped}', file=sys.stderr, flush=True)
     sys.exit(preemption.EXIT_CODE)
+
+
+class _NoOrbaxTracebacks(logging.logging.Filter):
+  """orbax logs each failed background write with a traceback; rljax says it in one line."""
+
+  def filter(self, record):
+    return not (record.exc_info and f'{os.sep}orbax{os.sep}' in record.pathname)
 
 
 def main(argv):
@@ -158,6 +170,7 @@ def main(argv):
     fail(f'unexpected arguments: {argv[1:]}', EXIT_BAD_INPUT)
   if not FLAGS['verbosity'].present:  # orbax and TFDS are chatty at INFO
     logging.set_verbosity(logging.WARNING)
+  logging.get_absl_handler().addFilter(_NoOrbaxTracebacks())
   initialize_distributed()
   run(FLAGS.config, FLAGS.workdir)
 
