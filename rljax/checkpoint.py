@@ -112,9 +112,14 @@ def _unparsable_json(step_dir):
   return None
 
 
+def _short(error):
+  """The error's text on one line, without the tensorstore specs it quotes (~3 KB each)."""
+  return ' '.join(str(error).split()).split(' [tensorstore_spec')[0]
+
+
 def _reason(error, step_dir):
   """A short line from a restore error (tensorstore's quote whole specs): the file and the cause."""
-  text = ' '.join(str(error).split()).split(' [tensorstore_spec')[0]
+  text = _short(error)
   text = re.sub(r'^(\w+: )?(Error opening "\w+" driver: )+', '', text)
   files = [match for match in re.finditer(re.escape(step_dir) + r'/[^\s"\']*[^\s"\'/.]', text)]
   if files:
@@ -203,8 +208,7 @@ class Checkpointer:
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta),
           manifest=ocp.args.JsonSave(manifest)), force=force)
     except Exception as error:  # pylint: disable=broad-except
-      raise WriteFailed(f'cannot write checkpoint step {step} in {self.directory}: '
-                        f'{error}') from None
+      raise WriteFailed(f'cannot write checkpoints in {self.directory}: {_short(error)}') from None
     self._sweep()
 
   def _set_aside(self, step, why):
@@ -259,6 +263,6 @@ class Checkpointer:
     try:
       self.manager.close()
     except Exception as error:  # pylint: disable=broad-except
-      raise WriteFailed(f'cannot write the last checkpoint in {self.directory}: {error}') from None
+      raise WriteFailed(f'cannot write checkpoints in {self.directory}: {_short(error)}') from None
     finally:
       self._sweep(wait=True)

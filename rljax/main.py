@@ -158,11 +158,22 @@ def run(config, workdir):
     sys.exit(preemption.EXIT_CODE)
 
 
-class _NoOrbaxTracebacks(logging.logging.Filter):
-  """orbax logs each failed background write with a traceback; rljax says it in one line."""
+class _NoCheckpointIOTracebacks(logging.logging.Filter):
+  """orbax (and asyncio, for its unawaited writes) log each failed checkpoint write with a
+  traceback; rljax says it in one line."""
 
   def filter(self, record):
-    return not (record.exc_info and f'{os.sep}orbax{os.sep}' in record.pathname)
+    return not (record.exc_info or 'exception was never retrieved' in str(record.msg)) or not (
+        f'{os.sep}orbax{os.sep}' in record.pathname or record.name == 'asyncio')
+
+
+def _drop_closed_loop_callbacks(unraisable, previous=sys.unraisablehook):
+  """A failed checkpoint read or write closes orbax's event loop while tensorstore I/O is in
+  flight; each then reports 'Event loop is closed' as an unraisable traceback: noise, since the
+  failure itself is reported in one line."""
+  if not (isinstance(unraisable.exc_value, RuntimeError) and
+          str(unraisable.exc_value) == 'Event loop is closed'):
+    previous(unraisable)
 
 
 def main(argv):
@@ -170,7 +181,8 @@ def main(argv):
     fail(f'unexpected arguments: {argv[1:]}', EXIT_BAD_INPUT)
   if not FLAGS['verbosity'].present:  # orbax and TFDS are chatty at INFO
     logging.set_verbosity(logging.WARNING)
-  logging.get_absl_handler().addFilter(_NoOrbaxTracebacks())
+  logging.get_absl_handler().addFilter(_NoCheckpointIOTracebacks())
+  sys.unraisablehook = _drop_closed_loop_callbacks
   initialize_distributed()
   run(FLAGS.config, FLAGS.workdir)
 

@@ -48,13 +48,18 @@ def lengths(config):
   return prompt_len, config.rollout.max_new_tokens or new_tokens
 
 
+def check_covered(config):
+  """Raises ValueError for what the plan does not model: an algorithm with a critic."""
+  if 'critic_optimizer' in config:
+    raise ValueError(f'rljax.plan plans critic-free algorithms (grpo, rloo); {config.algo} has a '
+                     'critic')
+
+
 def setup(config, mesh):
   """The abstract state of `config` on `mesh` (rljax.sharding on compile-only devices)."""
   import jax   # pylint: disable=g-import-not-at-top
   from rljax import algos, model as model_lib, sharding   # pylint: disable=g-import-not-at-top
-  if 'critic_optimizer' in config:
-    raise ValueError(f'rljax.plan plans critic-free algorithms (grpo, rloo); {config.algo} has a '
-                     'critic')
+  check_covered(config)
   model_cfg = model_lib.ModelConfig.from_config(config.model)
   model = model_lib.Transformer(model_cfg)
   params, _ = sharding.init_params(functools.partial(model_lib.init_params, model_cfg),
@@ -292,6 +297,7 @@ def candidate_meshes(config, chips):
 def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True,
          decode_batches=()):
   """`plan_mesh` on the given mesh, or on the first candidate mesh that fits."""
+  check_covered(config)   # not a failure of every mesh
   devices = target.devices()
   if mesh_cfg:
     return plan_mesh(config, target, mesh_cfg, devices, costs, compile_programs_too,
