@@ -58,9 +58,14 @@ def initialize_distributed():
     jax.distributed.initialize()
 
 
-def fail(message, code):
+def fail(message, code, wait_for_threads=True):
+  """Prints the one error line and exits. After a failed checkpoint write, orbax's threads wait
+  for signals that will never come: `wait_for_threads=False` exits without joining them."""
   message = str(message).replace('\n', ' ')   # one line, always
   print(f'rljax: error: {message}', file=sys.stderr, flush=True)
+  if not wait_for_threads:
+    sys.stdout.flush()
+    os._exit(code)
   sys.exit(code)
 
 
@@ -152,7 +157,7 @@ def run(config, workdir):
   except FloatingPointError as error:  # persistent NaN / inf
     fail(error, EXIT_NON_FINITE)
   except (checkpoint.Damaged, checkpoint.WriteFailed, OSError) as error:  # the disk, not the input
-    fail(error, EXIT_STORAGE)
+    fail(error, EXIT_STORAGE, wait_for_threads=False)
   except preemption.Preempted as stopped:
     print(f'rljax: {stopped}', file=sys.stderr, flush=True)
     sys.exit(preemption.EXIT_CODE)
