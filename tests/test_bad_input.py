@@ -71,6 +71,8 @@ CHECK_CASES = [
      r"regularise; use 'k3' .*"),
     ('dual-clip-below-1', {'grpo.clip_ratio_c': 0.5}, 1,
      r'grpo.clip_ratio_c \(dual-clip\) must be > 1, or 0 for off, got 0.5'),
+    ('negative-slots', {'rollout.slots': -1}, 1,
+     r'rollout.slots must be >= 0 \(0: static batching\), got -1'),
     ('negative-adv-eps', {'grpo.adv_eps': -1e-6}, 1, r'grpo.adv_eps must be >= 0, got -1e-06'),
 ]
 
