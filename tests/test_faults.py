@@ -30,12 +30,16 @@ STORAGE = 4   # rljax.main.EXIT_STORAGE, spelled out: the documented contract
 BAD_INPUT = 2
 
 
+FLIPS = {'flip-start': 0, 'flip': 0.5, 'flip-end': 1}   # where 4 KiB of flipped bytes go
+
+
 def damage(path, how):
-  """Flips 4 KiB of bytes in the middle of `path`, truncates it to half, or deletes it."""
+  """Flips 4 KiB of bytes at the start, middle or end of `path`, truncates it to half, or
+  deletes it."""
   data = bytearray(open(path, 'rb').read())
-  if how == 'flip':
-    middle = len(data) // 2
-    data[middle:middle + 4096] = bytes(b ^ 0xff for b in data[middle:middle + 4096])
+  if how in FLIPS:
+    start = max(0, min(int(len(data) * FLIPS[how]), len(data) - 4096))
+    data[start:start + 4096] = bytes(b ^ 0xff for b in data[start:start + 4096])
   if how == 'delete':
     os.remove(path)
     return
@@ -93,7 +97,9 @@ def _restore(workdir):
 
 # (file of step 2, damage, what the warning names)
 DAMAGE_CASES = [
-    ('state/d/*', 'flip', r'state/d/\w+: .*'),             # array data
+    ('state/d/*', 'flip-start', r'state/d/\w+: .*'),       # array data
+    ('state/d/*', 'flip', r'state/d/\w+: .*'),
+    ('state/d/*', 'flip-end', r'state/d/\w+: .*'),
     ('state/d/*', 'truncate', r'state/d/\w+: .*'),
     ('state/manifest.ocdbt', 'flip', r'state/manifest.ocdbt: .*'),   # the arrays' index
     ('state/manifest.ocdbt', 'delete', r'state: .*'),
