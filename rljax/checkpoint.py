@@ -241,24 +241,26 @@ class Checkpointer:
 
   def restore(self, state_template):
     """(state, meta) of the newest step that restores and matches its manifest, or None when
-    there is no checkpoint; damaged steps are set aside. Raises Damaged when none is good.
+    there is no checkpoint. The damaged steps after it are set aside. Raises Damaged when none is
+    intact, leaving every step in place: a re-run must not start afresh on its own.
 
     The template fixes structure, shapes, dtypes and shardings; its values are not used.
     """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
-    steps, damaged = self.manager.all_steps(), []
-    for step in sorted(steps, reverse=True):
+    damaged = {}
+    for step in sorted(self.manager.all_steps(), reverse=True):
       restored = self.restore_step(step, abstract)
-      if not isinstance(restored, str):
-        self.manager.reload()
-        return restored
-      self._set_aside(step, restored)
-      damaged.append(f'step {step}: {restored}')
-    self.manager.reload()
+      if isinstance(restored, str):
+        damaged[step] = restored
+        continue
+      for bad, why in damaged.items():
+        self._set_aside(bad, why)
+      self.manager.reload()
+      return restored
     if damaged:
-      raise Damaged(f'no checkpoint in {self.directory} is intact ({"; ".join(damaged)}); they '
-                    f'are in {os.path.join(self.directory, DAMAGED)}. Move that folder away to '
-                    'start afresh')
+      reasons = '; '.join(f'step {step}: {why}' for step, why in damaged.items())
+      raise Damaged(f'no checkpoint in {self.directory} is intact ({reasons}); move that folder '
+                    'away to start afresh')
     return None
 
   def close(self):
