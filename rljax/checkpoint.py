@@ -8,10 +8,11 @@ by a killed save are removed when the next run opens the directory. Steps beyond
 renamed into checkpoints/deleted/ (atomic) and only then removed, in the background: deleting
 them in place left half-deleted steps when killed (tests/test_checkpoint.py).
 
-Integrity: a restore checks each array and the JSON against the manifest. A step that does not
-restore or does not match is moved to checkpoints/damaged/ with one warning line, and the step
-before it is tried (tests/test_faults.py). A state that is not finite is never saved, so every
-step kept is finite.
+Integrity: a restore checks each array and the JSON against the manifest. When a step does not
+restore or does not match, the step before it is tried; the damaged steps after the one restored
+are moved to checkpoints/damaged/ with one warning line each, and with no intact step nothing
+moves (Damaged) (tests/test_faults.py). A state that is not finite is never saved, so every step
+kept is finite.
 """
 import hashlib
 import json
@@ -124,7 +125,7 @@ def _reason(error, step_dir):
   """A short line from a restore error (tensorstore's quote whole specs): the file and the cause."""
   text = _short(error)
   text = re.sub(r'^(\w+: )?(Error opening "\w+" driver: )+', '', text)
-  files = [match for match in re.finditer(re.escape(step_dir) + r'/[^\s"\']*[^\s"\'/.]', text)]
+  files = list(re.finditer(re.escape(step_dir) + r'/[^\s"\']*[^\s"\'/.]', text))
   if files:
     cause = text[files[-1].end():].strip(' "/:')
     return f'{os.path.relpath(files[-1].group(), step_dir)}: {cause[:160] or type(error).__name__}'
