@@ -8,11 +8,17 @@ from absl import flags
 
 EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE = 3
+EXIT_STORAGE = 4
 
 
-def fail(message, code):
+def fail(message, code, wait_for_threads=True):
+  """Prints the one error line and exits. After a failed checkpoint write, orbax's threads wait
+  for signals that will never come: `wait_for_threads=False` exits without joining them."""
   message = str(message).replace('\n', ' ')   # one line, always
   print(f'rljax: error: {message}', file=sys.stderr, flush=True)
+  if not wait_for_threads:
+    sys.stdout.flush()
+    os._exit(code)  # pylint: disable=protected-access
   sys.exit(code)
 
 

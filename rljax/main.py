@@ -3,7 +3,8 @@
 Trains one configuration (config.mode == 'train', the default) or runs the align-then-accelerate
 protocol (config.mode == 'protocol'). Exit codes (docs/reference/reliability.md):
   0   done                       2   bad input: one `rljax: error: ...` line, nothing compiled
-  3   K non-finite updates in a row (the last good checkpoint is kept)
+  3   K non-finite updates in a row, or a state that is not finite (the last good checkpoint is kept)
+  4   checkpoint storage: no checkpoint in the workdir is intact, or one cannot be written
   75  stopped by SIGTERM / SIGINT after saving a checkpoint of the current step: re-run to resume
 
 Multi-host: one process per host. On a multi-worker Cloud TPU VM or under SLURM / Open MPI, JAX
@@ -58,6 +59,7 @@ def run(config, workdir):
   becomes its line on stderr and its exit code."""
   # Imported here, after flag parsing: jax reads XLA_FLAGS when first imported.
   from rljax.protocol import driver as protocol  # pylint: disable=g-import-not-at-top
+  from rljax.train import checkpoint  # pylint: disable=g-import-not-at-top
   from rljax.train import loop as train  # pylint: disable=g-import-not-at-top
   from rljax.train import preemption  # pylint: disable=g-import-not-at-top
   try:
@@ -75,9 +77,29 @@ def run(config, workdir):
     cli.fail(error, cli.EXIT_BAD_INPUT)
   except FloatingPointError as error:  # persistent NaN / inf
     cli.fail(error, cli.EXIT_NON_FINITE)
+  except (checkpoint.Damaged, checkpoint.WriteFailed, OSError) as error:  # the disk, not the input
+    cli.fail(error, cli.EXIT_STORAGE, wait_for_threads=False)
   except preemption.Preempted as stopped:
     print(f'rljax: {stopped}', file=sys.stderr, flush=True)
     sys.exit(preemption.EXIT_CODE)
+
+
+class _NoCheckpointIOTracebacks(logging.logging.Filter):
+  """orbax (and asyncio, for its unawaited writes) log each failed checkpoint write with a
+  traceback; rljax says it in one line."""
+
+  def filter(self, record):
+    return not (record.exc_info or 'exception was never retrieved' in str(record.msg)) or not (
+        f'{os.sep}orbax{os.sep}' in record.pathname or record.name == 'asyncio')
+
+
+def _drop_closed_loop_callbacks(unraisable, previous=sys.unraisablehook):
+  """A failed checkpoint read or write closes orbax's event loop while tensorstore I/O is in
+  flight; each then reports 'Event loop is closed' as an unraisable traceback: noise, since the
+  failure itself is reported in one line."""
+  if not (isinstance(unraisable.exc_value, RuntimeError) and
+          str(unraisable.exc_value) == 'Event loop is closed'):
+    previous(unraisable)
 
 
 def main(argv):
@@ -85,6 +107,8 @@ def main(argv):
     cli.fail(f'unexpected arguments: {argv[1:]}', cli.EXIT_BAD_INPUT)
   if not FLAGS['verbosity'].present:  # orbax and TFDS are chatty at INFO
     logging.set_verbosity(logging.WARNING)
+  logging.get_absl_handler().addFilter(_NoCheckpointIOTracebacks())
+  sys.unraisablehook = _drop_closed_loop_callbacks
   initialize_distributed()
   run(FLAGS.config, FLAGS.workdir)
 

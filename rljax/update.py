@@ -44,14 +44,35 @@ def accumulate_gradients(loss_fn, params, batch, num_micro):
   return grads, loss, metrics, micro_sq
 
 
+def all_finite(tree):
+  """Whether every float in `tree` is finite: one reduction per array, on device."""
+  floats = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in floats] or [jnp.bool_(True)]))
+
+
+def keep_finite(new_params, new_opt_state, params, opt_state):
+  """The update's params and optimizer state, or, when any of them is not finite, those before it
+  with the update counted as skipped (optax.apply_if_finite's counters): a finite gradient can
+  still overflow a moment, and a state restored non-finite is never trained on."""
+  finite = all_finite((new_params, new_opt_state.inner_state))
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  skipped = new_opt_state.last_finite & ~finite   # not already counted by apply_if_finite
+  return keep(new_params, params), new_opt_state._replace(
+      inner_state=keep(new_opt_state.inner_state, opt_state.inner_state),
+      last_finite=new_opt_state.last_finite & finite,
+      notfinite_count=new_opt_state.notfinite_count + skipped,
+      total_notfinite=new_opt_state.total_notfinite + skipped)
+
+
 def apply_update(loss_fn, optimizer, params, opt_state, batch, num_micro):
   """Gradient step; returns (params, opt_state, metrics incl. loss, grad_norm, noise-scale terms)."""
   grads, loss, metrics, micro_sq = accumulate_gradients(loss_fn, params, batch, num_micro)
   # A non-finite loss marks the whole update bad, even where its gradient happens to be finite:
   # the optimizer (optax.apply_if_finite) then skips it and counts it.
   grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
-  updates, opt_state = optimizer.update(grads, opt_state, params)
-  params = optax.apply_updates(params, updates)
+  updates, new_opt_state = optimizer.update(grads, opt_state, params)
+  params, opt_state = keep_finite(optax.apply_updates(params, updates), new_opt_state, params,
+                                  opt_state)
   grad_norm = optax.global_norm(grads)
   batch_size = jax.tree.leaves(batch)[0].shape[0]
   metrics = dict(metrics, loss=loss, grad_norm=grad_norm, skipped=1 - opt_state.last_finite.astype(jnp.int32))

@@ -71,6 +71,8 @@ CHECK_CASES = [
      r"regularise; use 'k3' .*"),
     ('dual-clip-below-1', {'grpo.clip_ratio_c': 0.5}, 1,
      r'grpo.clip_ratio_c \(dual-clip\) must be > 1, or 0 for off, got 0.5'),
+    ('negative-slots', {'rollout.slots': -1}, 1,
+     r'rollout.slots must be >= 0 \(0: static batching\), got -1'),
     ('negative-adv-eps', {'grpo.adv_eps': -1e-6}, 1, r'grpo.adv_eps must be >= 0, got -1e-06'),
 ]
 
@@ -191,7 +193,9 @@ def _assert_one_clear_error(code, stderr, message):
      r'unknown config field train\.max_stepz \(did you mean train\.max_steps\?\)'),
     (CONFIG, ['--config.rollout.G=1'],
      r'rollout.G must be >= 2 for GRPO \(a group baseline needs 2 responses\), got 1'),
-], ids=['missing-config-file', 'misspelled-field', 'config-check'])
+    (CONFIG, ['--config.rollout.slots=-1'],
+     r'rollout.slots must be >= 0 \(0: static batching\), got -1'),
+], ids=['missing-config-file', 'misspelled-field', 'config-check', 'negative-slots'])
 def test_cli_exits_2_with_one_line(tmp_path, config, flags, message):
   workdir = tmp_path / 'run'
   _assert_one_clear_error(*_run([f'--config={config}', f'--workdir={workdir}',

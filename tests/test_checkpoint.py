@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 
+import jax
 import jax.numpy as jnp
+import orbax.checkpoint as ocp
 import pytest
 
 import rljax_cli as cli
@@ -19,7 +21,9 @@ from rljax.train import checkpoint
 KILLS = int(os.environ.get("RLJAX_CHECKPOINT_KILLS", 12))
 _SAVER = '''
 import sys
+import jax
 import jax.numpy as jnp
+import orbax.checkpoint as ocp
 from rljax.train import checkpoint
 ckpt = checkpoint.Checkpointer(sys.argv[1], every=1, keep=2)
 start = (ckpt.latest_step() or 0) + 1
@@ -36,11 +40,12 @@ def _restore_all(workdir):
   template = {'w': jnp.zeros((512, 1024), jnp.float32), 'step': jnp.int32(0)}
   bad, latest = {}, ckpt.latest_step()
   for step in ckpt.manager.all_steps():
-    try:
-      state, meta = ckpt.restore(template, step)
-      assert meta['step'] == step and int(state['step']) == step and (state['w'] == step).all()
-    except Exception as error:  # pylint: disable=broad-except
-      bad[step] = (latest, f'{type(error).__name__}: {str(error)[:200]}')
+    restored = ckpt.restore_step(step, jax.tree.map(ocp.utils.to_shape_dtype_struct, template))
+    if isinstance(restored, str):
+      bad[step] = (latest, restored)
+    elif not (restored[1]['step'] == step and int(restored[0]['step']) == step and
+              (restored[0]['w'] == step).all()):
+      bad[step] = (latest, f'holds other values: {restored[1]}')
   ckpt.close()
   return latest, bad
 

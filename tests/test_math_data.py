@@ -90,13 +90,14 @@ def test_edited_file_is_rebuilt_not_read_stale(tmp_path):
 
 
 @pytest.mark.parametrize('line, message', [
-    ('not json', ':2: not JSON'),
-    ('{"question": "q"}', ":2: a gsm8k record needs string fields 'question' and 'answer'"),
-    ('{"question": "q", "answer": "no marker"}', ':2: the .answer. field has no final answer'),
+    (b'not json', ':2: not JSON'),
+    (b'{"question": "q"}', ":2: a gsm8k record needs string fields 'question' and 'answer'"),
+    (b'{"question": "q", "answer": "no marker"}', ':2: the .answer. field has no final answer'),
+    (b'{"question": "caf\xe9"}', r'bad.jsonl:2: not UTF-8 \(byte 18 of the line is 0xe9\)'),
 ])
 def test_bad_line_is_named_with_file_and_line(tmp_path, line, message):
   path = tmp_path / 'bad.jsonl'
-  path.write_text(json.dumps(jsonl_rows(GSM8K)[0]) + '\n' + line + '\n')
+  path.write_bytes((json.dumps(jsonl_rows(GSM8K)[0]) + '\n').encode() + line + b'\n')
   with pytest.raises(ValueError, match=message):
     load(tmp_path, 'gsm8k', str(path), 'train', test_path=GSM8K)
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from configs import grpo as grpo_config
+from configs import ppo as ppo_config
 from rljax.aot import hlo
 from rljax.aot import planner
 from rljax.aot import programs as compiled
@@ -233,6 +234,13 @@ def test_oversize_config_does_not_fit_with_breakdown():
     planner.plan(config, target, dict(fsdp=8), costs=False)
   with pytest.raises(ValueError, match=r'no mesh fits tpu:v5e-8; .* does not fit'):
     planner.plan(config, target, costs=False)
+
+
+def test_a_critic_based_algorithm_is_said_to_be_out_of_scope_not_to_fit_no_mesh():
+  config = ppo_config.get_config('runlocal,B=8')
+  with pytest.raises(ValueError, match=r'^rljax.plan plans critic-free algorithms \(grpo, rloo\); '
+                                       r'ppo has a critic$'):
+    planner.plan(config, targets.parse_target('tpu:v5e-8'), costs=False)
 
 
 def test_preflight_states_the_run_and_refuses_what_cannot_fit():

@@ -192,8 +192,8 @@ def test_cli_fails_clearly_on_a_bad_workdir(tmp_path, make):
   path = tmp_path / 'nothing' if make == 'missing' else tmp_path
   result = subprocess.run([sys.executable, '-m', 'rljax.analysis', f'--workdir={path}'],
                           cwd=REPO, capture_output=True, text=True, check=False)
-  assert result.returncode != 0
-  assert result.stderr.strip().startswith('rljax.analysis:')
+  assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert result.stderr.strip().startswith('rljax.analysis: error:')
   assert ('does not exist' if make == 'missing' else 'no arms') in result.stderr
 
 

@@ -257,6 +257,27 @@ def test_non_finite_update_is_skipped_and_counted(batch):
   assert not np.array_equal(params['w'], before_params['w'])
 
 
+def _nan_moment(state):
+  """`state` with a NaN in Adam's first moment, as a damaged restore would leave it."""
+  return jax.tree.map(lambda x: x.at[0].set(jnp.nan) if x.shape == (3,) else x, state)
+
+
+@pytest.mark.parametrize('scale, damage', [(1e30, lambda state: state), (1.0, _nan_moment)],
+                         ids=['finite-gradient-overflows-a-moment', 'restored-state-not-finite'])
+def test_non_finite_state_after_an_update_is_caught_on_that_step(scale, damage):
+  optimizer = _optimizer()
+  params = {'w': jnp.asarray([0.5, -1.0, 2.0], jnp.float32)}
+  state = damage(optimizer.init(params))
+  before_params, before_state = jax.device_get((params, state))
+  params, state, metrics = update.apply_update(_loss, optimizer, params, state,
+                                               _batch(scale=scale), num_micro=2)
+  assert np.isfinite(float(metrics['loss'])) and int(metrics['skipped']) == 1
+  assert int(state.notfinite_count) == 1 and int(state.total_notfinite) == 1
+  assert np.asarray(params['w']).tobytes() == before_params['w'].tobytes()
+  for new, old in zip(jax.tree.leaves(state.inner_state), jax.tree.leaves(before_state.inner_state)):
+    assert np.asarray(new).tobytes() == np.asarray(old).tobytes()
+
+
 def test_finite_update_matches_numpy_adam():
   lr, b1, b2, eps = 0.1, 0.9, 0.999, 1e-8
   optimizer = _optimizer(lr)

@@ -171,7 +171,8 @@ def shared_update(state, batch, ref_params, *, actor_loss, critic_loss, tx, loss
   joint = dict(policy=state['params'], value_head=state['critic_params']['value_head'])
   grads, loss, metrics, _ = update.accumulate_gradients(joint_loss, joint, batch, num_micro)
   updates, opt_state = tx.update(grads, state['opt_state'], joint)
-  joint = optax.apply_updates(joint, updates)
+  joint, opt_state = update.keep_finite(optax.apply_updates(joint, updates), opt_state, joint,
+                                        state['opt_state'])
   skipped = 1 - opt_state.last_finite.astype(jnp.int32)
   metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads['policy']), skipped=skipped)
   metrics.update(critic_metrics(dict(metrics, grad_norm=optax.global_norm(grads['value_head']))))

@@ -189,9 +189,7 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
   start = time.perf_counter()
   mesh = sharding.make_mesh(config.mesh, devices)
   check_decode_batches(decode_batches, mesh)
-  if 'critic_optimizer' in config:
-    raise ValueError(f'rljax.plan plans critic-free algorithms (grpo, rloo); {config.algo} has a '
-                     'critic')
+  check_covered(config)
   s = run_lib.abstract_setup(config, mesh)
   report = dict(target=target.name, chip=target.chip.name, chips=len(devices),
                 mesh=dict(mesh.shape), batch=s.batch, micro_batch=s.micro,
@@ -248,9 +246,17 @@ def candidate_meshes(config, chips):
   return [{k: v for k, v in mesh.items() if v > 1} or dict(fsdp=1) for mesh in meshes]
 
 
+def check_covered(config):
+  """Raises ValueError for what the plan does not model: an algorithm with a critic."""
+  if 'critic_optimizer' in config:
+    raise ValueError(f'rljax.plan plans critic-free algorithms (grpo, rloo); {config.algo} has a '
+                     'critic')
+
+
 def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True,
          decode_batches=()):
   """`plan_mesh` on the given mesh, or on the first candidate mesh that fits."""
+  check_covered(config)   # not a failure of every mesh
   devices = target.devices()
   if mesh_cfg:
     return plan_mesh(config, target, mesh_cfg, devices, costs, compile_programs_too,

@@ -1,20 +1,42 @@
-"""Checkpoints under WORKDIR/checkpoints/ with orbax: the training state (a pytree of arrays) and
-a small JSON of everything else needed to continue exactly (step, counters, data position, config).
+"""Checkpoints under WORKDIR/checkpoints/ with orbax: the training state (a pytree of arrays), a
+small JSON of everything else needed to continue exactly (step, counters, data position, config),
+and a manifest: a checksum of every array and of the JSON, saved in the same step.
 
 Crash safety: orbax writes each step into a temporary directory and renames it when complete, so a
 kill at any instant leaves the latest *complete* checkpoint restorable; temporary directories left
 by a killed save are removed when the next run opens the directory. Steps beyond `keep` are first
 renamed into checkpoints/deleted/ (atomic) and only then removed, in the background: deleting
 them in place left half-deleted steps when killed (tests/test_checkpoint.py).
+
+Integrity: a restore checks each array and the JSON against the manifest. When a step does not
+restore or does not match, the step before it is tried; the damaged steps after the one restored
+are moved to checkpoints/damaged/ with one warning line each, and with no intact step nothing
+moves (Damaged) (tests/test_faults.py). A state that is not finite is never saved, so every step
+kept is finite.
 """
+import hashlib
+import json
 import os
+import re
 import shutil
+import sys
 import threading
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 DELETED = 'deleted'   # under WORKDIR/checkpoints/: steps beyond `keep`, on their way out
+DAMAGED = 'damaged'   # under WORKDIR/checkpoints/: steps that failed their check, kept to inspect
+ITEMS = ('state', 'meta', 'manifest')
+
+
+class Damaged(Exception):
+  """The workdir has checkpoints, but none restores and matches its manifest."""
+
+
+class WriteFailed(Exception):
+  """A checkpoint could not be written (read-only or vanished folder, full disk)."""
 
 
 def _directory(workdir):
@@ -27,30 +49,127 @@ def _manager(workdir, keep=None, read_only=False):
       options=ocp.CheckpointManagerOptions(
           max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only,
           read_only=read_only, todelete_subdir=None if read_only else DELETED),
-      item_names=('state', 'meta'))
+      item_names=ITEMS)
+
+
+def _bits(x):
+  """The array's bits as uint32 (floats bitcast, so a NaN or -0.0 counts like any value)."""
+  if x.dtype.itemsize == 4:
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+  if x.dtype.itemsize == 2:
+    return jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+  return x.astype(jnp.uint32)
+
+
+@jax.jit
+def fingerprint(state):
+  """(a checksum per array, whether every float is finite), on device. Each element's bits, mixed
+  with its position, go through murmur3's finalizer (a bijection of uint32) and are summed mod
+  2^32: any one changed element changes the sum, round numbers do not collide, and an integer sum
+  depends on neither the sharding nor the reduction order."""
+  def checksum(x):
+    h = _bits(x) ^ (jnp.arange(x.size, dtype=jnp.uint32).reshape(x.shape) * jnp.uint32(0x9E3779B9))
+    h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)
+    h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
+    return jnp.sum(h ^ (h >> 16), dtype=jnp.uint32)
+  leaves = jax.tree.leaves(state)
+  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves
+                              if jnp.issubdtype(x.dtype, jnp.floating)] or [jnp.bool_(True)]))
+  return jax.tree.map(checksum, state), finite
+
+
+def _checksums(sums):
+  """{'params/layers/0/w': checksum} of a tree of checksums."""
+  return {jax.tree_util.keystr(path, simple=True, separator='/'): int(value)
+          for path, value in jax.tree_util.tree_flatten_with_path(jax.device_get(sums))[0]}
+
+
+def _json_hash(value):
+  return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def _mismatch(state, meta, manifest):
+  """What in a restored step differs from its manifest, in a few words; None when nothing."""
+  saved, restored = manifest['arrays'], _checksums(fingerprint(state)[0])
+  differ = sorted(key for key in set(saved) | set(restored) if saved.get(key) != restored.get(key))
+  if differ:
+    return f'{len(differ)} array(s) differ from the manifest, first {differ[0]}'
+  if _json_hash(meta) != manifest['meta']:
+    return 'meta differs from its manifest'
+  return None
+
+
+def _unparsable_json(step_dir):
+  """The first of a step's JSON files (all but array data, ocdbt indexes, commit markers) that does
+  not parse, relative to `step_dir`; None when all do."""
+  for root, _, names in sorted(os.walk(step_dir)):
+    for name in sorted(names):
+      path = os.path.join(root, name)
+      if (os.path.basename(root) == 'd' or name.endswith('.ocdbt') or
+          name == 'commit_success.txt'):
+        continue
+      try:
+        with open(path, encoding='utf-8') as f:
+          json.load(f)
+      except ValueError:
+        return os.path.relpath(path, step_dir)
+  return None
+
+
+def _short(error):
+  """The error's text on one line, without the tensorstore specs it quotes (~3 KB each)."""
+  return ' '.join(str(error).split()).split(' [tensorstore_spec')[0]
+
+
+def _reason(error, step_dir):
+  """A short line from a restore error (tensorstore's quote whole specs): the file and the cause."""
+  text = _short(error)
+  text = re.sub(r'^(\w+: )?(Error opening "\w+" driver: )+', '', text)
+  files = list(re.finditer(re.escape(step_dir) + r'/[^\s"\']*[^\s"\'/.]', text))
+  if files:
+    cause = text[files[-1].end():].strip(' "/:')
+    return f'{os.path.relpath(files[-1].group(), step_dir)}: {cause[:160] or type(error).__name__}'
+  if isinstance(error, ValueError) and _unparsable_json(step_dir):   # JSON or UTF-8 decoding
+    return f'{_unparsable_json(step_dir)}: not valid JSON'
+  return f'{type(error).__name__}: {text[:160]}'
+
+
+def _steps(directory):
+  """The step numbers of the complete steps in `directory`, newest first (orbax's names)."""
+  names = os.listdir(directory) if os.path.isdir(directory) else []
+  return sorted((int(name) for name in names if name.isdigit()), reverse=True)
 
 
 def read_latest_meta(workdir):
-  """The JSON meta of the latest complete checkpoint in `workdir`, or None; reads no arrays."""
-  if not os.path.isdir(_directory(workdir)):
+  """The JSON meta of the newest step whose meta reads, or None without steps; reads no arrays.
+  Raises Damaged when there are steps but no meta reads."""
+  steps = _steps(_directory(workdir))
+  if not steps:
     return None
   manager = _manager(workdir, read_only=True)
   try:
-    step = manager.latest_step()
-    if step is None:
-      return None
-    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    for step in steps:
+      try:
+        return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+      except Exception:  # pylint: disable=broad-except  (the restore says which step and why)
+        continue
   finally:
     manager.close()
+  raise Damaged(f'no checkpoint in {_directory(workdir)} has a readable meta (steps '
+                f'{", ".join(map(str, steps))}); move that folder away to start afresh')
 
 
 class Checkpointer:
-  """Saves every `every` steps (async) and keeps the last `keep`; restores the latest."""
+  """Saves every `every` steps (async) and keeps the last `keep`; restores the newest good one."""
 
   def __init__(self, workdir, every, keep):
     self.every = every
-    self.manager = _manager(workdir, keep)
-    self._deleted = os.path.join(_directory(workdir), DELETED)
+    self.directory = _directory(workdir)
+    try:
+      self.manager = _manager(workdir, keep)
+    except OSError as error:
+      raise WriteFailed(f'cannot open {self.directory}: {error}') from None
+    self._deleted = os.path.join(self.directory, DELETED)
     self._sweeper = None
     self._sweep()
 
@@ -76,26 +195,80 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def save(self, step, state, meta, force=False):
-    if force or (self.every and step % self.every == 0):
+    """Saves when due (or `force`d) with its manifest. Raises FloatingPointError for a state that
+    is not finite (not saved: the previous step stays the last good one) and WriteFailed when this
+    or the previous save cannot be written."""
+    if not (force or (self.every and step % self.every == 0)):
+      return
+    sums, finite = fingerprint(state)
+    if not finite:
+      raise FloatingPointError(
+          f'the state after step {step} is not finite; not saved. The last good checkpoint is '
+          f'step {self.latest_step()} in {self.directory}.')
+    manifest = dict(arrays=_checksums(sums), meta=_json_hash(meta))
+    try:
+      self.manager.check_for_errors()   # the previous async save
       self.manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
-      self._sweep()
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta),
+          manifest=ocp.args.JsonSave(manifest)), force=force)
+    except Exception as error:  # pylint: disable=broad-except
+      raise WriteFailed(f'cannot write checkpoints in {self.directory}: {_short(error)}') from None
+    self._sweep()
 
-  def restore(self, state_template, step=None):
-    """Returns (state, meta) of `step` (default: latest), or None when there is no checkpoint.
+  def _set_aside(self, step, why):
+    """Moves a damaged step out of orbax's sight (it would be the latest again) and says so."""
+    if jax.process_index() == 0:
+      os.makedirs(os.path.join(self.directory, DAMAGED), exist_ok=True)
+      target = os.path.join(self.directory, DAMAGED, str(step))
+      shutil.rmtree(target, ignore_errors=True)   # an earlier damaged step of that number
+      os.replace(os.path.join(self.directory, str(step)), target)
+      print(f'rljax: warning: checkpoint step {step} is damaged ({why}); moved to '
+            f'{target}', file=sys.stderr, flush=True)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices(f'rljax_set_aside_{step}')
+
+  def restore_step(self, step, abstract):
+    """(state, meta) of `step`, or the reason it does not restore or match its manifest (a str).
+    `abstract`: the state's jax.ShapeDtypeStructs."""
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore(),
+          manifest=ocp.args.JsonRestore()))
+      why = _mismatch(restored.state, restored.meta, restored.manifest)
+    except Exception as error:  # pylint: disable=broad-except
+      return _reason(error, os.path.join(self.directory, str(step)))
+    return why or (restored.state, restored.meta)
+
+  def restore(self, state_template):
+    """(state, meta) of the newest step that restores and matches its manifest, or None when
+    there is no checkpoint. The damaged steps after it are set aside. Raises Damaged when none is
+    intact, leaving every step in place: a re-run must not start afresh on its own.
 
     The template fixes structure, shapes, dtypes and shardings; its values are not used.
     """
-    step = self.latest_step() if step is None else step
-    if step is None:
-      return None
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    return restored.state, restored.meta
+    damaged = {}
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      restored = self.restore_step(step, abstract)
+      if isinstance(restored, str):
+        damaged[step] = restored
+        continue
+      for bad, why in damaged.items():
+        self._set_aside(bad, why)
+      self.manager.reload()
+      return restored
+    if damaged:
+      reasons = '; '.join(f'step {step}: {why}' for step, why in damaged.items())
+      raise Damaged(f'no checkpoint in {self.directory} is intact ({reasons}); move that folder '
+                    'away to start afresh')
+    return None
 
   def close(self):
     """Waits for the in-flight async save to commit and for old steps to be deleted."""
-    self.manager.wait_until_finished()
-    self.manager.close()
-    self._sweep(wait=True)
+    try:
+      self.manager.close()
+    except Exception as error:  # pylint: disable=broad-except
+      raise WriteFailed(f'cannot write checkpoints in {self.directory}: {_short(error)}') from None
+    finally:
+      self._sweep(wait=True)

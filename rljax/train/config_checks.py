@@ -46,6 +46,8 @@ def check(config, device_count=None, process_count=None):
   _positive('rollout.temperature', rollout.temperature)
   if not 0 < rollout.top_p <= 1:
     raise ValueError(f'rollout.top_p must be in (0, 1], got {rollout.top_p}')
+  if rollout.get('slots', 0) < 0:
+    raise ValueError(f'rollout.slots must be >= 0 (0: static batching), got {rollout.slots}')
   if rollout.top_k < 0 or rollout.max_new_tokens < 0:
     raise ValueError(f'rollout.top_k and max_new_tokens must be >= 0 (0: off / from the task), got '
                      f'{rollout.top_k} and {rollout.max_new_tokens}')

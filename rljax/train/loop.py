@@ -124,6 +124,10 @@ def train(config, workdir, stop=None):
   """
   run, carry, meta = run_lib.setup(config, workdir)
   noise = stats.NoiseScaleWindow(metrics_lib.read_jsonl(run.writer.path))   # goes on on resume
+  if meta['step'] and _done(config.train, meta) and jax.process_index() == 0:
+    print(f'rljax: the run in {workdir} is already complete (step {meta["step"]}, '
+          f'{meta["samples"]} samples); nothing to do. Raise train.max_steps or '
+          'train.max_samples to continue it', flush=True)
   if meta['step'] == 0:
     meta['eval_accuracy'], correct = run.evaluate(carry['params'])
     run.writer.eval(0, 0, meta['eval_accuracy'], correct, 0.0)

@@ -140,7 +140,7 @@ def setup(config, workdir):
     writer.truncate_after(-1)   # rows of an attempt killed before its first checkpoint
     meta = dict(step=0, samples=0, tokens=0, wallclock_s=0.0, data=None, eval_accuracy=None)
   else:
-    carry, meta = ckpt.restore(carry, meta['step'])
+    carry, meta = ckpt.restore(carry)   # the newest intact step
     writer.truncate_after(meta['step'])
     logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
   workdir_lib.claim(workdir, config)

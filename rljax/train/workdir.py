@@ -10,6 +10,7 @@ mesh may differ too, so a preempted run can continue on a different slice.
 import json
 import os
 import shutil
+import tempfile
 
 # jax, orbax (rljax.train.checkpoint) are imported in the functions that use them: rljax.protocol.report reads
 # and writes the protocol's JSON through this module in processes that never start jax.
@@ -18,6 +19,7 @@ RESUMABLE = ('train.max_samples', 'train.max_steps', 'train.target', 'train.log_
              'train.checkpoint_every', 'train.keep_checkpoints', 'train.overwrite', 'data.dir',
              'warmstart.dir', 'mesh')
 RUN_FILES = ('metrics.jsonl', 'eval_correct.jsonl', 'config.json')
+WRITTEN_FOLDERS = ('checkpoints', 'tensorboard')   # checked at start-up with the workdir
 _MISSING = '<missing>'
 
 
@@ -72,6 +74,20 @@ def _clear(workdir):
     multihost_utils.sync_global_devices('rljax_workdir_cleared')
 
 
+def check_writable(folder):
+  """Raises ValueError unless a file can be created in `folder` (when it exists): the real test,
+  where permission bits say nothing (root, a read-only mount, an immutable folder)."""
+  if not os.path.lexists(folder):
+    return
+  if not os.path.isdir(folder):
+    raise ValueError(f'{folder} exists and is not a directory')
+  try:
+    with tempfile.TemporaryFile(dir=folder):
+      pass
+  except OSError as error:
+    raise ValueError(f'{folder} is not writable ({error.strerror})') from None
+
+
 def prepare(workdir, config):
   """Checks that `workdir` holds no other run (or clears it on overwrite); returns the latest
   checkpoint's meta, or None for a fresh run. Writes nothing else: see `claim`."""
@@ -81,8 +97,8 @@ def prepare(workdir, config):
     os.makedirs(workdir, exist_ok=True)
   except OSError as error:
     raise ValueError(f'cannot create workdir {workdir}: {error}') from None
-  if not os.access(workdir, os.W_OK):
-    raise ValueError(f'workdir {workdir} is not writable')
+  for folder in (workdir, *(os.path.join(workdir, name) for name in WRITTEN_FOLDERS)):
+    check_writable(folder)
   from rljax.train import checkpoint  # pylint: disable=g-import-not-at-top
   current = config_json(config)
   meta = checkpoint.read_latest_meta(workdir)

@@ -58,11 +58,16 @@ def read_jsonl(path: str, fmt: str) -> list[dict]:
   """Parses a file into {prompt, answer, solution} records; a bad line raises, naming file:line."""
   question_key, solution_key = FORMATS[fmt]
   records = []
-  with open(path, encoding='utf-8') as f:
-    for number, line in enumerate(f, 1):
+  with open(path, 'rb') as f:
+    for number, raw in enumerate(f, 1):
+      where = f'{path}:{number}'
+      try:
+        line = raw.decode('utf-8')
+      except UnicodeDecodeError as error:
+        raise ValueError(f'{where}: not UTF-8 (byte {error.start + 1} of the line is '
+                         f'{raw[error.start]:#04x})') from None
       if not line.strip():
         continue
-      where = f'{path}:{number}'
       try:
         row = json.loads(line)
       except json.JSONDecodeError as error:
