@@ -350,3 +350,10 @@ def test_the_plan_and_the_preflight_size_the_task_that_trains():
   kv_row = 2 * s.model.cfg.num_layers * s.model.cfg.num_kv_heads * s.model.cfg.head_dim * 4
   assert planner.resident_bytes(s)['kv_cache'] == (
       planner.decode_rows(s) * kv_row * (prompt_len + new_tokens))
+
+
+def test_a_bad_task_name_is_its_own_error_not_no_mesh_fits():
+  config = grpo_config.get_config('runlocal')
+  config.data.name = 'bogus'
+  with pytest.raises(ValueError, match=r"^data.name must be one of \["):
+    planner.plan(config, targets.parse_target('tpu:v5e-4'), compile_programs_too=False)

@@ -28,6 +28,7 @@ from rljax.aot import targets
 from rljax.model import transformer as model_lib
 from rljax.rollout import sampler
 from rljax import sharding
+from rljax import tasks
 from rljax.train import config_checks
 from rljax.train import run as run_lib
 
@@ -256,7 +257,8 @@ def check_covered(config):
 def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True,
          decode_batches=()):
   """`plan_mesh` on the given mesh, or on the first candidate mesh that fits."""
-  check_covered(config)   # not a failure of every mesh
+  check_covered(config)   # neither is a failure of every mesh: said once, as itself
+  tasks.lengths(config)
   devices = target.devices()
   if mesh_cfg:
     return plan_mesh(config, target, mesh_cfg, devices, costs, compile_programs_too,
