@@ -5,7 +5,9 @@
   python -m rljax.analysis --workdir=D      # rebuilds D/report.* from the logs, no training
 
 Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized protocol, sized to finish
-within an hour on 2 cores: docs/guide/protocol.md), seeds (seeds per arm to start with). Every arm
+within an hour on 2 cores: docs/guide/protocol.md), small (with runlocal, GRPO: a base of 16
+responses, where this CPU's samples/s still grows with the batch), seeds (seeds per arm to start
+with; small: 4). Every arm
 is configs/<algo>.py at one batch:
 `--config.arm.a.b=value` changes a field of every arm (e.g. --config.arm.data.dir=/tmp/data),
 `--config.protocol.x=value` a protocol setting (e.g. --config.protocol.sweep='(8,16,32)').
@@ -28,10 +30,15 @@ def arm_config(algo, arg):
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, algo='grpo', runlocal=False, seeds=3)
+  arg = common.parse_arg(arg, algo='grpo', runlocal=False, small=False, seeds=0)
+  if arg.small and not (arg.runlocal and arg.algo == 'grpo'):
+    raise ValueError('config arg small: a GRPO runlocal preset; give algo=grpo,runlocal,small')
+  seeds = arg.seeds or (4 if arg.small else 3)
   arm = arm_config(arg.algo, 'runlocal' if arg.runlocal else '')
   unit = arm.rollout.G   # responses per batch argument (GRPO: G responses to each of P prompts)
-  if arg.runlocal:   # batches in responses (G=8: P = 16 ... 128); evals every 1024 samples
+  if arg.small:      # batches in responses (G=8: P = 2 ... 16); evals every 128 samples
+    sweep, base, control = (16, 32, 64, 128), 16, (32,)
+  elif arg.runlocal:   # batches in responses (G=8: P = 16 ... 128); evals every 1024 samples
     sweep, base, control = (128, 256, 512, 1024), 128, (256,)
   else:              # the paper's GRPO sweep (G=8: P = 64 ... 2048)
     sweep, base, control = (512, 1024, 2048, 4096, 8192, 16384), 1024, (2048,)
@@ -52,8 +59,8 @@ def get_config(arg=None):
       lr0=0.0,
       calibration_factors=(0.5, 0.71, 1.0, 1.41, 2.0),
       calibration_seeds=2,
-      num_seeds=arg.seeds,         # seeds per arm to start with
-      max_seeds=arg.seeds + 2,     # per arm, when its rN interval straddles the break-even point
+      num_seeds=seeds,             # seeds per arm to start with
+      max_seeds=seeds + 2,         # per arm, when its rN interval straddles the break-even point
       extra_seeds=4,               # added seeds in all
       warmstart_seed=0,            # every arm and seed starts from this one warm start
       seed_offset=0,               # D/.../seed_<k> trains with seed seed_offset + k: a replicate
@@ -68,6 +75,7 @@ def get_config(arg=None):
       targets=(),
       max_samples=32_000 if arg.runlocal else 4_000_000,   # budget of each run, in responses
       eval_every_samples=1024 if arg.runlocal else 16_384,  # a multiple of every arm's batch
+      min_micro_batches=2,         # every arm's batch in >= 2 micro-batches: B_simple at every batch
       checkpoint_every_evals=4,
       smooth_window=5,             # evals in the centred moving average before the crossing
       rn_tolerance=0.2,            # rN's interval inside [1 - tol, 1 + tol]: aligned
@@ -77,6 +85,7 @@ def get_config(arg=None):
       throughput_rounds=3,         # interleaved across batches
       throughput_warmup=2,         # steps left out of the steady state (compilation)
       throughput_steps=4,
+      quick=False,                 # only the base arm: rN from its noise scale (docs/guide/protocol.md)
       confirm=True,                # runs to target at the base and at the fastest batch
       confirm_seeds=2,
       compilation_cache=True,      # in D/jax_cache: every seed after the first skips compiling
@@ -91,4 +100,7 @@ def get_config(arg=None):
     # Stop the warm start right at its threshold (accuracy jumps sharply there, docs/method.md):
     # RL from that earlier policy climbs slowly enough for rN to be resolved.
     config.arm.warmstart.eval_every = 5
+  if arg.small:   # small steps are cheap: a finer eval grid, more seeds and throughput rounds
+    config.protocol.update(eval_every_samples=128, max_seeds=8, extra_seeds=8,
+                           throughput_rounds=8, throughput_steps=8, confirm_seeds=6)
   return config

@@ -416,31 +416,45 @@ def noise_scale(g_small_sq, g_big_sq, b_small, b_big):
   return float(np.mean(trace) / np.mean(grad_sq))
 
 
-def noise_scale_interval(runs_terms, block=10, n_boot=2000, rng=0, level=0.95):
-  """B_simple over several runs' steps, with a moving-block bootstrap interval over steps.
-
-  runs_terms: per run, the four NOISE_KEYS columns (each an array over steps). Steps are cut into
-  blocks of `block` consecutive steps within each run (neighbouring steps share a policy, so they
-  are not independent) and blocks are resampled with replacement; the interval is the percentile
-  one. A replicate whose |G|^2 is not positive counts as unbounded (upper end inf).
-  """
+def _noise_blocks(runs_terms, block):
+  """[blocks, 2]: per block of `block` consecutive steps of a run, the sums of |G|^2 and tr(Sigma)."""
   sums = []
   for terms in runs_terms:
     grad_sq, trace = _noise_terms(*terms)
     for start in range(0, len(grad_sq), block):
       sums.append([grad_sq[start:start + block].sum(), trace[start:start + block].sum()])
-  if not sums:
-    return dict(value=np.nan, lo=np.nan, hi=np.nan, blocks=0)
-  sums = np.array(sums)
-  value = sums[:, 1].sum() / sums[:, 0].sum() if sums[:, 0].sum() > 0 else np.nan
-  if len(sums) < 2:   # one block: nothing to resample
-    return dict(value=float(value), lo=np.nan, hi=np.nan, blocks=1)
+  return np.array(sums, float).reshape(-1, 2)
+
+
+def noise_scale_draws(runs_terms, block=10, n_boot=2000, rng=0):
+  """Moving-block bootstrap draws of B_simple over steps (inf where a draw's |G|^2 is not
+  positive); empty when fewer than 2 blocks. Neighbouring steps share a policy, hence blocks."""
+  sums = _noise_blocks(runs_terms, block)
+  if len(sums) < 2:
+    return np.zeros(0)
   pick = np.random.default_rng(rng).integers(0, len(sums), size=(n_boot, len(sums)))
   grad, trace = sums[pick, 0].sum(axis=1), sums[pick, 1].sum(axis=1)
   with np.errstate(divide='ignore', invalid='ignore'):
-    boot = np.where(grad > 0, trace / grad, np.inf)
+    return np.where(grad > 0, trace / grad, np.inf)
+
+
+def noise_scale_interval(runs_terms, block=10, n_boot=2000, rng=0, level=0.95):
+  """B_simple over several runs' steps, with a moving-block bootstrap interval over steps.
+
+  runs_terms: per run, the four NOISE_KEYS columns (each an array over steps). Steps are cut into
+  blocks of `block` consecutive steps within each run and blocks are resampled with replacement
+  (noise_scale_draws); the interval is the percentile one. A replicate whose |G|^2 is not positive
+  counts as unbounded (upper end inf).
+  """
+  sums = _noise_blocks(runs_terms, block)
+  if not len(sums):
+    return dict(value=np.nan, lo=np.nan, hi=np.nan, blocks=0)
+  value = sums[:, 1].sum() / sums[:, 0].sum() if sums[:, 0].sum() > 0 else np.nan
+  draws = noise_scale_draws(runs_terms, block, n_boot, rng)
+  if not len(draws):   # one block: nothing to resample
+    return dict(value=float(value), lo=np.nan, hi=np.nan, blocks=1)
   tail = (1 - level) / 2   # order statistics, not interpolation: inf stays inf, never inf - inf
-  lo, hi = np.quantile(boot, [tail, 1 - tail], method='inverted_cdf')
+  lo, hi = np.quantile(draws, [tail, 1 - tail], method='inverted_cdf')
   return dict(value=float(value), lo=float(lo), hi=float(hi), blocks=len(sums))
 
 
@@ -566,23 +580,26 @@ def decide(candidates, base_batch, level=0.95, n_draws=4000, rng=0):
   eligible = [c for c, r in zip(candidates, rows) if not r['why_not']]
   k_base = next((k for k, c in enumerate(eligible) if c['batch'] == base_batch), None)
   if k_base is None:
-    return dict(candidates=rows, verdict='undefined', recommended=None, fastest=None,
-                statement='No decision: the base arm has no resolved samples-to-target.')
+    return _undefined(rows, 'the base arm has no resolved samples-to-target')
   point_K, log_time_DxK = _draw_log_times(eligible, n_draws, np.random.default_rng(rng))
-  rel_DxK = np.exp(log_time_DxK - log_time_DxK[:, [k_base]])
-  wins_K = np.bincount(np.argmin(log_time_DxK, axis=1), minlength=len(eligible)) / n_draws
-  tail = (1 - level) / 2
-  by_batch = {}
-  for k, c in enumerate(eligible):
-    by_batch[c['batch']] = dict(
-        predicted_wallclock_s=float(np.exp(point_K[k])),
-        relative_wallclock=float(np.exp(point_K[k] - point_K[k_base])),
-        relative_wallclock_ci=[float(q) for q in np.quantile(rel_DxK[:, k], [tail, 1 - tail])],
-        p_fastest=float(wins_K[k]))
+  by_batch = _by_batch([c['batch'] for c in eligible], point_K, log_time_DxK, k_base, level)
   for r in rows:
     r.update(by_batch.get(r['batch'], {}))
   fastest = eligible[int(np.argmin(point_K))]['batch']
   return dict(candidates=rows, fastest=fastest, **_verdict(by_batch, fastest, base_batch))
+
+
+def _by_batch(batches, point_K, log_time_DxK, k_base, level):
+  """Per batch: predicted seconds, time relative to the base with its interval, P(fastest)."""
+  rel_DxK = np.exp(log_time_DxK - log_time_DxK[:, [k_base]])
+  wins_K = np.bincount(np.argmin(log_time_DxK, axis=1), minlength=len(batches)) / len(rel_DxK)
+  tail = (1 - level) / 2
+  return {b: dict(predicted_wallclock_s=float(np.exp(point_K[k])),
+                  relative_wallclock=float(np.exp(point_K[k] - point_K[k_base])),
+                  relative_wallclock_ci=[float(q) for q in
+                                         np.quantile(rel_DxK[:, k], [tail, 1 - tail])],
+                  p_fastest=float(wins_K[k]))
+          for k, b in enumerate(batches)}
 
 
 def _verdict(by_batch, fastest, base_batch):
@@ -608,3 +625,66 @@ def _verdict(by_batch, fastest, base_batch):
       f'No batch is measurably faster than the base {base_batch}. Batch {fastest} has the '
       f"shortest predicted time, {f['relative_wallclock']:.2f}x the base's, but its interval "
       f"[{lo:.2f}, {hi:.2f}] includes 1 (fastest in {f['p_fastest']:.0%} of the bootstrap draws)."))
+
+
+def _undefined(rows, why):
+  return dict(candidates=rows, verdict='undefined', recommended=None, fastest=None,
+              statement=f'No decision: {why}.')
+
+
+# ------------------------------------------------------------------------------------------------
+# The quick answer: every batch's rN from the base arm's noise scale, not from an arm per batch.
+# ------------------------------------------------------------------------------------------------
+
+
+def rn_from_noise_scale(batch, base_batch, b_noise):
+  """rN(B) = (1 + B / B_noise) / (1 + B0 / B_noise).
+
+  McCandlish et al. (2018): the samples to reach a loss grow with the batch as
+  E = E_min (1 + B / B_noise), so relative to the base batch B0 the factor is this ratio. B_noise is
+  taken as the measured B_simple (their approximation of it); 1 at every batch when unbounded.
+  """
+  b_noise = np.asarray(b_noise, float)
+  with np.errstate(divide='ignore', invalid='ignore'):
+    return np.where(b_noise > 0, (1 + batch / b_noise) / (1 + base_batch / b_noise), np.nan)
+
+
+def decide_from_noise_scale(candidates, base_batch, base_samples, b_noise, b_noise_draws,
+                            level=0.95, n_draws=4000, rng=0):
+  """stats.decide with rN(B) predicted from the base arm's B_simple instead of measured per arm.
+
+  candidates: dicts with 'batch' and 'throughput_rounds'. base_samples: the base arm's samples to
+  target (it scales every time alike, so it cancels in the relative times). b_noise_draws: the
+  bootstrap draws of B_simple (noise_scale_draws), resampled jointly with the throughput draws.
+  Rows add the predicted rN with its interval; the verdict follows the same rule as decide's.
+  """
+  rows = [dict(batch=c['batch'], why_not='' if len(c.get('throughput_rounds') or []) else
+               'no throughput measurement') for c in candidates]
+  eligible = [c for c, r in zip(candidates, rows) if not r['why_not']]
+  k_base = next((k for k, c in enumerate(eligible) if c['batch'] == base_batch), None)
+  if k_base is None:
+    return _undefined(rows, 'the base batch has no throughput measurement')
+  if not np.isfinite(base_samples):
+    return _undefined(rows, 'the base arm has no samples to target')
+  if not np.isfinite(b_noise) or not len(b_noise_draws):
+    return _undefined(rows, "the base arm's B_simple has no interval (not estimable, or too few steps)")
+  gen = np.random.default_rng(rng)
+  noise_D = gen.choice(np.asarray(b_noise_draws, float), n_draws)
+  batches = [c['batch'] for c in eligible]
+  rn_K = np.array([float(rn_from_noise_scale(b, base_batch, b_noise)) for b in batches])
+  rn_DxK = np.stack([rn_from_noise_scale(b, base_batch, noise_D) for b in batches], axis=1)
+  log_thr_K = np.array([np.log(c['throughput_rounds']).mean() for c in eligible])
+  log_thr_DxK = np.stack([_draw_log_means(c['throughput_rounds'], n_draws, gen)
+                          for c in eligible], axis=1)
+  point_K = np.log(base_samples) + np.log(rn_K) - log_thr_K
+  by_batch = _by_batch(batches, point_K, np.log(base_samples) + np.log(rn_DxK) - log_thr_DxK,
+                       k_base, level)
+  tail = (1 - level) / 2
+  for k, b in enumerate(batches):
+    by_batch[b].update(rN_predicted=float(rn_K[k]), rN_predicted_ci=[
+        float(q) for q in np.quantile(rn_DxK[:, k], [tail, 1 - tail])])
+  for r in rows:
+    r.update(by_batch.get(r['batch'], {}))
+  fastest = batches[int(np.argmin(point_K))]
+  return dict(candidates=rows, fastest=fastest, b_noise=float(b_noise),
+              **_verdict(by_batch, fastest, base_batch))

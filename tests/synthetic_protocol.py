@@ -31,14 +31,14 @@ def true_relative_time(truth):
   return {b: rn / gain for b, (gain, rn) in truth.items()}
 
 
-def write_run(run_dir, batch, stretch, rng, eval_every):
+def write_run(run_dir, batch, stretch, rng, eval_every, prompts=PROMPTS):
   """metrics.jsonl of one run: train rows every step, eval rows every `eval_every` samples."""
   os.makedirs(run_dir)
   rows, samples = [], 0
   while True:
     if samples % eval_every == 0:
       p = START + RISE * (1 - np.exp(-samples / (SCALE * stretch)))
-      acc = START if samples == 0 else rng.binomial(PROMPTS, p) / PROMPTS
+      acc = START if samples == 0 else rng.binomial(prompts, p) / prompts
       rows.append({'step': samples // batch, 'samples': samples, 'eval': True,
                    'eval_accuracy': acc})
       if acc >= STOP or samples >= MAX_SAMPLES:
@@ -54,14 +54,14 @@ def arm_name(batch):
   return f'P{batch // 8}'
 
 
-def write_seeds(root, batch, seeds, truth, seed_sd, rng, eval_every):
+def write_seeds(root, batch, seeds, truth, seed_sd, rng, eval_every, prompts=PROMPTS):
   for seed in seeds:
     stretch = truth[batch][1] * np.exp(seed_sd[batch] * rng.standard_normal())
     write_run(report_lib.run_dir(root, 'arms', arm_name(batch), seed), batch, stretch, rng,
-              max(eval_every, max(truth)))   # one grid for all arms, as the protocol requires
+              max(eval_every, max(truth)), prompts)   # one grid for all arms, as required
 
 
-def write_workdir(root, truth, rng, seeds=3, rounds=3, eval_every=1024):
+def write_workdir(root, truth, rng, seeds=3, rounds=3, eval_every=1024, prompts=PROMPTS):
   """Arms x `seeds` seeds, `rounds` throughput rounds, protocol.json (lr0 given, no calibration
   and no confirmation: the decision is what is under test)."""
   seed_sd = {b: 0.08 * np.exp(0.5 * rng.standard_normal()) for b in truth}
@@ -70,7 +70,7 @@ def write_workdir(root, truth, rng, seeds=3, rounds=3, eval_every=1024):
     report_lib.write(root, 'arm', dict(name=arm_name(batch), batch=batch, value=batch // 8,
                                        lr=1e-4, lr_rule='sqrt', control=False),
                      group='arms', arm=arm_name(batch))
-    write_seeds(root, batch, range(seeds), truth, seed_sd, rng, eval_every)
+    write_seeds(root, batch, range(seeds), truth, seed_sd, rng, eval_every, prompts)
   for r in range(rounds):
     for batch, (gain, _) in truth.items():
       value = BASE_SAMPLES_PER_S * gain * np.exp(ROUND_SD * rng.standard_normal())
@@ -87,10 +87,10 @@ def write_workdir(root, truth, rng, seeds=3, rounds=3, eval_every=1024):
 
 
 def run_protocol(root, truth, rng, seeds=3, rounds=3, max_seeds=None, extra_seeds=4,
-                 eval_every=1024):
+                 eval_every=1024, prompts=PROMPTS):
   """A synthetic protocol through the real report code, with rljax.protocol.driver's adaptive seeds."""
   max_seeds = seeds + 2 if max_seeds is None else max_seeds
-  seed_sd = write_workdir(root, truth, rng, seeds, rounds, eval_every)
+  seed_sd = write_workdir(root, truth, rng, seeds, rounds, eval_every, prompts)
   counts, spent = {arm_name(b): seeds for b in truth}, 0
   report = report_lib.build_report(root)
   while spent < extra_seeds:
@@ -99,7 +99,7 @@ def run_protocol(root, truth, rng, seeds=3, rounds=3, max_seeds=None, extra_seed
       break
     for name in chosen:
       batch = next(b for b in truth if arm_name(b) == name)
-      write_seeds(root, batch, [counts[name]], truth, seed_sd, rng, eval_every)
+      write_seeds(root, batch, [counts[name]], truth, seed_sd, rng, eval_every, prompts)
       counts[name] += 1
     spent += len(chosen)
     report = report_lib.build_report(root)
@@ -107,11 +107,13 @@ def run_protocol(root, truth, rng, seeds=3, rounds=3, max_seeds=None, extra_seed
 
 
 def replicates(tmp_root, truth, n, rng, **kw):
-  """Decisions of n independent synthetic protocols: (recommended, verdict, P(fastest) by batch)."""
+  """Decisions of n independent synthetic protocols: (recommended, verdict, P(fastest) by batch,
+  training samples of the sweep's align runs)."""
   results = []
   for i in range(n):
     report = run_protocol(os.path.join(tmp_root, f'rep{i}'), truth, rng, **kw)
     decision = report['decision']
     results.append((report['recommended'], decision['verdict'],
-                    {c['batch']: c.get('p_fastest', 0.0) for c in decision['candidates']}))
+                    {c['batch']: c.get('p_fastest', 0.0) for c in decision['candidates']},
+                    report['cost']['arms']))
   return results

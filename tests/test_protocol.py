@@ -396,3 +396,30 @@ def test_confirm_runs_at_the_base_and_the_fastest_batch(resumed, data_dir):
   report = report_lib.build_report(workdir)
   assert [c['batch'] for c in report['confirm']][:1] == [8]
   assert 'measured_wallclock_s' in report['confirm'][0]
+
+
+@pytest.mark.e2e
+def test_quick_mode_trains_the_base_arm_only_and_predicts_every_batch(tmp_path, data_dir):
+  """protocol.quick: calibration (given here), the base arm, the throughput rounds; every
+  batch's rN from the base arm's B_simple, and its cost is the full sweep's minus the arms."""
+  workdir = str(tmp_path / 'Q')
+  result = subprocess.run(_main(workdir, data_dir) + ['--config.protocol.quick=True',
+                                                      '--config.protocol.confirm=False'],
+                          cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
+                          text=True, timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert sorted(os.listdir(os.path.join(workdir, 'arms'))) == ['P2']
+  report = json.load(open(os.path.join(workdir, 'report.json')))
+  assert report['mode'] == 'quick' and report['decision']['method'] == 'noise scale'
+  assert report['cost']['quick'] == report['cost']['full_sweep'] > report['cost']['base_arm'] > 0
+  rows = {c['batch']: c for c in report['decision']['candidates']}
+  assert sorted(rows) == [8, 16, 32]
+  b_noise = report['quick']['noise_scale']
+  if np.isfinite(b_noise) and report['decision']['verdict'] != 'undefined':
+    for batch in (16, 32):
+      assert rows[batch]['rN_predicted'] == pytest.approx((1 + batch / b_noise) / (1 + 8 / b_noise))
+  else:   # a tiny model may not reach the target, or its gradient be all noise: then it says so
+    assert report['decision']['verdict'] == 'undefined'
+    assert ('samples to target' in report['decision']['statement'] or
+            'B_simple' in report['decision']['statement'])
+  assert 'From the base arm alone' in open(os.path.join(workdir, 'report.md')).read()

@@ -460,3 +460,48 @@ def test_decision_recommends_a_batch_that_is_faster_beyond_noise():
   assert rows[512]['relative_wallclock'] == pytest.approx(0.55, rel=0.1)
   assert rows[512]['relative_wallclock_ci'][1] < 1 and rows[512]['p_fastest'] > 0.95
   assert 'did not reach' in rows[1024]['why_not']   # unresolved rN: never recommended
+
+
+def test_rn_from_noise_scale_is_mccandlish_ratio():
+  b0, b_noise = 16, 64.0
+  for batch in (16, 32, 128):   # E = E_min (1 + B / B_noise), relative to the base batch
+    assert stats.rn_from_noise_scale(batch, b0, b_noise) == pytest.approx(
+        (1 + batch / b_noise) / (1 + b0 / b_noise), rel=1e-15)
+  assert stats.rn_from_noise_scale(1024, b0, np.inf) == 1.0   # no noise limit: rN 1 everywhere
+  assert np.isnan(stats.rn_from_noise_scale(32, b0, np.nan))
+
+
+def test_quick_decision_against_a_hand_computation():
+  """Throughput rounds without spread and B_simple draws at one value: every draw is the point."""
+  candidates = [dict(batch=16, throughput_rounds=[100.0, 100.0]),
+                dict(batch=32, throughput_rounds=[190.0, 190.0]),
+                dict(batch=64, throughput_rounds=[200.0, 200.0]),
+                dict(batch=128, throughput_rounds=[])]
+  decision = stats.decide_from_noise_scale(candidates, 16, 1000.0, 64.0, np.full(50, 64.0))
+  rows = {r['batch']: r for r in decision['candidates']}
+  for batch, thr in ((32, 190.0), (64, 200.0)):
+    rn = (1 + batch / 64) / (1 + 16 / 64)
+    assert rows[batch]['rN_predicted'] == pytest.approx(rn, rel=1e-12)
+    assert rows[batch]['relative_wallclock'] == pytest.approx(rn * 100 / thr, rel=1e-12)
+    assert rows[batch]['relative_wallclock_ci'] == pytest.approx([rn * 100 / thr] * 2, rel=1e-12)
+    assert rows[batch]['predicted_wallclock_s'] == pytest.approx(1000 * rn / thr, rel=1e-12)
+  assert decision['verdict'] == 'faster' and decision['recommended'] == 32
+  assert rows[32]['p_fastest'] == 1.0 and rows[128]['why_not'] == 'no throughput measurement'
+  flat = [dict(c, throughput_rounds=[100.0, 100.0]) for c in candidates]
+  held = stats.decide_from_noise_scale(flat, 16, 1000.0, 64.0, np.full(50, 64.0))
+  assert held['verdict'] == 'base fastest' and held['recommended'] == 16   # flat: stay
+  no_interval = stats.decide_from_noise_scale(candidates, 16, 1000.0, 64.0, np.zeros(0))
+  assert no_interval['verdict'] == 'undefined' and 'no interval' in no_interval['statement']
+
+
+def test_quick_decision_widens_with_the_noise_scale_interval():
+  """Draws of B_simple spread the predicted rN: a wide B_simple interval holds 1 in the time's."""
+  rng = np.random.default_rng(0)
+  candidates = [dict(batch=16, throughput_rounds=[100.0] * 3),
+                dict(batch=64, throughput_rounds=[130.0] * 3)]
+  tight = stats.decide_from_noise_scale(candidates, 16, 1e3, 400.0, rng.normal(400, 10, 500))
+  wide = stats.decide_from_noise_scale(candidates, 16, 1e3, 400.0, np.exp(rng.normal(
+      np.log(400), 1.5, 500)))
+  (t,), (w,) = ([r for r in d['candidates'] if r['batch'] == 64] for d in (tight, wide))
+  assert t['relative_wallclock_ci'][1] < 1 < w['relative_wallclock_ci'][1]
+  assert tight['verdict'] == 'faster' and wide['verdict'] == 'within noise'

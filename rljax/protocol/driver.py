@@ -8,6 +8,8 @@
    training run in D/arms/<arm>/seed_<k>/, all from ONE cached warm start, each until target +
    stop_margin or its sample budget, evaluated on one sample grid whatever its batch.
 3. Throughput: protocol.throughput_rounds interleaved rounds over the candidate batches.
+   protocol.quick runs only the base arm of step 2: every batch's rN is then predicted from the
+   base arm's noise scale (stats.rn_from_noise_scale), at a fraction of the sweep's samples.
 4. Seeds where they matter: arms whose rN interval straddles the break-even point with the base
    get more seeds, up to protocol.max_seeds per arm and protocol.extra_seeds in all.
 5. Decide (rljax.protocol.report), then confirm at the base and at the fastest batch with fresh seeds.
@@ -78,6 +80,8 @@ def arm_config(config, workdir, value, lr0, control=False):
   batch = batch_of(value, arm)
   base_batch = batch_of(p.base, config.arm)
   arm.optimizer.update(lr=lr0, base_batch=base_batch)
+  # B_simple needs >= 2 micro-batches a step (rljax/update.py); quick mode reads the base's.
+  arm.train.micro_batch = min(arm.train.micro_batch or batch, batch // p.min_micro_batches)
   if control:   # the paper's failure case: a larger batch at the base arm's lr
     arm.optimizer.lr_rule = 'constant'
   arm.mode = 'train'
@@ -106,6 +110,8 @@ def check(config):
     raise ValueError(f'protocol.sweep {tuple(p.sweep)} / control {tuple(p.control)} repeat a batch')
   if p.base not in p.sweep:
     raise ValueError(f'protocol.base ({p.base}) must be one of protocol.sweep {tuple(p.sweep)}')
+  if p.min_micro_batches < 1:
+    raise ValueError(f'protocol.min_micro_batches must be >= 1, got {p.min_micro_batches}')
   if p.seed_offset < 0:
     raise ValueError(f'protocol.seed_offset must be >= 0, got {p.seed_offset}')
   if p.num_seeds < 1 or p.max_seeds < p.num_seeds or p.extra_seeds < 0:
@@ -278,10 +284,10 @@ def measure_throughput(config, workdir, value, lr0, round_index):
         f"{result['samples_per_s']:.0f} samples/s", flush=True)
 
 
-def measure_throughputs(config, workdir, arm_list, lr0):
+def measure_throughputs(config, workdir, lr0):
   """Rounds interleaved across batches, so slow drift of a shared machine hits every batch."""
   p = config.protocol
-  values = sorted({a.value for a in arm_list if not a.control} | set(p.throughput))
+  values = sorted(set(p.sweep) | set(p.throughput))
   for round_index in range(p.throughput_rounds):
     for value in values:
       measure_throughput(config, workdir, value, lr0, round_index)
@@ -374,12 +380,14 @@ def run(config, workdir):
     _compilation_cache(workdir)
   lr0 = calibrate(config, workdir)
   arm_list = arms(config, workdir, lr0)
-  write_protocol_json(config, workdir, next(a for a in arm_list
-                                            if a.value == p.base and not a.control))
+  base = next(a for a in arm_list if a.value == p.base and not a.control)
+  write_protocol_json(config, workdir, base)
+  if p.quick:   # every batch's rN from the base arm's noise scale instead of its own arm
+    arm_list = [base]
   for seed in range(p.num_seeds):   # seed-major: a partial sweep is already a report
     for i, arm in enumerate(arm_list):
       run_arm_seeds(workdir, 'arms', arm, [seed], f'align {i + 1}/{len(arm_list)}')
-  measure_throughputs(config, workdir, arm_list, lr0)
+  measure_throughputs(config, workdir, lr0)
   add_seeds(config, workdir, arm_list)
   report = report_lib.write_report(workdir)
   if p.confirm:

@@ -304,22 +304,71 @@ def _calibration(data, settings):
               lrs=sweep['lrs'])
 
 
-def _confirm(data, decision, targets, settings):
+def _confirm(data, decision, targets, settings, throughput):
   """Measured time and samples to the primary target of the confirmation runs, per batch; the
-  steady time counts the compiling steps at the steady step time, as the prediction does."""
+  steady time counts the compiling steps at the steady step time, as the prediction does. The
+  gap to the prediction splits into samples (predicted: seconds x the rounds' samples/s) and
+  throughput (the runs' own steady samples/s over the rounds')."""
   rows = {c['batch']: c for c in decision['candidates']}
   result = []
   for arm in data['confirm']:
     batch, t, window = arm['spec']['batch'], targets['primary'], settings['window']
     measured = [stats.wallclock_to_target(r, t, window) for r in arm['runs']]
     steady = [stats.wallclock_to_target(r, t, window, settings['warmup']) for r in arm['runs']]
+    predicted_s = rows.get(batch, {}).get('predicted_wallclock_s')
+    rounds = throughput.get(batch, {}).get('mean', np.nan)
+    own = stats.throughput_interval(_own_throughput(arm['runs'], settings['warmup']))['mean']
     result.append(dict(batch=batch, n_seeds=len(arm['runs']), measured_wallclock_per_seed=measured,
                        measured_samples_per_seed=[stats.to_target(r, t, window)
                                                   for r in arm['runs']],
                        measured_wallclock_s=float(np.mean(measured)),
                        steady_wallclock_per_seed=steady, steady_wallclock_s=float(np.mean(steady)),
-                       predicted_wallclock_s=rows.get(batch, {}).get('predicted_wallclock_s')))
+                       predicted_wallclock_s=predicted_s,
+                       predicted_samples=predicted_s * rounds if predicted_s else None,
+                       throughput_vs_rounds=own / rounds))
   return sorted(result, key=lambda c: c['batch'])
+
+
+def _samples_run(run):
+  return float(run['train']['samples'][-1]) if len(run['train']['samples']) else 0.0
+
+
+def _cost(data, base_arm):
+  """Training samples each phase spent; quick mode runs only calibration, base arm, throughput."""
+  group = lambda name, only=None: sum((_samples_run(r) for a in data[name] for r in a['runs']
+                                       if only is None or a['spec']['name'] == only), 0.0)
+  cost = dict(calibration=group('calibration'), arms=group('arms'),
+              base_arm=group('arms', base_arm), confirm=group('confirm'),
+              throughput=float(sum(r['batch'] * (r['steps_measured'] + r['warmup_steps'])
+                                   for records in data['throughput'].values() for r in records)))
+  cost['full_sweep'] = cost['calibration'] + cost['arms'] + cost['throughput']
+  cost['quick'] = cost['calibration'] + cost['base_arm'] + cost['throughput']
+  return cost
+
+
+def _quick(raw_base, base, arms, throughput, settings):
+  """The quick answer, from the base arm alone: every batch's rN predicted from its B_simple
+  (stats.rn_from_noise_scale), and, where arms measured rN, whether each lies in the prediction's
+  interval: the test of the noise-scale model's assumption."""
+  terms = _noise_terms(raw_base['runs'], _matched_sample_window([raw_base]))
+  noise = stats.noise_scale_interval(terms, rng=settings['seed'], level=settings['level'])
+  decision = stats.decide_from_noise_scale(
+      [dict(batch=b, throughput_rounds=t['per_round']) for b, t in throughput.items()],
+      base['batch'], base['samples_to_target'], noise['value'],
+      stats.noise_scale_draws(terms, rng=settings['seed']), settings['level'],
+      settings['n_draws'], settings['seed'])
+  predicted = {c['batch']: c for c in decision['candidates'] if 'rN_predicted' in c}
+  checks = []
+  for a in arms:
+    p = predicted.get(a['batch'])
+    if a['base'] or a['control'] or p is None or a['rN_status'] != 'ok':
+      continue
+    lo, hi = p['rN_predicted_ci']
+    checks.append(dict(batch=a['batch'], rN=a['rN'], rN_ci=a['rN_ci'], rN_predicted=p[
+        'rN_predicted'], rN_predicted_ci=[lo, hi], consistent=bool(
+            a['rN_ci'][0] <= hi and lo <= a['rN_ci'][1])))
+  return dict(decision=decision, noise_scale=noise['value'],
+              noise_scale_ci=[noise['lo'], noise['hi']], checks=checks)
 
 
 def _gradients(arms, aligned):
@@ -362,6 +411,11 @@ def build(data):
   aligned = stats.aligned_range(arms, settings['tolerance'])
   throughput = _throughput_table(data, arms, settings)
   primary, decisions = _decisions(arms, throughput, targets, int(protocol['base_batch']), settings)
+  quick = _quick(base, next(a for a in arms if a['base']), arms, throughput, settings)
+  quick_mode = bool(protocol.get('protocol', {}).get('quick', False))
+  if quick_mode:   # no arm but the base: the decision is the noise-scale one
+    primary, decisions = dict(target=targets['primary'], method='noise scale',
+                              **quick['decision']), []
   report = dict(
       algo=protocol['algo'], stop_target=float(protocol['target']),
       **targets, base_arm=protocol['base_arm'], base_batch=int(protocol['base_batch']),
@@ -370,7 +424,8 @@ def build(data):
       aligned_range=aligned,
       grad_norm_window_samples=list(window), **_gradients(arms, aligned),
       throughput=list(throughput.values()), decision=primary, decisions=decisions,
-      recommended=primary['recommended'], confirm=_confirm(data, primary, targets, settings))
+      recommended=primary['recommended'], confirm=_confirm(data, primary, targets, settings, throughput),
+      mode='quick' if quick_mode else 'full', quick=quick, cost=_cost(data, protocol['base_arm']))
   report['summary'] = summary(report)
   return report
 
@@ -461,6 +516,45 @@ def _robustness_sentence(report):
           'the whole-curve estimate.')
 
 
+def _quick_sentence(report):
+  """The quick answer beside the full one, with both costs, and which assumption failed if any."""
+  q, cost = report['quick'], report['cost']
+  d = q['decision']
+  answer = (f"batch {d['recommended']} ({d['verdict']})" if d['recommended'] else
+            d['statement'][0].lower() + d['statement'][1:-1])
+  text = (f"From the base arm alone (B_simple {_num(q['noise_scale'])} "
+          f"{_ci(q['noise_scale_ci'], '.3g')}, rN = (1 + B/B_simple) / (1 + B0/B_simple)), the "
+          f"quick answer is {answer}, for "
+          f"{_count(cost['quick'])} training samples against the full sweep's "
+          f"{_count(cost['full_sweep'])}.")
+  if report['mode'] == 'quick':
+    return text
+  failed = [c for c in q['checks'] if not c['consistent']]
+  agree = (d['verdict'], d['recommended']) == (report['decision']['verdict'],
+                                              report['recommended'])
+  text += ' It agrees with the full sweep.' if agree else ' It differs from the full sweep.'
+  if failed:
+    text += (' The noise-scale model fails at batch ' + ', '.join(
+        f"{c['batch']} (measured rN {_num(c['rN'], '.2f')} {_ci(c['rN_ci'])}, predicted "
+        f"{_num(c['rN_predicted'], '.2f')} {_ci(c['rN_predicted_ci'])})" for c in failed) +
+             ": B_simple at the base does not carry over to that batch.")
+  elif not agree:
+    text += ' Every measured rN lies in its predicted interval: they differ within noise.'
+  return text
+
+
+def _confirm_sentence(c):
+  """Measured vs predicted time, split into samples and throughput (seconds = samples / rate)."""
+  samples = np.asarray(c['measured_samples_per_seed'], float)
+  ratio = (_num(float(np.exp(np.mean(np.log(samples)))) / c['predicted_samples'], '.2f')
+           if c.get('predicted_samples') and np.isfinite(samples).all() else 'n/a')
+  return (f"Confirmation at batch {c['batch']} ({c['n_seeds']} seeds): measured "
+          f"{_num(c['steady_wallclock_s'])} s to J at its steady step time vs predicted "
+          f"{_num(c['predicted_wallclock_s'])} s ({_num(c['measured_wallclock_s'])} s with "
+          f"compilation); samples {ratio}x the predicted, throughput "
+          f"{_num(c.get('throughput_vs_rounds'), '.2f')}x the rounds'.")
+
+
 def summary(report):
   """A plain-language paragraph: what exceeds the noise and what does not."""
   base = next(a for a in report['arms'] if a['base'])
@@ -472,12 +566,10 @@ def summary(report):
   lines.append(_aligned_sentence(report['aligned_range']))
   lines.append(_gradient_sentence(report))
   lines.append(report['decision']['statement'])
-  lines.append(_robustness_sentence(report))
-  for c in report['confirm']:
-    lines.append(f"Confirmation at batch {c['batch']} ({c['n_seeds']} seeds): measured "
-                 f"{_num(c['steady_wallclock_s'])} s to J at its steady step time vs predicted "
-                 f"{_num(c['predicted_wallclock_s'])} s ({_num(c['measured_wallclock_s'])} s "
-                 "with compilation).")
+  if report['decisions']:
+    lines.append(_robustness_sentence(report))
+  lines.append(_quick_sentence(report))
+  lines += [_confirm_sentence(c) for c in report['confirm']]
   return ' '.join(lines)
 
 
