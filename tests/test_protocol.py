@@ -386,6 +386,7 @@ def test_confirm_runs_at_the_base_and_the_fastest_batch(resumed, data_dir):
   """The confirmation runs for a given decision, in process, and the report's section on them."""
   config, workdir = tiny_config(data_dir), resumed['workdir']
   config.arm.train.micro_batch = 8   # in process: the batch split over this session's 8 devices
+  config.protocol.min_micro_batches = 1   # so one micro-batch of 8, not 2 of 4
   lr0 = report_lib.read(workdir, 'calibration')['lr0']
   shutil.rmtree(os.path.join(workdir, 'confirm'), ignore_errors=True)   # another micro_batch
   protocol.confirm(config, workdir, {'base_batch': 8, 'decision': {'fastest': 8}}, lr0)
@@ -423,3 +424,27 @@ def test_quick_mode_trains_the_base_arm_only_and_predicts_every_batch(tmp_path, 
     assert ('samples to target' in report['decision']['statement'] or
             'B_simple' in report['decision']['statement'])
   assert 'From the base arm alone' in open(os.path.join(workdir, 'report.md')).read()
+
+
+@pytest.mark.e2e
+def test_the_base_arm_reuses_the_calibration_runs_at_lr0(resumed, data_dir, tmp_path):
+  """A calibration run at lr0 is the base arm's run of the same seed: copied, not retrained,
+  and counted once in the report's cost; a run whose config differs is never copied."""
+  workdir = str(tmp_path / 'D')
+  config = tiny_config(data_dir)
+  config.arm.warmstart.dir = os.path.join(resumed['workdir'], 'warmstart')   # the run's own
+  cfg = protocol.arm_config(config, workdir, 2, config.protocol.lr0)   # as the subprocess had it
+  base = protocol.Arm('P2', 2, 8, False, cfg)
+  for seed, lr in ((0, base.config.optimizer.lr), (1, base.config.optimizer.lr)):
+    shutil.copytree(report_lib.run_dir(resumed['workdir'], 'arms', 'P2', 0),
+                    report_lib.run_dir(workdir, 'calibration', f'lr{lr:g}', seed))
+  protocol.reuse_calibration(workdir, base, [0, 1])
+  reused = report_lib.run_dir(workdir, 'arms', 'P2', 0)
+  assert json.load(open(os.path.join(reused, 'reused.json'))) == {
+      'source': os.path.join('calibration', f'lr{base.config.optimizer.lr:g}', 'seed_0')}
+  assert not os.path.exists(report_lib.run_dir(workdir, 'arms', 'P2', 1))   # seed 1 != seed 0
+  assert os.listdir(os.path.dirname(reused)) == ['seed_0']   # no partial copy left
+  done = protocol.run_once(protocol.seed_config(base, 0), reused, 'P2 seed 0')
+  assert done == json.load(open(os.path.join(reused, 'done.json')))   # skipped: already done
+  run = report_lib.load_run(reused)
+  assert run['reused'] and report_lib._samples_run(run) == 0.0   # pylint: disable=protected-access

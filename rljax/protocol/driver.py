@@ -209,14 +209,36 @@ def run_once(cfg, run_dir, label):
   return done
 
 
+def seed_config(arm, seed):
+  cfg = ml_collections.ConfigDict(arm.config.to_dict())
+  cfg.seed = arm.config.seed + seed
+  return cfg
+
+
 def run_arm_seeds(workdir, group, arm, seeds, label):
   """The arm's runs at `seeds`, each in D/<group>/<arm>/seed_<k>/ (arm.json written first)."""
   report_lib.write(workdir, 'arm', _arm_spec(arm), group=group, arm=arm.name)
   for seed in seeds:
-    cfg = ml_collections.ConfigDict(arm.config.to_dict())
-    cfg.seed = arm.config.seed + seed
-    run_once(cfg, report_lib.run_dir(workdir, group, arm.name, seed),
+    run_once(seed_config(arm, seed), report_lib.run_dir(workdir, group, arm.name, seed),
              f'{label}: {arm.name} seed {seed}')
+
+
+def reuse_calibration(workdir, base, seeds):
+  """The calibration's finished runs at lr0 are the base arm's first seeds, config for config:
+  copied (D/arms/<base>/seed_<k>/reused.json names the source), not trained twice."""
+  for seed in seeds:
+    source = report_lib.run_dir(workdir, 'calibration', f'lr{base.config.optimizer.lr:g}', seed)
+    target = report_lib.run_dir(workdir, 'arms', base.name, seed)
+    same = (workdir_lib.read_json(os.path.join(source, 'config.json')) ==
+            workdir_lib.config_json(seed_config(base, seed)))
+    if same and os.path.exists(os.path.join(source, 'done.json')) and not os.path.exists(target):
+      partial = os.path.join(os.path.dirname(target), f'.partial_seed_{seed}')
+      shutil.rmtree(partial, ignore_errors=True)
+      shutil.copytree(source, partial)
+      workdir_lib.write_json_atomic(os.path.join(partial, 'reused.json'),
+                                    dict(source=os.path.relpath(source, workdir)))
+      os.rename(partial, target)   # a kill mid-copy leaves no half run
+      print(f'[protocol] {base.name} seed {seed}: the calibration run at lr0, reused', flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -384,6 +406,8 @@ def run(config, workdir):
   write_protocol_json(config, workdir, base)
   if p.quick:   # every batch's rN from the base arm's noise scale instead of its own arm
     arm_list = [base]
+  if p.lr0 == 0:
+    reuse_calibration(workdir, base, range(min(p.calibration_seeds, p.num_seeds)))
   for seed in range(p.num_seeds):   # seed-major: a partial sweep is already a report
     for i, arm in enumerate(arm_list):
       run_arm_seeds(workdir, 'arms', arm, [seed], f'align {i + 1}/{len(arm_list)}')

@@ -7,6 +7,8 @@ Layout of a protocol workdir D (SCHEMA names each JSON file and the fields it mu
   D/<group>/<arm>/arm.json               one arm: a batch at an lr; group is one of GROUPS
   D/<group>/<arm>/seed_<k>/metrics.jsonl an ordinary training run of that arm
   D/throughput/<batch>/round_<r>.json    one steady-state throughput measurement
+A run directory with reused.json is a copy of another group's run (the base arm's first seeds are
+the calibration's runs at lr0): read as a run of its arm, its samples counted once.
 """
 import json
 import os
@@ -89,6 +91,7 @@ def load_run(directory):
   rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
   return {
       'dir': directory,
+      'reused': os.path.exists(os.path.join(directory, 'reused.json')),   # another group's run
       'train': _columns(_last_per_step([r for r in rows if not r.get('eval')]),
                         ('step', 'samples', 'step_time_s', 'grad_norm')),
       'eval': _columns(_last_per_step([r for r in rows if r.get('eval')]),
@@ -330,7 +333,10 @@ def _confirm(data, decision, targets, settings, throughput):
 
 
 def _samples_run(run):
-  return float(run['train']['samples'][-1]) if len(run['train']['samples']) else 0.0
+  """Training samples a run spent: 0 for a run reused from another group (counted there)."""
+  if run['reused'] or not len(run['train']['samples']):
+    return 0.0
+  return float(run['train']['samples'][-1])
 
 
 def _cost(data, base_arm):
