@@ -1,5 +1,6 @@
 """rljax.protocol.report on synthetic protocol workdirs whose answers are known, written through the schema
 that rljax.protocol.driver writes with; and the `python -m rljax.analysis` CLI."""
+import glob
 import json
 import os
 import subprocess
@@ -164,6 +165,28 @@ def test_build_report_end_to_end(workdir):
   assert confirm['measured_wallclock_s'] == pytest.approx(confirm['predicted_wallclock_s'],
                                                           rel=0.15)
   assert confirm['steady_wallclock_s'] == pytest.approx(confirm['predicted_wallclock_s'], rel=0.15)
+  base_s, pick_s = (np.log(c['steady_wallclock_per_seed']) for c in report['confirm'])
+  ratio = report['confirmation_ratio']   # Welch on log seconds, here computed by hand
+  var = base_s.var(ddof=1) / len(base_s) + pick_s.var(ddof=1) / len(pick_s)
+  assert ratio['batch'] == 256 and ratio['ratio'] == pytest.approx(
+      np.exp(pick_s.mean() - base_s.mean()), rel=1e-12)
+  assert ratio['ci'][0] < ratio['ratio'] < ratio['ci'][1] and np.log(
+      ratio['ci'][1] / ratio['ratio']) >= 1.96 * np.sqrt(var)   # t quantile >= the normal's
+  assert confirm['throughput_vs_rounds'] == pytest.approx(1.0, rel=0.1)
+  # The quick answer: rN from the base arm's B_simple alone, and its cost beside the sweep's.
+  quick = report['quick']
+  b = quick['noise_scale']
+  assert b == pytest.approx(B_SIMPLE, rel=0.15)
+  predicted = {c['batch']: c['rN_predicted'] for c in quick['decision']['candidates']
+               if 'rN_predicted' in c}
+  assert predicted[512] == pytest.approx((1 + 512 / b) / (1 + 128 / b), rel=1e-12)
+  assert {c['batch'] for c in quick['checks']} == {64, 256, 512}   # every sqrt arm but the base
+  cost, logged = report['cost'], lambda group: sum(
+      float(json.loads(line)['samples']) for path in glob.glob(
+          os.path.join(workdir, group, '*', 'seed_*', 'metrics.jsonl'))
+      for line in open(path).readlines()[-1:])
+  assert cost['arms'] == logged('arms') and cost['calibration'] == logged('calibration')
+  assert cost['quick'] == cost['calibration'] + cost['base_arm'] + cost['throughput']
 
 
 @pytest.mark.e2e

@@ -332,6 +332,20 @@ def _confirm(data, decision, targets, settings, throughput):
   return sorted(result, key=lambda c: c['batch'])
 
 
+def _confirmation_ratio(confirm, decision, base_batch, level):
+  """The pick's measured seconds to target over the base's (steady, per seed), with Welch's
+  t-interval on the logs (stats.rn_interval on times), beside the predicted relative time."""
+  by_batch = {c['batch']: c for c in confirm}
+  pick = decision.get('fastest')
+  if pick == base_batch or pick not in by_batch or base_batch not in by_batch:
+    return None
+  ratio = stats.rn_interval(by_batch[base_batch]['steady_wallclock_per_seed'],
+                            by_batch[pick]['steady_wallclock_per_seed'], level)
+  predicted = next(c for c in decision['candidates'] if c['batch'] == pick)['relative_wallclock']
+  return dict(batch=pick, ratio=ratio['rN'], ci=[ratio['lo'], ratio['hi']], df=ratio['df'],
+              predicted=predicted)
+
+
 def _samples_run(run):
   """Training samples a run spent: 0 for a run reused from another group (counted there)."""
   if run['reused'] or not len(run['train']['samples']):
@@ -430,8 +444,11 @@ def build(data):
       aligned_range=aligned,
       grad_norm_window_samples=list(window), **_gradients(arms, aligned),
       throughput=list(throughput.values()), decision=primary, decisions=decisions,
-      recommended=primary['recommended'], confirm=_confirm(data, primary, targets, settings, throughput),
+      recommended=primary['recommended'], confirm=_confirm(data, primary, targets, settings,
+                                                           throughput),
       mode='quick' if quick_mode else 'full', quick=quick, cost=_cost(data, protocol['base_arm']))
+  report['confirmation_ratio'] = _confirmation_ratio(report['confirm'], primary,
+                                                     report['base_batch'], settings['level'])
   report['summary'] = summary(report)
   return report
 
@@ -576,6 +593,11 @@ def summary(report):
     lines.append(_robustness_sentence(report))
   lines.append(_quick_sentence(report))
   lines += [_confirm_sentence(c) for c in report['confirm']]
+  ratio = report['confirmation_ratio']
+  if ratio:
+    lines.append(f"Measured, batch {ratio['batch']} took {_num(ratio['ratio'], '.2f')}x the "
+                 f"base's seconds to J {_ci(ratio['ci'])} (Welch, df {ratio['df']}; predicted "
+                 f"{_num(ratio['predicted'], '.2f')}x).")
   return ' '.join(lines)
 
 
