@@ -56,16 +56,22 @@ def finite_noise(noise):
 
 
 def throughput_guess(batch, table):
-  """Samples/s at `batch`: measured, or the optimistic guess from the nearest measured batch
-  (linear growth upwards, flat downwards). Unmeasured batches look at least as good as they can
-  be, so the rule tries them once; after that their measurement decides."""
+  """Samples/s at `batch`: measured, or an optimistic guess from the measured batches. Above
+  them it grows as over the last measured doubling (linearly when only one batch is measured,
+  never faster); below them it is flat. Unmeasured batches look at least as good as they are
+  likely to be, so the rule tries them once; after that their measurement decides."""
   if batch in table:
     return table[batch]
-  below = [b for b in table if b < batch]
-  if below:
-    base = max(below)
-    return Estimate(*(x * batch / base for x in table[base]))
-  return table[min(table)]
+  below = sorted(b for b in table if b < batch)
+  if not below:
+    return table[min(table)]
+  base = below[-1]
+  growth = 2.0   # per doubling
+  if len(below) > 1:
+    growth = min(2.0, (table[base].value / table[below[-2]].value) ** (
+        1 / math.log2(base / below[-2])))
+  factor = growth ** math.log2(batch / base)
+  return Estimate(*(x * factor for x in table[base]))
 
 
 def goodput(batch, noise_value, table):
