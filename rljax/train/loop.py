@@ -9,7 +9,9 @@ import time
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
+import numpy as np
 
 from rljax import algos
 from rljax.data import rewards
@@ -132,7 +134,8 @@ class BatchSchedule:
     """Records the step; at a decision point decides, logs the decision into `row` and switches.
     Returns the (run, meta) the next step uses."""
     state = meta['auto_batch']
-    state = rebatch.record(state, row, state['P'] in self.compiled, self.settings)
+    measured = dict(row, samples_per_s=_agreed(row['samples_per_s']))
+    state = rebatch.record(state, measured, state['P'] in self.compiled, self.settings)
     self.compiled.add(state['P'])
     row['batch'] = algos.batch_size(run.config)
     if rebatch.due(state, meta['samples'], self.settings):
@@ -146,6 +149,14 @@ class BatchSchedule:
         row['auto_lr'] = float(run.algo.schedules['lr'](run.algo.updates_per_batch * row['step']))
         run.writer.say(_switch_line(row, algos.get(self.config.algo).BATCH_ARG))
     return run, dict(meta, auto_batch=state)
+
+
+def _agreed(value):
+  """Process 0's `value` on every process (collective: every step, everywhere): step times
+  differ between hosts, and every process must take the same decision."""
+  if jax.process_count() == 1:
+    return value
+  return float(multihost_utils.broadcast_one_to_all(np.float32(value)))
 
 
 def _switch_line(row, batch_arg):
