@@ -109,7 +109,7 @@ def base_config(P, G, runlocal, seed, model=''):
   # (or read from throughput_file, JSON {"P": [samples/s, ...]}). It moves only when the gain's
   # lower end clears 1 + margin. The config arg P=auto (B=auto) turns it on: enable_auto_batch.
   config.auto_batch = dict(enabled=False, min=2 if runlocal else 16, max=32 if runlocal else 256,
-                           every_samples=2048 if runlocal else 65_536, probe_steps=3, margin=0.1,
+                           every_samples=2048 if runlocal else 65_536, probe_steps=8, margin=0.1,
                            window=50, throughput_file='')
 
   # Fault injection for reliability tests: RL steps whose advantages are made NaN, e.g. '3' or '3-9'.

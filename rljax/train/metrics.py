@@ -134,7 +134,7 @@ class MetricsWriter:
       self._print(f"step {row['step']} | samples {row['samples']} | reward {row['reward_mean']:.3f}"
                   f" | lr {row['lr']:.2e} | grad norm {row['grad_norm']:.3f} | "
                   f"{row['samples_per_s']:.0f} samples/s" +
-                  (f" | batch {row['batch']}" if 'batch' in row else ''))
+                  (f" | batch {row['batch']} responses" if 'batch' in row else ''))
 
   def say(self, line):
     """A line on the console (process 0), beside the progress bar when there is one."""
