@@ -8,8 +8,12 @@ import ml_collections
 
 from configs import models
 
+AUTO_ARGS = ('P', 'B')   # batch arguments that also take 'auto' (config.auto_batch)
+
 
 def _convert(key, text, default):
+  if text.strip() == 'auto' and key in AUTO_ARGS:
+    return 'auto'
   if isinstance(default, bool):
     lowered = text.strip().lower()
     if lowered in ('', 'true', '1', 'yes'):
@@ -31,7 +35,10 @@ def _convert(key, text, default):
 
 
 def parse_arg(arg, **defaults):
-  """Returns a ConfigDict of `defaults` overridden by the comma-separated `key=value` pairs in `arg`."""
+  """Returns a ConfigDict of `defaults` overridden by the comma-separated `key=value` pairs in `arg`.
+
+  A batch argument (AUTO_ARGS) may also be 'auto': the batch is then chosen during the run
+  (enable_auto_batch)."""
   values = dict(defaults)
   for item in (arg or '').split(','):
     item = item.strip()
@@ -95,6 +102,16 @@ def base_config(P, G, runlocal, seed, model=''):
                       eval_size=500, log_every=10, checkpoint_every=100, keep_checkpoints=2,
                       target=0.0, overwrite=False)   # overwrite: replace a different run in the workdir
 
+  # The batch chosen during the run (docs/guide/auto_batch.md): among the powers of two in
+  # [min, max], in the algorithm's unit (rollout.P: GRPO's prompts, PPO's B), the one of most
+  # predicted progress per second, decided every `every_samples` samples from the noise scale of
+  # the last `window` steps and samples/s measured over `probe_steps` steps at each batch tried
+  # (or read from throughput_file, JSON {"P": [samples/s, ...]}). It moves only when the gain's
+  # lower end clears 1 + margin. The config arg P=auto (B=auto) turns it on: enable_auto_batch.
+  config.auto_batch = dict(enabled=False, min=2 if runlocal else 16, max=32 if runlocal else 256,
+                           every_samples=2048 if runlocal else 65_536, probe_steps=8, margin=0.1,
+                           window=50, throughput_file='')
+
   # Fault injection for reliability tests: RL steps whose advantages are made NaN, e.g. '3' or '3-9'.
   config.debug = dict(nan_steps='')
 
@@ -102,4 +119,18 @@ def base_config(P, G, runlocal, seed, model=''):
   # seed -1: the run's seed; the protocol pins one so every arm and seed starts from one policy.
   config.warmstart = dict(enabled=True, dir='', lr=1e-3, batch=128, threshold=0.3, eval_every=25,
                           min_steps=200, max_steps=4000, seed=-1)
+  return config
+
+
+def enable_auto_batch(config):
+  """`config` with the batch chosen during the run, starting at auto_batch.min: a constant lr
+  after warmup (a decay's horizon is in updates, which a changing batch moves) and micro-batches
+  of at most half the smallest batch (the noise scale needs two per step)."""
+  auto, G = config.auto_batch, config.rollout.G
+  auto.enabled = True
+  config.rollout.P = auto.min
+  for section in ('optimizer', 'critic_optimizer'):
+    if section in config:
+      config[section].decay = 'constant'
+  config.train.micro_batch = min(config.train.micro_batch or auto.min * G, auto.min * G // 2)
   return config

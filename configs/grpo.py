@@ -3,7 +3,8 @@
   python -m rljax.main --config=configs/grpo.py:runlocal --workdir=/tmp/rljax
   python -m rljax.main --config=configs/grpo.py:P=1024,G=8 --workdir=gs://...
 
-Args after ':' (comma-separated): P (prompts per batch), G (responses per prompt), runlocal (tiny
+Args after ':' (comma-separated): P (prompts per batch; P=auto: chosen during the run among
+config.auto_batch's bounds, docs/guide/auto_batch.md), G (responses per prompt), runlocal (tiny
 model and budget for a 2-core CPU), seed, model (a preset of configs/models.py, e.g.
 qwen3-30b-a3b), task (arithmetic | sums). Any field can be overridden with --config.a.b=value.
 """
@@ -14,7 +15,8 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='', task='arithmetic')
   if arg.task not in ('arithmetic', 'sums'):
     raise ValueError(f"config arg task={arg.task!r}: expected 'arithmetic' or 'sums'")
-  config = common.base_config(arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
+  auto = arg.P == 'auto'
+  config = common.base_config(16 if auto else arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
   config.algo = 'grpo'
   # The policy loss (docs/reference/losses.md). normalize_std=False is Dr. GRPO; adv_eps is added
   # to the group std. clip_ratio_c > 1 turns on dual-clip for A < 0 (0: off). kl_estimator, as a
@@ -37,4 +39,4 @@ def get_config(arg=None):
       config.warmstart.update(batch=64, lr=2e-3, min_steps=300, eval_every=10, threshold=0.5)
       config.optimizer.lr = 2e-4
       config.train.max_samples = 48_000
-  return config
+  return common.enable_auto_batch(config) if auto else config

@@ -14,7 +14,8 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, B=256, runlocal=False, seed=0, model='')
   # B prompts, one response each; model: a preset of configs/models.py (default: the runlocal or
   # the ~1.3B MoE)
-  config = common.base_config(arg.B, 1, arg.runlocal, arg.seed, arg.model)
+  auto = arg.B == 'auto'   # B=auto: chosen during the run (docs/guide/auto_batch.md)
+  config = common.base_config(256 if auto else arg.B, 1, arg.runlocal, arg.seed, arg.model)
   config.algo = 'ppo'
 
   # KL: kl_reward_coef subtracts a per-token KL to the initial policy from the rewards (InstructGPT);
@@ -36,4 +37,5 @@ def get_config(arg=None):
                                  decay='constant', max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8,
                                  weight_decay=0.0)
   config.train.max_samples = 80_000 if arg.runlocal else 2_000_000
-  return config
+  config.auto_batch.update(min=64, max=1024)
+  return common.enable_auto_batch(config) if auto else config

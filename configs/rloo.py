@@ -10,8 +10,9 @@ from configs import common
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='')
-  config = common.base_config(arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
+  auto = arg.P == 'auto'   # P=auto: chosen during the run (docs/guide/auto_batch.md)
+  config = common.base_config(16 if auto else arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
   config.algo = 'rloo'
   config.rloo = dict(clip_low=0.2, clip_high=0.2, clip_ratio_c=0.0, kl_coef=0.0, kl_estimator='k3',
                      loss_agg='token-mean', moe_aux_coef=1e-3)   # docs/reference/losses.md
-  return config
+  return common.enable_auto_batch(config) if auto else config

@@ -186,7 +186,7 @@ def test_epoch_visits_each_record_once():
   iterator = data.PromptIterator(_text_source(10), 3, seed=0)
   epoch = [a for b in _take(iterator, 3) for a in b['answer']]
   assert len(set(epoch)) == 9  # The last partial batch is dropped.
-  assert iterator.state() == {'epoch': 0, 'index': 9, 'skipped': 0}
+  assert iterator.state() == {'epoch': 0, 'index': 9, 'skipped': 0, 'offset': 0, 'batches': 3}
   next_epoch = [a for b in _take(iterator, 3) for a in b['answer']]
   assert next_epoch != epoch and len(set(next_epoch)) == 9
 

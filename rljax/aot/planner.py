@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax import algos
 from rljax.aot import programs as compiled
 from rljax.aot import targets
 from rljax.model import transformer as model_lib
@@ -341,6 +342,8 @@ def preflight(config, devices=None):
   ValueError on a bad config, or ('does not fit') when those alone exceed a device's memory."""
   devices = jax.devices() if devices is None else devices
   run_lib.check(config)
+  if config.get('auto_batch') and config.auto_batch.enabled:   # sized at the largest it may run
+    config = algos.with_batch(config, config.auto_batch.max)
   s = run_lib.abstract_setup(config, sharding.make_mesh(config.mesh, devices))
   memory = resident_bytes(s)
   local = [d for d in devices if d.process_index == jax.process_index()] or devices

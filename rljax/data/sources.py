@@ -116,6 +116,11 @@ class PromptIterator:
   records the processes' batches concatenate to the single-process batch.
   A skipped record is replaced by the next one from the same process's own
   slices, which keeps the processes disjoint and every batch full.
+
+  The batch size can change between batches (rljax.train.rebatch): the
+  state's 'offset' is where in the epoch's order the current layout of
+  batches starts, and `continue_with_batch` moves it past the batches drawn
+  so far, so the next iterator, of any batch size, reads on from there.
   """
 
   def __init__(self, source: Sequence, batch_size: int, seed: int,
@@ -130,8 +135,7 @@ class PromptIterator:
     if on_bad_record not in ('skip', 'raise'):
       raise ValueError(f"on_bad_record must be 'skip' or 'raise', got"
                        f' {on_bad_record!r}')
-    self._batches_per_epoch = len(source) // batch_size
-    if not self._batches_per_epoch:
+    if len(source) < batch_size:
       raise ValueError(f'the source has {len(source)} records, fewer than'
                        f' one batch of {batch_size}')
     self._source = source
@@ -145,6 +149,8 @@ class PromptIterator:
     state = state or {'epoch': 0, 'index': 0}
     self.skipped = int(state.get('skipped', 0))  # Malformed records passed over so far.
     self._epoch, self._index = int(state['epoch']), int(state['index'])
+    self._offset = int(state.get('offset', 0))   # where this epoch's layout starts
+    self._batches = int(state.get('batches', self._index // self._local_batch_size))
     self._positions = self._epoch_positions(self._epoch)
     if not 0 <= self._index <= len(self._positions):
       raise ValueError(f'state {state} is outside an epoch of'
@@ -153,17 +159,21 @@ class PromptIterator:
   def state(self) -> dict:
     """Position after the last batch; pass it back as `state` to resume.
 
-    'index' counts the records this process has read in the epoch, so a state
-    only makes sense for the same source, batch size and process layout.
+    'index' counts the records this process has read in the epoch's layout,
+    so a state only makes sense for the same source, batch size and process
+    layout ('batches': the batches drawn in it; continue_with_batch changes
+    the batch size).
     """
-    return {'epoch': self._epoch, 'index': self._index, 'skipped': self.skipped}
+    return {'epoch': self._epoch, 'index': self._index, 'skipped': self.skipped,
+            'offset': self._offset, 'batches': self._batches}
 
   def _epoch_positions(self, epoch: int) -> np.ndarray:
     """This process's record indices for one epoch, in visiting order."""
     order = np.random.default_rng([self._seed, epoch]).permutation(
-        len(self._source))
-    batches = order[:self._batches_per_epoch * self._batch_size].reshape(
-        self._batches_per_epoch, self._process_count, self._local_batch_size)
+        len(self._source))[self._offset if epoch == self._epoch else 0:]
+    count = len(order) // self._batch_size
+    batches = order[:count * self._batch_size].reshape(
+        count, self._process_count, self._local_batch_size)
     return batches[:, self._process_index].reshape(-1)
 
   def _parse(self, record, position: int):
@@ -189,8 +199,8 @@ class PromptIterator:
     visited = 0
     while len(prompts) < self._local_batch_size:
       if self._index == len(self._positions):
-        self._epoch, self._index = self._epoch + 1, 0
-        self._positions = self._epoch_positions(self._epoch)
+        self._positions = self._epoch_positions(self._epoch + 1)
+        self._epoch, self._index, self._offset, self._batches = self._epoch + 1, 0, 0, 0
       if visited > len(self._positions):
         raise ValueError('a whole epoch passed without a valid record')
       stop = min(len(self._positions),
@@ -203,7 +213,19 @@ class PromptIterator:
           answers.append(example[1])
       visited += len(positions)
       self._index = stop
+    self._batches += 1
     return {'prompt': prompts, 'answer': answers}
+
+
+def continue_with_batch(state: dict, batch_size: int) -> dict:
+  """The state from which a PromptIterator of any batch size reads on after
+  one of `batch_size` left `state`: its layout starts after the global batches
+  drawn so far. Every process computes the same offset from the batch count.
+  (A record one process read ahead to replace a malformed one may be read
+  again after the change.)"""
+  return {'epoch': state['epoch'], 'index': 0, 'skipped': state.get('skipped', 0),
+          'offset': state.get('offset', 0) + state['batches'] * batch_size,
+          'batches': 0}
 
 
 def eval_set(source: Sequence, n: int) -> tuple[list[str], list[str]]:

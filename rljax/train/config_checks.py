@@ -10,6 +10,7 @@ from rljax.data import rewards
 from rljax.model import moe
 from rljax import optim
 from rljax import sharding
+from rljax.train import auto_batch
 
 
 def _positive(name, value):
@@ -82,6 +83,46 @@ def check(config, device_count=None, process_count=None):
                 jax.process_count() if process_count is None else process_count)
   if 'debug' in config:
     step_set(config.debug.nan_steps)
+  if config.get('auto_batch') and config.auto_batch.enabled:
+    _check_auto_batch(config, device_count, process_count)
+
+
+def _check_auto_batch(config, device_count, process_count):
+  """The bounds, the settings, and every batch the run may reach checked as a config of its own."""
+  auto, arg = config.auto_batch, algos.get(config.algo).BATCH_ARG
+  unit = f'auto_batch bounds are in rollout.P ({arg} of {config.algo})'
+  if not (auto_batch.is_power_of_two(auto.min) and auto_batch.is_power_of_two(auto.max)):
+    raise ValueError(f'auto_batch.min ({auto.min}) and max ({auto.max}) must be powers of two; {unit}')
+  if auto.min > auto.max:
+    raise ValueError(f'auto_batch.min ({auto.min}) is larger than auto_batch.max ({auto.max})')
+  if config.rollout.P not in auto_batch.allowed_batches(auto.min, auto.max):
+    raise ValueError(f'rollout.P ({config.rollout.P}) must be a power of two in [auto_batch.min, '
+                     f'auto_batch.max] = [{auto.min}, {auto.max}]: the batch auto_batch starts at')
+  if auto.every_samples < 1 or auto.probe_steps < 2 or auto.window < 2 or not auto.margin >= 0:
+    raise ValueError(f'auto_batch needs every_samples >= 1, probe_steps >= 2, window >= 2 and '
+                     f'margin >= 0; got {auto.every_samples}, {auto.probe_steps}, {auto.window}, '
+                     f'{auto.margin}')
+  if auto.throughput_file and not os.path.isfile(auto.throughput_file):
+    raise ValueError(f'auto_batch.throughput_file {auto.throughput_file} is not a file')
+  for section in ('optimizer', 'critic_optimizer'):
+    if section in config and config[section].get('decay', 'constant') != 'constant':
+      raise ValueError(f"auto_batch needs {section}.decay='constant' (a decay's horizon is in "
+                       f'updates, which a changing batch moves), got {config[section].decay!r}')
+  for P in auto_batch.allowed_batches(auto.min, auto.max):
+    _check_batch(algos.with_batch(config, P), P, device_count, process_count)
+
+
+def _check_batch(config, P, device_count, process_count):
+  """One batch auto_batch may choose: the whole config check at it, and two micro-batches."""
+  config.auto_batch.enabled = False
+  try:
+    check(config, device_count, process_count)
+  except ValueError as error:
+    raise ValueError(f'auto_batch at rollout.P={P}: {error}') from None
+  if algos.micro_batches(config) < 2:
+    raise ValueError(f'auto_batch at rollout.P={P}: the noise scale needs 2 micro-batches per '
+                     f'minibatch; set train.micro_batch below {algos.batch_size(config)} '
+                     f'/ num_minibatches')
 
 
 def _check_data(config):

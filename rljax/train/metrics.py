@@ -116,8 +116,9 @@ class MetricsWriter:
     if self._bar is None:
       self._bar = tqdm.tqdm(total=self._progress['total'] or None, unit=unit, dynamic_ncols=True,
                             initial=row[unit], file=sys.stderr, smoothing=0.1)
+    batch = dict(batch=row['batch']) if 'batch' in row else {}   # auto_batch changes it
     self._bar.set_postfix(step=row['step'], reward=f"{row['reward_mean']:.3f}",
-                          samples_per_s=f"{row['samples_per_s']:.0f}", refresh=False)
+                          samples_per_s=f"{row['samples_per_s']:.0f}", **batch, refresh=False)
     self._bar.update(row[unit] - self._bar.n)
 
   # ---------------------------------------------------------------- rows
@@ -132,7 +133,13 @@ class MetricsWriter:
     if console:
       self._print(f"step {row['step']} | samples {row['samples']} | reward {row['reward_mean']:.3f}"
                   f" | lr {row['lr']:.2e} | grad norm {row['grad_norm']:.3f} | "
-                  f"{row['samples_per_s']:.0f} samples/s")
+                  f"{row['samples_per_s']:.0f} samples/s" +
+                  (f" | batch {row['batch']} responses" if 'batch' in row else ''))
+
+  def say(self, line):
+    """A line on the console (process 0), beside the progress bar when there is one."""
+    if self.enabled:
+      self._print(line)
 
   def eval(self, step, samples, accuracy, correct_N, wallclock_s):
     row = dict(step=step, samples=samples, eval=True, eval_accuracy=accuracy,

@@ -98,6 +98,32 @@ def _initial_params(config, model, task, evaluate, rng, mesh, workdir, lengths):
   return params
 
 
+def jit_schedules(algo):
+  """`algo` with its schedules jitted: the loop evaluates them every step."""
+  return algo._replace(schedules={k: jax.jit(s) for k, s in algo.schedules.items()})
+
+
+def make_iterator(config, task, state, P=None):
+  """The train prompts in batches of P (default rollout.P), from iterator state `state`."""
+  return data.PromptIterator(
+      task.train_source, P or config.rollout.P, seed=config.seed,
+      process_index=jax.process_index(), process_count=jax.process_count(), state=state,
+      tokenizer=task.tokenizer, on_bad_record=config.data.on_bad_record)
+
+
+def at_batch(run, base_config, P, programs, data_state):
+  """`run` at batch P (config.auto_batch): its config, algorithm and prompt iterator. The
+  algorithm's jitted programs are built once per batch and kept in `programs` ({P: (config,
+  algo)}), so each batch compiles once; its optimizer has the lr rule at the new batch, and the
+  state it updates (the carry, Adam's moments included) goes on unchanged."""
+  if P not in programs:
+    config = algos.with_batch(base_config, P)
+    programs[P] = config, jit_schedules(abstract_setup(config, run.mesh).algo)
+  config, algo = programs[P]
+  return run._replace(config=config, algo=algo,
+                      iterator=make_iterator(config, run.task, data_state))
+
+
 def setup(config, workdir):
   """Validates `config`, builds the run and restores its latest checkpoint: (run, carry, meta).
 
@@ -129,7 +155,7 @@ def setup(config, workdir):
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
       top_p=config.rollout.top_p, slots=config.rollout.slots)), mesh)
   algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(init_rng, 1))
-  algo = algo._replace(schedules={k: jax.jit(s) for k, s in algo.schedules.items()})
+  algo = jit_schedules(algo)
   carry = dict(algo.state, rng=sharding.place(rollout_rng, mesh))
   if algo.needs_reference:   # a copy: the update donates the policy's buffers
     carry['reference'] = jax.tree.map(jnp.copy, params)
@@ -144,10 +170,8 @@ def setup(config, workdir):
     writer.truncate_after(meta['step'])
     logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
   workdir_lib.claim(workdir, config)
-  iterator = data.PromptIterator(
-      task.train_source, config.rollout.P, seed=config.seed, process_index=jax.process_index(),
-      process_count=jax.process_count(), state=meta['data'], tokenizer=task.tokenizer,
-      on_bad_record=config.data.on_bad_record)
+  # config.auto_batch may have left the run at another batch (rljax.train.rebatch)
+  iterator = make_iterator(config, task, meta['data'], meta.get('auto_batch', {}).get('P'))
   nan_steps = config_checks.step_set(config.debug.nan_steps) if 'debug' in config else set()
   run = Run(config, mesh, algo, sample, evaluate, task, prompt_len, iterator, writer, ckpt,
             frozenset(nan_steps))

@@ -1,0 +1,117 @@
+"""Choosing the batch during a run: pure functions over plain numbers, no jax.
+
+The rule. McCandlish et al. (2018, "An Empirical Model of Large-Batch Training") model what one
+step at a batch of B samples buys: with the gradient noise scale B_noise (their B_simple =
+tr(Sigma) / |G|^2), a step at B makes the progress of 1 / (1 + B_noise / B) noise-free steps, so
+each sample is worth efficiency(B) = 1 / (1 + B / B_noise) of a sample at a tiny batch. Samples
+are cheap below B_noise and wasted far above it. Pollux (Qiao et al., OSDI 2021) puts that
+statistical efficiency beside the system's throughput and picks, during training, the batch that
+maximises their product: goodput(B) = throughput(B) x efficiency(B), useful progress per second.
+
+This module does that with the caution a single run needs: both factors come with intervals (the
+noise scale from a block bootstrap over recent steps, throughput from repeated measured steps),
+and the batch moves only when the lower end of the predicted gain clears 1 + margin, one power of
+two at a time, with a stricter bar for going back to the batch it just left (hysteresis), and it
+never moves on a noise scale that is not finite. Batches are counted in samples (responses).
+"""
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Estimate(NamedTuple):
+  """A value with an interval, e.g. the noise scale or one batch's samples per second."""
+  value: float
+  lo: float
+  hi: float
+
+
+class Decision(NamedTuple):
+  batch: int        # the batch to run next (the current one when holding)
+  best: int         # the argmax of predicted goodput over the allowed batches
+  gain: float       # predicted goodput of the step towards `best` over the current one
+  gain_lo: float    # its lower end, the one compared with 1 + margin (or the return bar)
+  reason: str       # why it moved or held, in words
+
+
+def allowed_batches(low, high):
+  """The powers of two in [low, high]."""
+  return [1 << k for k in range(max(low, 1).bit_length() - 1, high.bit_length())
+          if low <= 1 << k <= high]
+
+
+def is_power_of_two(n):
+  return isinstance(n, int) and n > 0 and n & (n - 1) == 0
+
+
+def efficiency(batch, noise_scale):
+  """Progress per sample at `batch` relative to a tiny batch: 1 / (1 + B / B_noise)."""
+  return 1.0 / (1.0 + batch / noise_scale)
+
+
+def finite_noise(noise):
+  """Whether the noise-scale estimate can drive a decision: a positive value and lower end."""
+  return all(math.isfinite(x) and x > 0 for x in (noise.value, noise.lo)) and noise.hi >= noise.lo
+
+
+def throughput_guess(batch, table):
+  """Samples/s at `batch`: measured, or an optimistic guess from the measured batches. Above
+  them it grows as over the last measured doubling (linearly when only one batch is measured,
+  never faster); below them it is flat. Unmeasured batches look at least as good as they are
+  likely to be, so the rule tries them once; after that their measurement decides."""
+  if batch in table:
+    return table[batch]
+  below = sorted(b for b in table if b < batch)
+  if not below:
+    return table[min(table)]
+  base = below[-1]
+  growth = 2.0   # per doubling
+  if len(below) > 1:
+    growth = min(2.0, (table[base].value / table[below[-2]].value) ** (
+        1 / math.log2(base / below[-2])))
+  factor = growth ** math.log2(batch / base)
+  return Estimate(*(x * factor for x in table[base]))
+
+
+def goodput(batch, noise_value, table):
+  """Predicted progress per second at `batch` (the point estimates)."""
+  return throughput_guess(batch, table).value * efficiency(batch, noise_value)
+
+
+def best_batch(batches, noise, table):
+  """The allowed batch of the highest predicted goodput (ties: the smaller batch)."""
+  return max(batches, key=lambda b: (goodput(b, noise.value, table), -b))
+
+
+def step_gain(current, target, noise, table):
+  """(point, lower end) of goodput(target) / goodput(current): the throughput ratio's lower end
+  times the efficiency ratio at the end of the noise interval that least favours moving."""
+  now, then = table[current], throughput_guess(target, table)
+  worst_noise = noise.lo if target > current else noise.hi   # bigger B_noise favours bigger B
+  worst_eff = (efficiency(target, worst_noise) / efficiency(current, worst_noise)
+               if math.isfinite(worst_noise) else 1.0)
+  point = then.value / now.value * efficiency(target, noise.value) / efficiency(current, noise.value)
+  if target in table:
+    lo = then.lo / now.hi * worst_eff
+  else:   # a guess has no spread of its own; the optimistic guess is what a probe tests
+    lo = then.value / now.value * worst_eff
+  return point, lo
+
+
+def decide(current, batches, noise, table, margin, left=None):
+  """The batch to run next. `table`: {batch: Estimate of samples/s} measured so far (it must hold
+  `current`); `left`: the batch the last move came from, which a return must beat by
+  (1 + margin)**2 rather than 1 + margin, so a decision is never undone by noise alone."""
+  if not finite_noise(noise):
+    return Decision(current, current, 1.0, 1.0, 'noise scale not estimable: hold')
+  best = best_batch(batches, noise, table)
+  if best == current:
+    return Decision(current, best, 1.0, 1.0, 'the current batch has the best predicted goodput')
+  target = current * 2 if best > current else current // 2
+  point, lo = step_gain(current, target, noise, table)
+  bar = (1 + margin) ** 2 if target == left else 1 + margin
+  if lo > bar:
+    verb = 'try' if target not in table else 'move'
+    return Decision(target, best, point, lo, f'{verb}: gain lower end {lo:.3f} > {bar:.3f}')
+  return Decision(current, best, point, lo, f'hold: gain lower end {lo:.3f} <= {bar:.3f}')

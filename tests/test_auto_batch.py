@@ -1,0 +1,242 @@
+"""rljax.train.auto_batch (the rule, on synthetic noise scales and throughputs, against numpy),
+rljax.train.rebatch (its state), the config surface and its errors, and a short training that
+switches its batch and resumes mid-schedule to the same rows and arrays."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import rljax_cli
+
+from configs import grpo as grpo_config
+from rljax.data import sources
+from rljax.train import auto_batch
+from rljax.train import config_checks
+from rljax.train import loop
+from rljax.train import metrics
+from rljax.train import rebatch
+
+Estimate = auto_batch.Estimate
+BATCHES = auto_batch.allowed_batches(16, 512)
+
+
+def table_of(samples_per_s, spread=0.02):
+  return {b: Estimate(v, v * (1 - spread), v * (1 + spread)) for b, v in samples_per_s.items()}
+
+
+def test_allowed_batches_are_the_powers_of_two_within_the_bounds():
+  assert auto_batch.allowed_batches(2, 32) == [2, 4, 8, 16, 32]
+  assert auto_batch.allowed_batches(3, 40) == [4, 8, 16, 32]
+  assert auto_batch.allowed_batches(1, 1) == [1]
+
+
+def test_moves_up_one_power_of_two_when_throughput_grows_and_the_batch_is_far_below_b_noise():
+  table = table_of({b: 10.0 * b for b in BATCHES})   # throughput still linear in the batch
+  decision = auto_batch.decide(16, BATCHES, Estimate(5000, 3000, 9000), table, margin=0.1)
+  assert decision.best == 512 and decision.batch == 32   # towards the best, one doubling
+  assert decision.gain_lo > 1.1 and decision.gain > decision.gain_lo
+
+
+def test_holds_when_throughput_is_flat():
+  table = table_of({b: 1000.0 for b in BATCHES})
+  noise = Estimate(5000, 3000, 9000)
+  assert auto_batch.decide(16, BATCHES, noise, table, margin=0.1).batch == 16
+  # Above the best, going back down gains only efficiency, too little to clear the margin.
+  assert auto_batch.decide(64, BATCHES, noise, table, margin=0.1).batch == 64
+
+
+def test_tries_an_unmeasured_bigger_batch_once_then_its_measurement_decides():
+  noise = Estimate(5000, 3000, 9000)
+  assert auto_batch.decide(16, BATCHES, noise, table_of({16: 1000.0}), 0.1).batch == 32
+  flat = table_of({16: 1000.0, 32: 1000.0})
+  assert auto_batch.decide(32, BATCHES, noise, flat, 0.1, left=16).batch == 32   # no gain to go
+
+
+@pytest.mark.parametrize('noise', [Estimate(np.nan, np.nan, np.nan), Estimate(500, np.nan, 900),
+                                   Estimate(500, -10, 900), Estimate(np.inf, np.inf, np.inf)])
+def test_a_noise_scale_that_is_not_finite_keeps_the_batch(noise):
+  table = table_of({b: 10.0 * b for b in BATCHES})
+  decision = auto_batch.decide(64, BATCHES, noise, table, margin=0.1)
+  assert decision.batch == 64 and 'not estimable' in decision.reason
+
+
+def test_best_batch_is_numpys_argmax_of_throughput_times_efficiency():
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    samples_per_s = rng.uniform(10, 1000, len(BATCHES)) * np.array(BATCHES) ** rng.uniform(0, 1)
+    b_noise = float(np.exp(rng.uniform(np.log(4), np.log(5000))))
+    expected = BATCHES[int(np.argmax(samples_per_s / (1 + np.array(BATCHES) / b_noise)))]
+    table = table_of(dict(zip(BATCHES, samples_per_s)))
+    assert auto_batch.best_batch(BATCHES, Estimate(b_noise, b_noise, b_noise), table) == expected
+
+
+def simulate(decisions, seed):
+  """The loop's use of the rule: a batch's samples/s measured on the first 3 steps it runs
+  (5% noise around a throughput that saturates at 128), a fresh noisy B_noise each decision."""
+  rng = np.random.default_rng(seed)
+  true_throughput = lambda b: 20.0 * min(b, 128)
+  batch, left, rounds, path = 16, None, {}, [16]
+  for _ in range(decisions):
+    rounds.setdefault(batch, true_throughput(batch) * rng.lognormal(0, 0.05, 3))
+    table = {b: Estimate(float(np.exp(np.log(r).mean())), r.min(), r.max())
+             for b, r in rounds.items()}
+    value = 300 * rng.lognormal(0, 0.3)
+    noise = Estimate(value, value * np.exp(-0.6), value * np.exp(0.6))
+    decision = auto_batch.decide(batch, BATCHES, noise, table, margin=0.1, left=left)
+    if decision.batch != batch:
+      left, batch = batch, decision.batch
+      path.append(batch)
+  return path
+
+
+@pytest.mark.parametrize('seed', range(5))
+def test_never_oscillates_over_a_long_noisy_sequence(seed):
+  path = simulate(500, seed)
+  steps = np.sign(np.diff(np.log2(path)))
+  assert np.all(np.abs(np.diff(np.log2(path))) == 1)   # one power of two at a time
+  assert np.count_nonzero(np.diff(steps)) <= 1, path   # at most one turn: a tried batch left
+  assert 32 <= path[-1] <= 256, path
+
+
+# ------------------------------------------------------------------------------ the run's state
+
+
+def settings(**overrides):
+  config = grpo_config.get_config('runlocal,P=auto')
+  config.auto_batch.update(overrides)
+  return config.auto_batch
+
+
+def test_record_skips_the_compiling_step_and_keeps_the_first_probe_steps():
+  state = rebatch.initial_state(grpo_config.get_config('runlocal,P=auto'))
+  row = dict(samples_per_s=5.0, grad_sq_small=2.0, grad_sq_big=1.0, b_small=8.0, b_big=16.0)
+  state = rebatch.record(state, row, measurable=False, settings=settings(probe_steps=2))
+  assert state['throughput'] == {} and len(state['noise_terms']) == 1
+  for value in (6.0, 7.0, 8.0):
+    state = rebatch.record(state, dict(row, samples_per_s=value), True, settings(probe_steps=2))
+  assert state['throughput'] == {'2': [6.0, 7.0]} and len(state['noise_terms']) == 4
+  assert rebatch.measured_rounds(state, settings(probe_steps=2)) == {2: [6.0, 7.0]}
+  assert json.loads(json.dumps(state)) == state   # rides in the checkpoint's JSON meta
+
+
+def test_the_iterator_reads_on_across_a_batch_change_without_repeats():
+  source = [dict(prompt=f'{i}+0=', answer=str(i)) for i in range(50)]
+  one = sources.PromptIterator(source, 4, seed=1)
+  straight = [p for _ in range(10) for p in next(one)['prompt']]   # 40 records of epoch 0
+  small = sources.PromptIterator(source, 4, seed=1)
+  first = [p for _ in range(3) for p in next(small)['prompt']]
+  big = sources.PromptIterator(source, 8, seed=1,
+                               state=sources.continue_with_batch(small.state(), 4))
+  after = [p for _ in range(3) for p in next(big)['prompt']]
+  assert first + after == straight[:36]
+  resumed = sources.PromptIterator(source, 8, seed=1, state=big.state())
+  assert next(resumed) == next(big)   # the new layout's state resumes exactly
+  # Two processes at the new batch read the single process's records between them.
+  halves = [sources.PromptIterator(source, 8, seed=1, process_index=p, process_count=2,
+                                   state=sources.continue_with_batch(small.state(), 4))
+            for p in range(2)]
+  assert sorted(halves[0].__next__()['prompt'] + halves[1].__next__()['prompt']) == sorted(
+      straight[12:20])
+
+
+# ------------------------------------------------------------------------------ config surface
+
+
+def auto_config(**bounds):
+  config = grpo_config.get_config('runlocal,P=auto')
+  config.auto_batch.update(bounds)
+  config.rollout.P = config.auto_batch.min
+  return config
+
+
+def test_p_auto_turns_it_on_at_the_lower_bound_with_a_constant_lr():
+  config = grpo_config.get_config('runlocal,P=auto')
+  assert config.auto_batch.enabled and config.rollout.P == config.auto_batch.min == 2
+  assert config.optimizer.decay == 'constant' and config.train.micro_batch == 8
+  config_checks.check(config, device_count=1, process_count=1)
+  assert not grpo_config.get_config('runlocal').auto_batch.enabled
+  with pytest.raises(ValueError, match="config arg G='auto': expected an integer"):
+    grpo_config.get_config('G=auto')
+
+
+@pytest.mark.parametrize('bounds, message', [
+    (dict(min=8, max=4), r'auto_batch.min \(8\) is larger than auto_batch.max \(4\)'),
+    (dict(min=3, max=32), 'must be powers of two'),
+    (dict(min=2, max=48), 'must be powers of two'),
+    (dict(min=1, max=32), 'auto_batch at rollout.P=1: the noise scale needs 2 micro-batches'),
+])
+def test_bad_bounds_are_one_clear_error(bounds, message):
+  with pytest.raises(ValueError, match=message):
+    config_checks.check(auto_config(**bounds), device_count=1, process_count=1)
+
+
+def test_a_batch_the_mesh_cannot_split_is_named():
+  config = auto_config(min=2, max=32)   # P=2 x G=8 = 16 responses: not over 32 devices
+  with pytest.raises(ValueError, match=r'the batch P\*G \(16\) is not divisible by the '
+                                       'data-parallel size'):   # the batch it starts at
+    config_checks.check(config, device_count=32, process_count=1)
+
+
+def test_a_bigger_batch_that_does_not_fit_is_named():
+  config = auto_config(min=2, max=32)
+  config.data.num_train = 20
+  with pytest.raises(ValueError, match=r'auto_batch at rollout.P=32: data.num_train \(20\) is '
+                                       'smaller than one batch'):
+    config_checks.check(config, device_count=1, process_count=1)
+
+
+def test_a_decaying_lr_is_refused():
+  config = auto_config(min=2, max=32)
+  config.optimizer.decay = 'linear'
+  with pytest.raises(ValueError, match="auto_batch needs optimizer.decay='constant'"):
+    config_checks.check(config, device_count=1, process_count=1)
+
+
+# ------------------------------------------------------------------------------ one short run
+
+TIMING = ('step_time_s', 'rollout_time_s', 'reward_time_s', 'update_time_s', 'samples_per_s',
+          'wallclock_s')
+
+
+def tiny_auto(tmp_path):
+  """A random tiny policy on 1-digit addition, P=4 then 8 (x G=4), samples/s from a file so the
+  schedule is the same on every run: the first decision (step 6) doubles P."""
+  config = grpo_config.get_config('runlocal,P=auto,G=4')
+  config.data.update(dir=str(tmp_path / 'data'), digits=1, num_train=200, num_test=20)
+  config.warmstart.enabled = False
+  config.metrics.update(tensorboard=False, progress=False)
+  throughput = tmp_path / 'throughput.json'
+  throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198]}))
+  config.auto_batch.update(min=4, max=8, every_samples=96, throughput_file=str(throughput))
+  config.rollout.P = 4
+  config.train.update(max_samples=0, max_steps=8, eval_every=4, eval_size=8, micro_batch=8,
+                      checkpoint_every=1, keep_checkpoints=10)
+  return config
+
+
+def without_timing(rows):
+  return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+
+
+def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identically(tmp_path):
+  reference, killed = tmp_path / 'reference', tmp_path / 'killed'
+  loop.train(tiny_auto(tmp_path), str(reference))
+  rows = metrics.read_jsonl(reference / 'metrics.jsonl')
+  steps = [row for row in rows if not row.get('eval')]
+  switch = steps[5]
+  assert (switch['step'], switch['auto_from'], switch['auto_to']) == (6, 4, 8)
+  assert switch['auto_noise_lo'] > 0 and switch['auto_gain_lo'] > 1.1
+  assert [row['batch'] for row in steps] == [16] * 6 + [32] * 2
+  assert steps[-1]['lr'] == pytest.approx(steps[0]['lr'] * 2 ** 0.5, rel=1e-6)   # sqrt rule
+  assert switch['auto_lr'] == pytest.approx(steps[-1]['lr'], rel=1e-6)
+  assert [row['samples'] for row in rows if row.get('eval')] == [0, 64, 128, 160]   # in samples
+  # Killed after step 7, at P=8 mid-schedule (its later checkpoint never written): the resumed
+  # run logs the same rows and ends with the same arrays and schedule.
+  shutil.copytree(reference, killed)
+  shutil.rmtree(killed / 'checkpoints' / '8')
+  loop.train(tiny_auto(tmp_path), str(killed))
+  assert without_timing(metrics.read_jsonl(killed / 'metrics.jsonl')) == without_timing(rows)
+  (state, meta), (ref_state, ref_meta) = (rljax_cli.checkpoints(w)[0][8] for w in (killed, reference))
+  assert rljax_cli.same_arrays(state, ref_state)
+  schedule = lambda m: {k: v for k, v in m['auto_batch'].items() if k != 'throughput'}  # timing
+  assert schedule(meta) == schedule(ref_meta) and meta['auto_batch']['P'] == 8
