@@ -43,13 +43,15 @@ def decode_rows(s):
 def resident_bytes(s):
   """Bytes per chip of the state every phase holds: params, optimizer state, the critic where the
   algorithm has one, KV cache (one row per response, or per decode slot with continuous
-  batching)."""
+  batching, next to one prompt-only row per prompt when G responses share it)."""
   state, cfg = s.algo.state, s.model.cfg
   kv_heads = cfg.num_kv_heads // (s.mesh.shape['tensor'] if cfg.num_kv_heads % s.mesh.shape[
       'tensor'] == 0 else 1)
-  rows = decode_rows(s) // sharding.data_parallel_size(s.mesh)
-  kv_cache = (2 * cfg.num_layers * rows * kv_heads * (s.prompt_len + s.new_tokens) * cfg.head_dim
-              * _itemsize(cfg.dtype))
+  group = run_lib.sampler_group(s.config, s.mesh)
+  rows, prompts = (n // sharding.data_parallel_size(s.mesh) for n in (
+      decode_rows(s), sampler.prompt_cache_rows(s.batch // group, group, s.config.rollout.slots)))
+  kv_cache = (2 * cfg.num_layers * kv_heads * cfg.head_dim * _itemsize(cfg.dtype)
+              * (rows * (s.prompt_len + s.new_tokens) + prompts * (s.prompt_len - 1)))
   memory = dict(params=sharding.bytes_per_device(state['params']),
                 optimizer=sharding.bytes_per_device([v for k, v in state.items()
                                                      if k.endswith('opt_state')]))
@@ -94,9 +96,10 @@ def compile_programs(s, chip, target_name):
   phase (what is resident together), raising ValueError('does not fit') past HBM."""
   resident = check_resident(s, chip, target_name)
   programs = {}
+  group = run_lib.sampler_group(s.config, s.mesh)
   for name, build in (('sampler', lambda: compiled.sampler(
-      s.model, s.algo.state['params'], s.mesh, s.batch, s.prompt_len, s.new_tokens,
-      slots=s.config.rollout.slots)),
+      s.model, s.algo.state['params'], s.mesh, s.batch // group, s.prompt_len, s.new_tokens,
+      slots=s.config.rollout.slots, group=group)),
                       ('update', lambda: compiled.update(s.algo, s.mesh, s.batch, s.prompt_len,
                                                          s.new_tokens))):
     try:

@@ -63,10 +63,12 @@ def batch_struct(shape, dtype, mesh):
   return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(mesh, len(shape)))
 
 
-def sampler(model, params, mesh, batch, prompt_len, new_tokens, greedy=False, slots=0):
-  """The rollout (or, greedy, the evaluation) sampler at `batch` prompts; slots > 0: continuous."""
+def sampler(model, params, mesh, batch, prompt_len, new_tokens, greedy=False, slots=0, group=1):
+  """The rollout (or, greedy, the evaluation) sampler at `batch` prompts, `group` responses each;
+  slots > 0: continuous."""
   sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
-      max_new_tokens=new_tokens, eos_id=1, pad_id=0, greedy=greedy, slots=slots)), mesh)
+      max_new_tokens=new_tokens, eos_id=1, pad_id=0, greedy=greedy, slots=slots, group=group)),
+      mesh)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
   return compile_lowered(sample.lower(params, batch_struct((batch, prompt_len), jnp.int32, mesh),
                                       batch_struct((batch, prompt_len), bool, mesh), key))

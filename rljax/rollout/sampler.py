@@ -290,6 +290,12 @@ def cache_rows(num, slots):
   return min(slots, num) if min(slots, num) >= 2 else num
 
 
+def prompt_cache_rows(num_prompts, group, slots):
+  """Rows of the prompt-only cache (T - 1 slots) generate_continuous holds next to its slots: one
+  per prompt with group > 1 (`prompt_rows`), none otherwise (or under static batching)."""
+  return num_prompts if group > 1 and min(slots, num_prompts * group) >= 2 else 0
+
+
 def generate_continuous(model, params, prompt_PxT, prompt_valid_PxT, keys_Nx2,
                         cfg: SamplingConfig, caps_N=None) -> Rollout:
   """`generate` with per-response keys (N = P x cfg.group), over min(cfg.slots, N) decode slots:
