@@ -296,9 +296,10 @@ def test_h200_plan_beside_measured_from_the_records():
 
 @pytest.mark.e2e
 def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
-  """rollout.slots: the plan holds a KV cache of `slots` rows, not P x G, and the compiled
-  continuous sampler's temporaries do not grow with the responses by cache rows: from 256 to 1024
-  responses by less than a tenth of a KV-cache row per response (its per-response outputs)."""
+  """rollout.slots: the plan holds a KV cache of `slots` rows, not P x G, next to one prompt-only
+  row per prompt (each prefilled once for its G = 8 responses), and the compiled continuous
+  sampler's temporaries grow with the responses by no more than those prompt rows and a tenth of a
+  KV-cache row per response (its per-response outputs): from 256 to 1024 responses."""
   target = targets.parse_target('tpu:v5e-8')
   mesh = sharding.make_mesh(dict(data=8), target.devices())
   temporaries = {}
@@ -307,15 +308,19 @@ def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
     config.rollout.slots = slots
     s = run_lib.abstract_setup(config, mesh)
     m = s.model.cfg
-    row_bytes = 2 * m.num_layers * m.num_kv_heads * (s.prompt_len + s.new_tokens) * m.head_dim * (
+    token_bytes = 2 * m.num_layers * m.num_kv_heads * m.head_dim * (
         np.dtype(jnp.dtype(m.dtype)).itemsize)
+    row_bytes, prompt_bytes = (token_bytes * n for n in (s.prompt_len + s.new_tokens,
+                                                         s.prompt_len - 1))
     assert planner.decode_rows(s) == (slots or P * 8)
-    assert planner.resident_bytes(s)['kv_cache'] == (slots or P * 8) // 8 * row_bytes
+    assert planner.resident_bytes(s)['kv_cache'] == (
+        (slots or P * 8) * row_bytes + bool(slots) * P * prompt_bytes) // 8
     if slots:
-      temporaries[P] = compiled.sampler(s.model, s.algo.state['params'], mesh, s.batch,
-                                        s.prompt_len, s.new_tokens, slots=slots)[
+      temporaries[P] = compiled.sampler(s.model, s.algo.state['params'], mesh, P, s.prompt_len,
+                                        s.new_tokens, slots=slots, group=8)[
                                             'memory']['temporaries']
-  assert 0 <= temporaries[128] - temporaries[32] < (1024 - 256) * row_bytes / 10
+  assert 0 <= temporaries[128] - temporaries[32] < (
+      (1024 - 256) * row_bytes / 10 + (128 - 32) * prompt_bytes)
 
 
 @pytest.mark.parametrize('slots, waves', [(0, 1), (64, 4)])
@@ -348,8 +353,9 @@ def test_the_plan_and_the_preflight_size_the_task_that_trains():
   s = run_lib.abstract_setup(config, sharding.make_mesh(config.mesh, jax.devices()[:1]))
   assert (s.prompt_len, s.new_tokens, s.batch) == (prompt_len, new_tokens, 128)
   kv_row = 2 * s.model.cfg.num_layers * s.model.cfg.num_kv_heads * s.model.cfg.head_dim * 4
-  assert planner.resident_bytes(s)['kv_cache'] == (
-      planner.decode_rows(s) * kv_row * (prompt_len + new_tokens))
+  prompts = config.rollout.P   # continuous batching: each prompt prefilled once, T - 1 columns
+  assert planner.resident_bytes(s)['kv_cache'] == kv_row * (
+      planner.decode_rows(s) * (prompt_len + new_tokens) + prompts * (prompt_len - 1))
 
 
 def test_a_bad_task_name_is_its_own_error_not_no_mesh_fits():
