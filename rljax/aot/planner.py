@@ -40,24 +40,29 @@ def decode_rows(s):
   return sampler.cache_rows(s.batch, s.config.rollout.slots)
 
 
-def resident_bytes(s):
-  """Bytes per chip of the state every phase holds: params, optimizer state, the critic where the
-  algorithm has one, KV cache (one row per response, or per decode slot with continuous
-  batching, next to one prompt-only row per prompt when G responses share it)."""
-  state, cfg = s.algo.state, s.model.cfg
+def kv_cache_bytes(s, group):
+  """Bytes per chip of the sampler's KV cache at `group` responses per prefilled prompt: a row per
+  response, or per decode slot with continuous batching, next to one prompt-only row per prompt
+  there when a group shares it."""
+  cfg = s.model.cfg
   kv_heads = cfg.num_kv_heads // (s.mesh.shape['tensor'] if cfg.num_kv_heads % s.mesh.shape[
       'tensor'] == 0 else 1)
-  group = run_lib.sampler_group(s.config, s.mesh)
   rows, prompts = (n // sharding.data_parallel_size(s.mesh) for n in (
       decode_rows(s), sampler.prompt_cache_rows(s.batch // group, group, s.config.rollout.slots)))
-  kv_cache = (2 * cfg.num_layers * kv_heads * cfg.head_dim * _itemsize(cfg.dtype)
-              * (rows * (s.prompt_len + s.new_tokens) + prompts * (s.prompt_len - 1)))
+  return (2 * cfg.num_layers * kv_heads * cfg.head_dim * _itemsize(cfg.dtype)
+          * (rows * (s.prompt_len + s.new_tokens) + prompts * (s.prompt_len - 1)))
+
+
+def resident_bytes(s):
+  """Bytes per chip of the state every phase holds: params, optimizer state, the critic where the
+  algorithm has one, KV cache (`kv_cache_bytes` of the sampler a run builds)."""
+  state = s.algo.state
   memory = dict(params=sharding.bytes_per_device(state['params']),
                 optimizer=sharding.bytes_per_device([v for k, v in state.items()
                                                      if k.endswith('opt_state')]))
   if 'critic_params' in state:
     memory['critic'] = sharding.bytes_per_device(state['critic_params'])
-  return dict(memory, kv_cache=kv_cache)
+  return dict(memory, kv_cache=kv_cache_bytes(s, run_lib.sampler_group(s.config, s.mesh)))
 
 
 def _itemsize(dtype):
