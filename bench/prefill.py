@@ -5,11 +5,11 @@ side by side in one run; optionally the same samplers compiled for a TPU slice (
   PYTHONPATH=. python bench/prefill.py --preset=cpu --P=4 --G=8 --prompt_len=128 \
       --tpu=tpu:v5e-8 --out=bench/results/cpu/prefill.json
 
-CPU: the prefill's wall time (the jitted `sampler.prefill`, new: with the repeat of the cache
-rows), medians of calls alternated old/new so machine load hits both alike, after checking that
-both build the same cache (tests/tolerance.py's ACROSS_PROGRAMS); and the compiled temporaries
-(XLA's `memory_analysis()`, the KV cache among them) of the whole jitted sampler, static and
-continuous (`--slots`). TPU (`--tpu`): configs/grpo.py's default model at --tpu_P prompts x G
+CPU: after checking that old and new build the same cache (tests/tolerance.py's
+ACROSS_PROGRAMS), the wall seconds of the prefill (the jitted `sampler.prefill`, new: with the
+repeat of the cache rows) and of the whole sampler (static, and continuous over `--slots`; no row
+stops), medians of calls alternated one each per round so machine load hits all alike; and the
+sampler's compiled temporaries (XLA's `memory_analysis()`, the KV cache among them). TPU (`--tpu`): configs/grpo.py's default model at --tpu_P prompts x G
 on the target's compile-only devices, at the task's lengths and at --tpu_lengths: the
 compiled temporaries and the KV cache per chip (rljax.aot.planner.kv_cache_bytes).
 """
@@ -62,19 +62,19 @@ def cpu_record(preset, P, G, prompt_len, new_tokens, slots, repeats):
   jax.tree.map(lambda old, new: np.testing.assert_allclose(
       np.asarray(new, np.float32), np.asarray(old, np.float32), **ACROSS_PROGRAMS),
       caches['old'], caches['new'])
-  seconds = {name: [] for name in prefills}
-  for _ in range(repeats):
-    for name, prefill in prefills.items():
-      seconds[name] += common.timings(prefill, params, *inputs[name], repeats=1, warmup=0)
-  row = dict(P=P, G=G, prompt_len=prompt_len, new_tokens=new_tokens, slots=slots)
-  for name in prefills:
-    row[f'prefill_{name}_ms'] = 1e3 * common.median_spread(seconds[name])[0]
   key = jax.random.PRNGKey(0)
+  calls, row = {}, dict(P=P, G=G, prompt_len=prompt_len, new_tokens=new_tokens, slots=slots)
+  for name, prefill in prefills.items():
+    calls[f'prefill_{name}'] = lambda prefill=prefill, name=name: prefill(params, *inputs[name])
   for schedule, num_slots in (('static', 0), ('continuous', slots)):
     for name, (_, group) in variants(P, G).items():
       sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
           new_tokens, eos_id=-1, slots=num_slots, group=group)), mesh)
       row[f'{schedule}_temp_{name}_MiB'] = temporaries(sample, params, *inputs[name], key) / 2**20
+      calls[f'{schedule}_sampler_{name}'] = lambda sample=sample, name=name: sample(
+          params, *inputs[name], key)
+  for call, seconds in common.alternated(calls, repeats).items():
+    row[f'{call}_s'] = float(np.median(seconds))
   return ratios(row), dict(machine=common.machine(), preset=preset, params=common.param_counts(
       model.cfg), load_1min=common.load_average())
 
