@@ -200,7 +200,8 @@ def generate(model, params, prompt_PxT, prompt_valid_PxT, rng, cfg: SamplingConf
     t, done_B = state[0], state[6]
     return (t < max_len) & ~jnp.all(done_B)
 
-  state = (jnp.int32(0), cache, repeat_rows(prompt_PxT[:, -1], cfg.group), jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
+  state = (jnp.int32(0), cache, repeat_rows(prompt_PxT[:, -1], cfg.group),
+           jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
            jnp.zeros((batch, max_len), jnp.float32), jnp.zeros((batch, max_len), bool),
            jnp.zeros((batch,), bool), rng)
   steps, _, _, tokens_BxL, logp_BxL, mask_BxL, _, _ = jax.lax.while_loop(cond, body, state)
