@@ -3,17 +3,21 @@ prompt rows, group 1) vs each prompt prefilled once for its G responses (new: P 
 side by side in one run; optionally the same samplers compiled for a TPU slice (compile only).
 
   PYTHONPATH=. python bench/prefill.py --preset=cpu --P=4 --G=8 --prompt_len=128 \
-      --tpu=tpu:v5e-8 --out=bench/results/cpu/prefill.json
+      --tpu=tpu:v5e-8 --tpu_slots=0 --out=bench/results/cpu/prefill.json
 
 CPU: after checking that old and new build the same cache (tests/tolerance.py's
 ACROSS_PROGRAMS), the wall seconds of the prefill (the jitted `sampler.prefill`, new: with the
 repeat of the cache rows) and of the whole sampler (static, and continuous over `--slots`; no row
 stops), medians of calls alternated one each per round so machine load hits all alike; and the
-sampler's compiled temporaries (XLA's `memory_analysis()`, the KV cache among them). TPU (`--tpu`): configs/grpo.py's default model at --tpu_P prompts x G
-on the target's compile-only devices, at the task's lengths and at --tpu_lengths: the
-compiled temporaries and the KV cache per chip (rljax.aot.planner.kv_cache_bytes).
+sampler's compiled temporaries (XLA's `memory_analysis()`, the KV cache among them).
+
+TPU (`--tpu`): configs/grpo.py's default model at --tpu_P prompts x G on the target's
+compile-only devices, at the task's lengths and at --tpu_lengths, static and (`--tpu_slots` > 0)
+continuous: the compiled temporaries (past HBM: what libtpu says they need) and the KV cache per
+chip (rljax.aot.planner.kv_cache_bytes).
 """
 import argparse
+import re
 import sys
 
 import jax
@@ -94,7 +98,7 @@ def tpu_rows(target_name, P, G, slots, lengths):
   config = grpo_config.get_config(f'P={P},G={G}')
   mesh = sharding.make_mesh(config.mesh, target.devices())
   rows = []
-  for num_slots in (0, slots):
+  for num_slots in sorted({0, slots}):   # static, and continuous unless slots is 0
     config.rollout.slots = num_slots
     s = run_lib.abstract_setup(config, mesh)
     for prompt_len, new_tokens in [(s.prompt_len, s.new_tokens)] + lengths:
@@ -103,12 +107,20 @@ def tpu_rows(target_name, P, G, slots, lengths):
                  slots=num_slots)
       for name, (prompts, group) in variants(P, G).items():
         row[f'kv_{name}_MiB'] = planner.kv_cache_bytes(at, group) / 2**20
-        row[f'temp_{name}_MiB'] = programs.sampler(
-            s.model, s.algo.state['params'], mesh, prompts, prompt_len, new_tokens, slots=num_slots,
-            group=group)['memory']['temporaries'] / 2**20
+        row[f'temp_{name}_MiB'] = tpu_temporaries(s, mesh, prompts, prompt_len, new_tokens,
+                                                  num_slots, group) / 2**20
       rows.append(ratios(row))
       print(common.table([row], list(row)), flush=True)
   return rows
+
+
+def tpu_temporaries(s, mesh, prompts, prompt_len, new_tokens, slots, group):
+  """The compiled sampler's temporaries per chip, or past HBM the bytes libtpu says it needs."""
+  try:
+    return programs.sampler(s.model, s.algo.state['params'], mesh, prompts, prompt_len, new_tokens,
+                            slots=slots, group=group)['memory']['temporaries']
+  except MemoryError as error:   # '... required for HLO temporaries (43.23G) exceeds ...'
+    return float(re.search(r'temporaries \(([\d.]+)G\)', str(error)).group(1)) * 2**30
 
 
 def length_pairs(text):
@@ -130,8 +142,8 @@ def main(argv):
   parser.add_argument('--repeats', type=common.positive_int, default=5)
   parser.add_argument('--tpu', default='', help='a target of rljax.aot.targets, e.g. tpu:v5e-8')
   parser.add_argument('--tpu_P', type=common.positive_int, default=1024)
-  parser.add_argument('--tpu_slots', type=common.positive_int, default=256)
-  parser.add_argument('--tpu_lengths', type=length_pairs, default='512:128')
+  parser.add_argument('--tpu_slots', type=int, default=256, help='0: static batching only')
+  parser.add_argument('--tpu_lengths', type=length_pairs, default='128:32')
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
   row, record = cpu_record(args.preset, args.P, args.G, args.prompt_len, args.new_tokens,
