@@ -4,6 +4,7 @@ decode loop moves activations only (no weights, no partial sums of the experts),
 is one clear error."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -363,3 +364,28 @@ def test_a_bad_task_name_is_its_own_error_not_no_mesh_fits():
   config.data.name = 'bogus'
   with pytest.raises(ValueError, match=r"^data.name must be one of \["):
     planner.plan(config, targets.parse_target('tpu:v5e-4'), compile_programs_too=False)
+
+
+@pytest.mark.e2e   # a TPU compile
+def test_tpu_decode_step_writes_the_kv_cache_in_place():
+  """Compiled for a TPU v5e-8 (compile only), one decoding step writes each layer's keys and
+  values in place: every cache output aliases its donated input, a dynamic-update-slice writes
+  straight into each cache parameter, and nothing copies a cache. The cache (256 MiB a layer
+  per chip) is larger than the chip's on-chip memory: a small one is copied there and back (memory
+  space assignment), which is no copy of the cache in HBM."""
+  mesh = sharding.make_mesh(dict(data=8), targets.parse_target('tpu:v5e-8').devices())
+  cfg = run_lib.abstract_setup(grpo_config.get_config('runlocal,P=8'), mesh).model.cfg
+  batch, slots = 512, 16384
+  hlo = compiled.decode_step_lowered(cfg, mesh, batch, slots).compile().as_text()
+  [module] = [line for line in hlo.splitlines() if line.startswith('HloModule')]
+  aliased = {int(n) for n in re.findall(r'\{(\d+)\}: \(\d+, \{\}, may-alias\)', module)}
+  caches = 2 * cfg.num_layers   # outputs 1.. after the logits: keys and values of each layer
+  assert aliased == set(range(1, 1 + caches)), module
+  dtype = {'float32': 'f32', 'bfloat16': 'bf16'}[jnp.dtype(cfg.dtype).name]
+  cache = re.escape(f'{dtype}[{batch // 8},{cfg.num_kv_heads},{slots},{cfg.head_dim}]')
+  params = re.findall(rf'%(\S+) = {cache}\S* parameter\(\d+\).*op_name="cache\.[kv]\[', hlo)
+  assert len(params) == caches   # the cache's shape is the one searched for
+  written = re.findall(rf'= {cache}\S* dynamic-update-slice\(%([^,]+),', hlo)
+  assert sorted(written) == sorted(params)
+  assert not [line for line in hlo.splitlines() if re.search(cache, line) and re.search(
+      r' copy(-start|-done)?\(', line)]
