@@ -132,6 +132,24 @@ def test_sampling_bench_refuses_to_time_a_wrong_draw(monkeypatch):
     sampling.run(rows=4, vocab=32, rounds=1)
 
 
+def test_prefill_bench_checks_and_measures_both_ways():
+  from bench import prefill   # pylint: disable=import-outside-toplevel
+  row, _ = prefill.cpu_record('tiny', P=8, G=2, prompt_len=6, new_tokens=3, slots=8, repeats=1)
+  for measured in ('prefill', 'static_sampler', 'continuous_sampler'):
+    assert row[f'{measured}_old_s'] > 0 and row[f'{measured}_new_s'] > 0
+    assert row[f'{measured}_new/old'] == row[f'{measured}_new_s'] / row[f'{measured}_old_s']
+  assert row['static_temp_new_MiB'] < row['static_temp_old_MiB']   # prefill activations of P rows
+
+
+def test_prefill_bench_refuses_to_time_a_wrong_cache(monkeypatch):
+  """Rows in the wrong order (tiled, not repeated): the new cache differs from the old."""
+  from bench import prefill   # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(sampler_lib, 'repeat_rows',
+                      lambda x, group: jnp.tile(x, (group,) + (1,) * (x.ndim - 1)))
+  with pytest.raises(AssertionError, match='Not equal to tolerance'):
+    prefill.cpu_record('tiny', P=8, G=2, prompt_len=6, new_tokens=3, slots=8, repeats=1)
+
+
 @pytest.mark.parametrize('text', ['64x', '64x2x3', '0x8', 'ax8'])
 def test_sampling_bench_rejects_bad_shapes(text, capsys):
   from bench import sampling   # pylint: disable=import-outside-toplevel
@@ -168,7 +186,8 @@ def test_ab_rejects_bad_arguments(args, capsys):
 @pytest.mark.parametrize('script,args', [
     ('sampler', ['--batches=1,0']), ('sampler', ['--lengths=16,x']), ('sampler', ['--repeats=0']),
     ('train_step', ['--batch=64', '--micro=24']), ('train_step', ['--micro=']),
-    ('rl_step', ['--preset=peer']), ('rl_step', ['--P=8,-1']), ('peers', ['--batches=1,,8'])])
+    ('rl_step', ['--preset=peer']), ('rl_step', ['--P=8,-1']), ('peers', ['--batches=1,,8']),
+    ('prefill', ['--G=0']), ('prefill', ['--tpu_lengths=512'])])
 def test_benchmarks_reject_bad_arguments_in_one_line(script, args, capsys):
   """Each benchmark's command line: bad input is one argparse error and exit 2, before any model
   is built (no traceback from deep inside a run)."""

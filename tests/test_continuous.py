@@ -72,6 +72,26 @@ def test_equal_to_static_with_per_response_keys(slots, sampling):
     assert not np.array_equal(np.asarray(other.tokens_BxL), np.asarray(static.tokens_BxL))
 
 
+@pytest.mark.parametrize('slots', [5, pytest.param(16, marks=pytest.mark.e2e)])   # 16: > P x G
+def test_a_group_prefills_each_prompt_once_and_equals_static_on_repeated_prompts(slots):
+  """group G on P prompts (each prefilled once, its cache rows copied into every slot that
+  decodes one of its responses) returns what the static sampler returns on the prompts repeated G
+  times, group-major, with the same per-response keys: tokens exactly, log-probs within
+  tolerance.ACROSS_PROGRAMS (different programs)."""
+  P, G = 3, 4
+  params = random_params_lib.for_model(CFG, 2)
+  prompt_PxT, valid_PxT, _ = inputs(5, P)
+  caps_N = np.random.default_rng(6).permutation(np.resize(np.arange(1, L + 1), P * G))
+  rng = jax.random.PRNGKey(7)
+  static = static_sampler(sampler_lib.SamplingConfig(L, EOS, PAD))(
+      params, np.repeat(prompt_PxT, G, 0), np.repeat(valid_PxT, G, 0),
+      sampler_lib.response_keys(rng, P * G), caps_N)
+  grouped = sampler_lib.make_sampler(MODEL, sampler_lib.SamplingConfig(
+      L, EOS, PAD, slots=slots, group=G))(params, prompt_PxT, valid_PxT, rng, caps_N)
+  assert_rollouts_equal(static, grouped)
+  assert 0 < np.asarray(grouped.lengths_B).min()   # every response decoded
+
+
 def simulated_steps(caps_N, slots, rows):
   """Plain-numpy slots: before each step, while at least `rows` slots (or as many as prompts are
   left) are free, the lowest-numbered free slots take the next pending prompts, `rows` at a time.

@@ -4,6 +4,7 @@ decode loop moves activations only (no weights, no partial sums of the experts),
 is one clear error."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -296,9 +297,10 @@ def test_h200_plan_beside_measured_from_the_records():
 
 @pytest.mark.e2e
 def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
-  """rollout.slots: the plan holds a KV cache of `slots` rows, not P x G, and the compiled
-  continuous sampler's temporaries do not grow with the responses by cache rows: from 256 to 1024
-  responses by less than a tenth of a KV-cache row per response (its per-response outputs)."""
+  """rollout.slots: the plan holds a KV cache of `slots` rows, not P x G, next to one prompt-only
+  row per prompt (each prefilled once for its G = 8 responses), and the compiled continuous
+  sampler's temporaries grow with the responses by no more than those prompt rows and a tenth of a
+  KV-cache row per response (its per-response outputs): from 256 to 1024 responses."""
   target = targets.parse_target('tpu:v5e-8')
   mesh = sharding.make_mesh(dict(data=8), target.devices())
   temporaries = {}
@@ -307,15 +309,19 @@ def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
     config.rollout.slots = slots
     s = run_lib.abstract_setup(config, mesh)
     m = s.model.cfg
-    row_bytes = 2 * m.num_layers * m.num_kv_heads * (s.prompt_len + s.new_tokens) * m.head_dim * (
+    token_bytes = 2 * m.num_layers * m.num_kv_heads * m.head_dim * (
         np.dtype(jnp.dtype(m.dtype)).itemsize)
+    row_bytes, prompt_bytes = (token_bytes * n for n in (s.prompt_len + s.new_tokens,
+                                                         s.prompt_len - 1))
     assert planner.decode_rows(s) == (slots or P * 8)
-    assert planner.resident_bytes(s)['kv_cache'] == (slots or P * 8) // 8 * row_bytes
+    assert planner.resident_bytes(s)['kv_cache'] == (
+        (slots or P * 8) * row_bytes + bool(slots) * P * prompt_bytes) // 8
     if slots:
-      temporaries[P] = compiled.sampler(s.model, s.algo.state['params'], mesh, s.batch,
-                                        s.prompt_len, s.new_tokens, slots=slots)[
+      temporaries[P] = compiled.sampler(s.model, s.algo.state['params'], mesh, P, s.prompt_len,
+                                        s.new_tokens, slots=slots, group=8)[
                                             'memory']['temporaries']
-  assert 0 <= temporaries[128] - temporaries[32] < (1024 - 256) * row_bytes / 10
+  assert 0 <= temporaries[128] - temporaries[32] < (
+      (1024 - 256) * row_bytes / 10 + (128 - 32) * prompt_bytes)
 
 
 @pytest.mark.parametrize('slots, waves', [(0, 1), (64, 4)])
@@ -348,8 +354,9 @@ def test_the_plan_and_the_preflight_size_the_task_that_trains():
   s = run_lib.abstract_setup(config, sharding.make_mesh(config.mesh, jax.devices()[:1]))
   assert (s.prompt_len, s.new_tokens, s.batch) == (prompt_len, new_tokens, 128)
   kv_row = 2 * s.model.cfg.num_layers * s.model.cfg.num_kv_heads * s.model.cfg.head_dim * 4
-  assert planner.resident_bytes(s)['kv_cache'] == (
-      planner.decode_rows(s) * kv_row * (prompt_len + new_tokens))
+  prompts = config.rollout.P   # continuous batching: each prompt prefilled once, T - 1 columns
+  assert planner.resident_bytes(s)['kv_cache'] == kv_row * (
+      planner.decode_rows(s) * (prompt_len + new_tokens) + prompts * (prompt_len - 1))
 
 
 def test_a_bad_task_name_is_its_own_error_not_no_mesh_fits():
@@ -357,3 +364,28 @@ def test_a_bad_task_name_is_its_own_error_not_no_mesh_fits():
   config.data.name = 'bogus'
   with pytest.raises(ValueError, match=r"^data.name must be one of \["):
     planner.plan(config, targets.parse_target('tpu:v5e-4'), compile_programs_too=False)
+
+
+@pytest.mark.e2e   # a TPU compile
+def test_tpu_decode_step_writes_the_kv_cache_in_place():
+  """Compiled for a TPU v5e-8 (compile only), one decoding step writes each layer's keys and
+  values in place: every cache output aliases its donated input, a dynamic-update-slice writes
+  straight into each cache parameter, and nothing copies a cache. The cache (256 MiB a layer
+  per chip) is larger than the chip's on-chip memory: a small one is copied there and back (memory
+  space assignment), which is no copy of the cache in HBM."""
+  mesh = sharding.make_mesh(dict(data=8), targets.parse_target('tpu:v5e-8').devices())
+  cfg = run_lib.abstract_setup(grpo_config.get_config('runlocal,P=8'), mesh).model.cfg
+  batch, slots = 512, 16384
+  hlo = compiled.decode_step_lowered(cfg, mesh, batch, slots).compile().as_text()
+  [module] = [line for line in hlo.splitlines() if line.startswith('HloModule')]
+  aliased = {int(n) for n in re.findall(r'\{(\d+)\}: \(\d+, \{\}, may-alias\)', module)}
+  caches = 2 * cfg.num_layers   # outputs 1.. after the logits: keys and values of each layer
+  assert aliased == set(range(1, 1 + caches)), module
+  dtype = {'float32': 'f32', 'bfloat16': 'bf16'}[jnp.dtype(cfg.dtype).name]
+  cache = re.escape(f'{dtype}[{batch // 8},{cfg.num_kv_heads},{slots},{cfg.head_dim}]')
+  params = re.findall(rf'%(\S+) = {cache}\S* parameter\(\d+\).*op_name="cache\.[kv]\[', hlo)
+  assert len(params) == caches   # the cache's shape is the one searched for
+  written = re.findall(rf'= {cache}\S* dynamic-update-slice\(%([^,]+),', hlo)
+  assert sorted(written) == sorted(params)
+  assert not [line for line in hlo.splitlines() if re.search(cache, line) and re.search(
+      r' copy(-start|-done)?\(', line)]

@@ -18,6 +18,7 @@ from rljax import policy_loss
 from rljax.rollout import sampler as sampler_lib
 
 import random_params as random_params_lib
+import tolerance
 
 V, EOS, PAD = 16, 1, 0
 PROMPT_LEN, MAX_NEW = 6, 6
@@ -259,6 +260,31 @@ def test_compiles_once_per_shape(samplers):
   assert TRACES[cfg] == traces
   if hasattr(sampler, '_cache_size'):
     assert sampler._cache_size() == 1
+
+
+@pytest.mark.parametrize('per_row_keys', [False, True])
+def test_a_group_prefills_each_prompt_once_and_samples_what_repeated_prompts_sample(per_row_keys):
+  """group G on P prompts (each prefilled once, its cache rows repeated) returns what group 1
+  returns on the prompts repeated G times, rows p*G .. p*G+G-1 for prompt p, with the same key
+  (split every step, or one per response): tokens and masks exactly, log-probs within
+  tolerance.ACROSS_PROGRAMS (two compiled programs: a prefill of P rows and one of P x G)."""
+  G, lengths = 4, [6, 2, 4]
+  params = random_params(2)
+  prompt_PxT, valid_PxT = prompts(6, lengths=lengths)
+  rng = jax.random.PRNGKey(9)
+  keys = sampler_lib.response_keys(rng, len(lengths) * G) if per_row_keys else rng
+  cfg = sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD)
+  repeated = sampler_lib.make_sampler(MODEL, cfg)(
+      params, jnp.repeat(prompt_PxT, G, axis=0), jnp.repeat(valid_PxT, G, axis=0), keys)
+  grouped = sampler_lib.make_sampler(MODEL, dataclasses.replace(cfg, group=G))(
+      params, prompt_PxT, valid_PxT, keys)
+  repeated, grouped = jax.device_get((repeated, grouped))
+  np.testing.assert_array_equal(grouped.tokens_BxL, repeated.tokens_BxL)
+  np.testing.assert_array_equal(grouped.mask_BxL, repeated.mask_BxL)
+  np.testing.assert_allclose(grouped.logp_BxL, repeated.logp_BxL, **tolerance.ACROSS_PROGRAMS)
+  check_stop_structure(grouped)
+  tokens_PxGxL = grouped.tokens_BxL.reshape(len(lengths), G, MAX_NEW)
+  assert all(len({row.tobytes() for row in group}) > 1 for group in tokens_PxGxL)   # own keys
 
 
 @pytest.mark.parametrize('lengths', [LENGTHS, [5]])

@@ -41,22 +41,29 @@ def decode_rows(s):
   return sampler.cache_rows(s.batch, s.config.rollout.slots)
 
 
-def resident_bytes(s):
-  """Bytes per chip of the state every phase holds: params, optimizer state, the critic where the
-  algorithm has one, KV cache (one row per response, or per decode slot with continuous
-  batching)."""
-  state, cfg = s.algo.state, s.model.cfg
+def kv_cache_bytes(s, group):
+  """Bytes per chip of the sampler's KV cache at `group` responses per prefilled prompt: a row per
+  response, or per decode slot with continuous batching, next to one prompt-only row per prompt
+  there when a group shares it."""
+  cfg = s.model.cfg
   kv_heads = cfg.num_kv_heads // (s.mesh.shape['tensor'] if cfg.num_kv_heads % s.mesh.shape[
       'tensor'] == 0 else 1)
-  rows = decode_rows(s) // sharding.data_parallel_size(s.mesh)
-  kv_cache = (2 * cfg.num_layers * rows * kv_heads * (s.prompt_len + s.new_tokens) * cfg.head_dim
-              * _itemsize(cfg.dtype))
+  rows, prompts = (n // sharding.data_parallel_size(s.mesh) for n in (
+      decode_rows(s), sampler.prompt_cache_rows(s.batch // group, group, s.config.rollout.slots)))
+  return (2 * cfg.num_layers * kv_heads * cfg.head_dim * _itemsize(cfg.dtype)
+          * (rows * (s.prompt_len + s.new_tokens) + prompts * (s.prompt_len - 1)))
+
+
+def resident_bytes(s):
+  """Bytes per chip of the state every phase holds: params, optimizer state, the critic where the
+  algorithm has one, KV cache (`kv_cache_bytes` of the sampler a run builds)."""
+  state = s.algo.state
   memory = dict(params=sharding.bytes_per_device(state['params']),
                 optimizer=sharding.bytes_per_device([v for k, v in state.items()
                                                      if k.endswith('opt_state')]))
   if 'critic_params' in state:
     memory['critic'] = sharding.bytes_per_device(state['critic_params'])
-  return dict(memory, kv_cache=kv_cache)
+  return dict(memory, kv_cache=kv_cache_bytes(s, run_lib.sampler_group(s.config, s.mesh)))
 
 
 def _itemsize(dtype):
@@ -95,9 +102,10 @@ def compile_programs(s, chip, target_name):
   phase (what is resident together), raising ValueError('does not fit') past HBM."""
   resident = check_resident(s, chip, target_name)
   programs = {}
+  group = run_lib.sampler_group(s.config, s.mesh)
   for name, build in (('sampler', lambda: compiled.sampler(
-      s.model, s.algo.state['params'], s.mesh, s.batch, s.prompt_len, s.new_tokens,
-      slots=s.config.rollout.slots)),
+      s.model, s.algo.state['params'], s.mesh, s.batch // group, s.prompt_len, s.new_tokens,
+      slots=s.config.rollout.slots, group=group)),
                       ('update', lambda: compiled.update(s.algo, s.mesh, s.batch, s.prompt_len,
                                                          s.new_tokens))):
     try:

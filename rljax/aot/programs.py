@@ -63,10 +63,12 @@ def batch_struct(shape, dtype, mesh):
   return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(mesh, len(shape)))
 
 
-def sampler(model, params, mesh, batch, prompt_len, new_tokens, greedy=False, slots=0):
-  """The rollout (or, greedy, the evaluation) sampler at `batch` prompts; slots > 0: continuous."""
+def sampler(model, params, mesh, batch, prompt_len, new_tokens, greedy=False, slots=0, group=1):
+  """The rollout (or, greedy, the evaluation) sampler at `batch` prompts, `group` responses each;
+  slots > 0: continuous."""
   sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
-      max_new_tokens=new_tokens, eos_id=1, pad_id=0, greedy=greedy, slots=slots)), mesh)
+      max_new_tokens=new_tokens, eos_id=1, pad_id=0, greedy=greedy, slots=slots, group=group)),
+      mesh)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
   return compile_lowered(sample.lower(params, batch_struct((batch, prompt_len), jnp.int32, mesh),
                                       batch_struct((batch, prompt_len), bool, mesh), key))
@@ -91,8 +93,14 @@ def update(algo, mesh, batch, prompt_len, new_tokens):
 
 
 def decode_step(cfg, mesh, batch, slots):
-  """One decoding step (one token per row against a cache of `slots`) of the unrolled model, its
-  parameters laid out as rljax.model.transformer.decoding_params lays them out for the decode loop."""
+  """`compile_lowered` of `decode_step_lowered`."""
+  return compile_lowered(decode_step_lowered(cfg, mesh, batch, slots))
+
+
+def decode_step_lowered(cfg, mesh, batch, slots):
+  """One decoding step (one token per row against a cache of `slots`, donated) of the unrolled
+  model, its parameters laid out as rljax.model.transformer.decoding_params lays them out for the
+  decode loop; lowered, not compiled."""
   decoder = model_lib.Transformer(cfg, unrolled=True)
   is_box = lambda x: isinstance(x, nn.Partitioned)
   def struct(box):
@@ -111,10 +119,9 @@ def decode_step(cfg, mesh, batch, slots):
     return logits_Bx1xV, cache
 
   scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(mesh))
-  lowered = sharding.on_mesh(jax.jit(step, donate_argnums=1), mesh).lower(
+  return sharding.on_mesh(jax.jit(step, donate_argnums=1), mesh).lower(
       params, cache, batch_struct((batch,), jnp.int32, mesh),
       batch_struct((batch, slots), bool, mesh), scalar, batch_struct((batch,), jnp.int32, mesh))
-  return compile_lowered(lowered)
 
 
 def layer_gradient(cfg, mesh, batch, length):

@@ -11,6 +11,11 @@ Two schedules, one jitted call each:
   prompt as soon as its response stops, so finished rows do not ride along as padding.
 With per-response keys (`response_keys`: token t of response n draws with fold_in(key_n, t)) both
 schedules return the same tokens and log-probs, whatever order the rows finish in.
+
+With `group` G > 1 (GRPO's G responses per prompt) the sampler takes P prompts and returns P x G
+responses, group-major (prompt p's are rows p*G .. p*G+G-1): each prompt is prefilled once and its
+KV cache rows are repeated (static) or copied into each slot it is decoded in (continuous), so the
+decode loop, its keys and its tokens are those of the P x G repeated prompts.
 """
 import dataclasses
 from typing import NamedTuple
@@ -33,10 +38,13 @@ class SamplingConfig:
   top_p: float = 1.0    # 1.0: no nucleus filter
   greedy: bool = False
   slots: int = 0        # 0: static batching; S > 0: S continuous-batching decode slots
+  group: int = 1        # responses per prompt: P prompts in, P x group responses out
 
   def __post_init__(self):
     if self.slots < 0:
       raise ValueError(f'rollout.slots must be >= 0 (0: static batching), got {self.slots}')
+    if self.group < 1:
+      raise ValueError(f'the sampler group (responses per prompt) must be >= 1, got {self.group}')
 
 
 class Rollout(NamedTuple):
@@ -119,37 +127,56 @@ def shard_cache(cache):
   return jax.lax.with_sharding_constraint(cache, jax.tree.map(lambda _: spec, cache))
 
 
-def prefill(model, params, prompt_BxT, prompt_valid_BxT, max_new_tokens):
+def repeat_rows(x_PxN, group):
+  """Each row `group` times in a row: row p becomes rows p*G .. p*G+G-1 (group-major)."""
+  return x_PxN if group == 1 else jnp.repeat(x_PxN, group, axis=0)
+
+
+def repeat_cache(cache, rows, group):
+  """A KV cache of `rows` rows with each row repeated `group` times (KVCache has no batch axis at
+  one row)."""
+  def repeat(x):
+    x_RxKxSxH = repeat_rows(x.reshape(rows, *x.shape[-3:]), group)
+    return x_RxKxSxH.reshape((rows * group,) * (rows * group > 1) + x.shape[-3:])
+  return jax.tree.map(repeat, cache)
+
+
+def prefill(model, params, prompt_PxT, prompt_valid_PxT, max_new_tokens, group=1):
   """The decoding setup of `generate`: the unrolled model, its parameters split by layer (once per
-  call, rljax.model.transformer), and the KV cache holding every prompt column but the last, which the decode
-  loop feeds first. Returns (decoder, variables, cache, kv_valid_BxS, positions_BxT)."""
-  batch, prompt_len = prompt_BxT.shape
+  call, rljax.model.transformer), and the KV cache holding every prompt column but the last, which
+  the decode loop feeds first. Each prompt is prefilled once; its cache row is then repeated
+  `group` times. Returns (decoder, variables, cache, kv_valid_BxS, positions_BxT), B = P x group."""
+  num_prompts, prompt_len = prompt_PxT.shape
   decoder = model_lib.Transformer(model.cfg, unrolled=True)
   variables = {'params': model_lib.decoding_params(params, model.cfg)}
-  cache = shard_cache(model_lib.KVCache.zeros(model.cfg, batch, prompt_len + max_new_tokens))
-  kv_valid_BxS = jnp.concatenate([prompt_valid_BxT, jnp.ones((batch, max_new_tokens), bool)],
-                                 axis=1)
-  positions_BxT = model_lib.positions_from_valid(prompt_valid_BxT)
+  cache = shard_cache(model_lib.KVCache.zeros(model.cfg, num_prompts, prompt_len + max_new_tokens))
+  kv_valid_PxS = jnp.concatenate(
+      [prompt_valid_PxT, jnp.ones((num_prompts, max_new_tokens), bool)], axis=1)
+  positions_PxT = model_lib.positions_from_valid(prompt_valid_PxT)
   if prompt_len > 1:
-    _, cache, _ = decoder.apply(variables, prompt_BxT[:, :-1], kv_valid_BxS, cache, 0,
-                                positions_BxT[:, :-1], method='hidden')
-  return decoder, variables, cache, kv_valid_BxS, positions_BxT
+    _, cache, _ = decoder.apply(variables, prompt_PxT[:, :-1], kv_valid_PxS, cache, 0,
+                                positions_PxT[:, :-1], method='hidden')
+  if group > 1:
+    cache = shard_cache(repeat_cache(cache, num_prompts, group))
+  return (decoder, variables, cache, repeat_rows(kv_valid_PxS, group),
+          repeat_rows(positions_PxT, group))
 
 
-def generate(model, params, prompt_BxT, prompt_valid_BxT, rng, cfg: SamplingConfig,
+def generate(model, params, prompt_PxT, prompt_valid_PxT, rng, cfg: SamplingConfig,
              caps_B=None) -> Rollout:
-  """Samples up to `cfg.max_new_tokens` tokens for every prompt. Jit with model and cfg static.
+  """Samples up to `cfg.max_new_tokens` tokens for each of `cfg.group` responses per prompt (B =
+  P x group rows, group-major). Jit with model and cfg static.
 
   After `prefill`, each loop step feeds one token (the last prompt column first: a real token in
   every row, prompts are left-padded) and samples the next, so there is exactly one decode per
   sampled token and no branch in the loop. `rng`: one key (split every step), or one key per row
   ([B, 2], `response_keys`). `caps_B`: per-row response budgets (a row stops after that many).
   """
-  batch, prompt_len = prompt_BxT.shape
-  max_len = cfg.max_new_tokens
+  prompt_len = prompt_PxT.shape[1]
+  batch, max_len = prompt_PxT.shape[0] * cfg.group, cfg.max_new_tokens
   per_row_keys = rng.ndim == 2
   decoder, variables, cache, kv_valid_BxS, positions_BxT = prefill(
-      model, params, prompt_BxT, prompt_valid_BxT, max_len)
+      model, params, prompt_PxT, prompt_valid_PxT, max_len, cfg.group)
 
   def body(state):
     t, cache, token_B, tokens_BxL, logp_BxL, mask_BxL, done_B, rng = state
@@ -173,7 +200,8 @@ def generate(model, params, prompt_BxT, prompt_valid_BxT, rng, cfg: SamplingConf
     t, done_B = state[0], state[6]
     return (t < max_len) & ~jnp.all(done_B)
 
-  state = (jnp.int32(0), cache, prompt_BxT[:, -1], jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
+  state = (jnp.int32(0), cache, repeat_rows(prompt_PxT[:, -1], cfg.group),
+           jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
            jnp.zeros((batch, max_len), jnp.float32), jnp.zeros((batch, max_len), bool),
            jnp.zeros((batch,), bool), rng)
   steps, _, _, tokens_BxL, logp_BxL, mask_BxL, _, _ = jax.lax.while_loop(cond, body, state)
@@ -211,24 +239,44 @@ def refill_rows(slots):
   return min(slots, max(4, slots // 8))
 
 
-def refill(decoder, variables, prompt_NxT, valid_NxT, cache, kv_valid_SxC, slots, pending, rows):
-  """Prefills the next `rows` pending prompts into the first free slots (fewer if fewer are free
-  or pending). Returns (cache, kv_valid_SxC, slots, pending)."""
-  num, prompt_len = prompt_NxT.shape
+def prompt_cache(decoder, variables, prompt_RxT, valid_RxT):
+  """Keys and values of every prompt column but the last: a KV cache of R rows, T - 1 slots."""
+  rows, prompt_len = prompt_RxT.shape
+  cache = model_lib.KVCache.zeros(decoder.cfg, rows, prompt_len - 1)
+  _, cache, _ = decoder.apply(variables, prompt_RxT[:, :-1], valid_RxT[:, :-1], cache, 0,
+                              model_lib.positions_from_valid(valid_RxT)[:, :-1], method='hidden')
+  return cache
+
+
+def prompt_rows(decoder, variables, prompt_PxT, valid_PxT, group):
+  """`prompt_R -> those prompts' cache rows` for `refill`. With group > 1 every prompt is
+  prefilled once, up front, and a refill copies its rows; at group 1 nothing is shared, so a
+  refill prefills its own prompts and no cache of every prompt is held."""
+  if group == 1:
+    return lambda prompt_R: prompt_cache(decoder, variables, prompt_PxT[prompt_R],
+                                         valid_PxT[prompt_R])
+  num_prompts = prompt_PxT.shape[0]
+  every = shard_cache(prompt_cache(decoder, variables, prompt_PxT, valid_PxT))
+  return lambda prompt_R: jax.tree.map(
+      lambda x: x.reshape(num_prompts, *x.shape[-3:])[prompt_R], every)
+
+
+def refill(prompt_kv, prompt_PxT, valid_PxT, group, cache, kv_valid_SxC, slots, pending, rows):
+  """Puts the next `rows` pending responses, their prompts' cache rows from `prompt_kv`
+  (`prompt_rows`), into the first free slots (fewer if fewer are free or pending). Response n is
+  of prompt n // group. Returns (cache, kv_valid_SxC, slots, pending)."""
+  num, prompt_len = prompt_PxT.shape[0] * group, prompt_PxT.shape[1]
   num_slots = slots.active_S.shape[0]
   free_R = jnp.argsort(slots.active_S, stable=True)[:rows]   # free slots first
   count = jnp.minimum(jnp.minimum(jnp.sum(~slots.active_S), num - pending), rows)
   taken_R = jnp.arange(rows) < count
   target_R = jnp.where(taken_R, free_R, num_slots)           # out of range: dropped
-  response_R = jnp.minimum(pending + jnp.arange(rows), num - 1)
-  prompt_RxT, valid_RxT = prompt_NxT[response_R], valid_NxT[response_R]
+  prompt_R = jnp.minimum(pending + jnp.arange(rows), num - 1) // group
+  prompt_RxT, valid_RxT = prompt_PxT[prompt_R], valid_PxT[prompt_R]
   if prompt_len > 1:
-    new = model_lib.KVCache.zeros(decoder.cfg, rows, prompt_len - 1)
-    _, new, _ = decoder.apply(variables, prompt_RxT[:, :-1], valid_RxT[:, :-1], new, 0,
-                              model_lib.positions_from_valid(valid_RxT)[:, :-1], method='hidden')
     put = lambda big, small: big.at[target_R, :, :prompt_len - 1].set(
         small.reshape(rows, *small.shape[-3:]), mode='drop')
-    cache = jax.tree.map(put, cache, new)
+    cache = jax.tree.map(put, cache, prompt_kv(prompt_R))
   kv_valid_SxC = kv_valid_SxC.at[target_R, :prompt_len].set(valid_RxT, mode='drop')
   slots = Slots(slots.response_S.at[target_R].set(pending + jnp.arange(rows), mode='drop'),
                 slots.t_S.at[target_R].set(0, mode='drop'),
@@ -243,30 +291,38 @@ def cache_rows(num, slots):
   return min(slots, num) if min(slots, num) >= 2 else num
 
 
-def generate_continuous(model, params, prompt_NxT, prompt_valid_NxT, keys_Nx2,
+def prompt_cache_rows(num_prompts, group, slots):
+  """Rows of the prompt-only cache (T - 1 slots) generate_continuous holds next to its slots: one
+  per prompt with group > 1 (`prompt_rows`), none otherwise (or under static batching)."""
+  return num_prompts if group > 1 and min(slots, num_prompts * group) >= 2 else 0
+
+
+def generate_continuous(model, params, prompt_PxT, prompt_valid_PxT, keys_Nx2,
                         cfg: SamplingConfig, caps_N=None) -> Rollout:
-  """`generate` with per-response keys, over min(cfg.slots, N) decode slots: once a chunk of
-  `refill_rows` slots has stopped (stop token or cap), they take the next pending prompts before
-  the next step.
+  """`generate` with per-response keys (N = P x cfg.group), over min(cfg.slots, N) decode slots:
+  once a chunk of `refill_rows` slots has stopped (stop token or cap), they take the next pending
+  responses before the next step.
 
   Each slot's cache row holds its prompt in columns [0, T) and its response from T on, as
   `generate` lays out a row, so the two compute the same numbers for a response.
   """
-  num, prompt_len = prompt_NxT.shape
+  num, prompt_len = keys_Nx2.shape[0], prompt_PxT.shape[1]
   max_len, num_slots = cfg.max_new_tokens, min(cfg.slots, num)
   if num_slots < 2:   # one slot: the static schedule is the same schedule
-    return generate(model, params, prompt_NxT, prompt_valid_NxT, keys_Nx2, cfg, caps_N)
+    return generate(model, params, prompt_PxT, prompt_valid_PxT, keys_Nx2, cfg, caps_N)
   caps_N = jnp.full((num,), max_len) if caps_N is None else jnp.minimum(caps_N, max_len)
   decoder = model_lib.Transformer(model.cfg, unrolled=True)
   variables = {'params': model_lib.decoding_params(params, model.cfg)}
   cache = shard_cache(model_lib.KVCache.zeros(model.cfg, num_slots, prompt_len + max_len))
   kv_valid_SxC = jnp.ones((num_slots, prompt_len + max_len), bool)
-  position0_N = model_lib.positions_from_valid(prompt_valid_NxT)[:, -1]
+  position0_N = repeat_rows(model_lib.positions_from_valid(prompt_valid_PxT)[:, -1], cfg.group)
   rows = refill_rows(num_slots)
+  prompt_kv = (prompt_rows(decoder, variables, prompt_PxT, prompt_valid_PxT, cfg.group)
+               if prompt_len > 1 else None)
 
   def fill(carry):
     cache, kv_valid_SxC, slots, pending = carry
-    return refill(decoder, variables, prompt_NxT, prompt_valid_NxT, cache, kv_valid_SxC, slots,
+    return refill(prompt_kv, prompt_PxT, prompt_valid_PxT, cfg.group, cache, kv_valid_SxC, slots,
                   pending, rows)
 
   def can_fill(carry):   # a whole chunk of free slots (or of the prompts left): no wasted rows
@@ -305,11 +361,11 @@ def generate_continuous(model, params, prompt_NxT, prompt_valid_NxT, keys_Nx2,
 
 
 def make_sampler(model, cfg: SamplingConfig):
-  """A jitted `(params, prompt_BxT, prompt_valid_BxT, rng, caps_B=None) -> Rollout` (compiled
-  once per shape): static batching, or continuous batching over `cfg.slots` decode slots with
-  per-response keys."""
+  """A jitted `(params, prompt_PxT, prompt_valid_PxT, rng, caps_B=None) -> Rollout` of B = P x
+  cfg.group responses (compiled once per shape): static batching, or continuous batching over
+  `cfg.slots` decode slots with per-response keys."""
   if cfg.slots:
     return jax.jit(lambda params, prompt, valid, rng, caps=None: generate_continuous(
-        model, params, prompt, valid, response_keys(rng, prompt.shape[0]), cfg, caps))
+        model, params, prompt, valid, response_keys(rng, prompt.shape[0] * cfg.group), cfg, caps))
   return jax.jit(lambda params, prompt, valid, rng, caps=None: generate(
       model, params, prompt, valid, rng, cfg, caps))

@@ -44,11 +44,15 @@ def rl_step(run, carry, examples, step):
   state = {k: v for k, v in carry.items() if k not in ('rng', 'reference')}
   ref_params, rng = carry.get('reference'), step_key(carry['rng'], step)
   start = time.perf_counter()
-  prompts, answers = ([x for x in examples[key] for _ in range(run.config.rollout.G)]
-                      for key in ('prompt', 'answer'))   # group-major rows
-  prompt_BxT, valid_BxT = sharding.put_batch(
-      data.encode_prompts(prompts, run.task.tokenizer, run.prompt_len), run.mesh)
-  rollout = run.sample(state['params'], prompt_BxT, valid_BxT, rng)
+  G = run.config.rollout.G
+  answers = [answer for answer in examples['answer'] for _ in range(G)]   # group-major rows
+  prompt_PxT, valid_PxT = data.encode_prompts(examples['prompt'], run.task.tokenizer,
+                                              run.prompt_len)
+  repeat = lambda n: sharding.put_batch((np.repeat(prompt_PxT, n, 0), np.repeat(valid_PxT, n, 0)),
+                                        run.mesh)
+  sampled = repeat(G // run.group)   # each sampled row makes run.group responses
+  rollout = run.sample(state['params'], *sampled, rng)
+  prompt_BxT, valid_BxT = sampled if run.group == 1 else repeat(G)
   response_tokens = evaluation.to_host(rollout.tokens_BxL, run.mesh)   # the verifier needs text
   times = dict(rollout_time_s=time.perf_counter() - start)
 

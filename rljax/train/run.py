@@ -33,7 +33,8 @@ class Run(NamedTuple):
   config: Any
   mesh: jax.sharding.Mesh
   algo: algos.Algorithm
-  sample: Callable      # (params, prompt_BxT, valid_BxT, rng) -> sampler.Rollout
+  sample: Callable      # (params, prompt_PxT, valid_PxT, rng) -> sampler.Rollout of P x group
+  group: int            # responses the sampler makes per prompt row (`sampler_group`)
   evaluate: Callable    # params -> (accuracy, correct_M)
   task: tasks.Task
   prompt_len: int
@@ -60,6 +61,14 @@ class Shape(NamedTuple):
   new_tokens: int
   batch: int              # responses per rollout batch
   micro: int              # responses per micro-batch of the update
+
+
+def sampler_group(config, mesh):
+  """Responses per prompt the sampler makes from one prefill of it: rollout.G when the P prompt
+  rows split evenly over the data-parallel devices, else 1 (the prompts repeated G times)."""
+  if config.rollout.P % sharding.data_parallel_size(mesh):
+    return 1
+  return config.rollout.G
 
 
 def abstract_setup(config, mesh):
@@ -150,10 +159,11 @@ def setup(config, workdir):
                             (prompt_len, prompt_len + max_new_tokens)) if meta is None else
             sharding.init_params(functools.partial(model_lib.init_params, model.cfg), init_rng,
                                  mesh)[0])   # a template: the checkpoint's values replace it
+  group = sampler_group(config, mesh)
   sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id,
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
-      top_p=config.rollout.top_p, slots=config.rollout.slots)), mesh)
+      top_p=config.rollout.top_p, slots=config.rollout.slots, group=group)), mesh)
   algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(init_rng, 1))
   algo = jit_schedules(algo)
   carry = dict(algo.state, rng=sharding.place(rollout_rng, mesh))
@@ -173,6 +183,6 @@ def setup(config, workdir):
   # config.auto_batch may have left the run at another batch (rljax.train.rebatch)
   iterator = make_iterator(config, task, meta['data'], meta.get('auto_batch', {}).get('P'))
   nan_steps = config_checks.step_set(config.debug.nan_steps) if 'debug' in config else set()
-  run = Run(config, mesh, algo, sample, evaluate, task, prompt_len, iterator, writer, ckpt,
+  run = Run(config, mesh, algo, sample, group, evaluate, task, prompt_len, iterator, writer, ckpt,
             frozenset(nan_steps))
   return run, carry, meta
