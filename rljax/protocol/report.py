@@ -562,7 +562,9 @@ def _quick_sentence(report):
         f"{_num(c['rN_predicted'], '.2f')} {_ci(c['rN_predicted_ci'])})" for c in failed) +
              ": B_simple at the base does not carry over to that batch.")
   elif not agree:
-    text += ' Every measured rN lies in its predicted interval: they differ within noise.'
+    text += (" Every measured rN's interval overlaps its predicted one, so these logs cannot "
+             "reject the model; the quick answer's interval counts B_simple's sampling noise, "
+             "not the model's error.")
   return text
 
 
