@@ -30,10 +30,10 @@ def arm_config(algo, arg):
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, algo='grpo', runlocal=False, small=False, seeds=0)
+  arg = common.parse_arg(arg, algo='grpo', runlocal=False, small=False, seeds=-1)   # -1: preset's
   if arg.small and not (arg.runlocal and arg.algo == 'grpo'):
     raise ValueError('config arg small: a GRPO runlocal preset; give algo=grpo,runlocal,small')
-  seeds = arg.seeds or (4 if arg.small else 3)
+  seeds = (4 if arg.small else 3) if arg.seeds == -1 else arg.seeds
   arm = arm_config(arg.algo, 'runlocal' if arg.runlocal else '')
   unit = arm.rollout.G   # responses per batch argument (GRPO: G responses to each of P prompts)
   if arg.small:      # batches in responses (G=8: P = 2 ... 16); evals every 128 samples

@@ -443,19 +443,19 @@ def noise_scale_interval(runs_terms, block=10, n_boot=2000, rng=0, level=0.95):
 
   runs_terms: per run, the four NOISE_KEYS columns (each an array over steps). Steps are cut into
   blocks of `block` consecutive steps within each run and blocks are resampled with replacement
-  (noise_scale_draws); the interval is the percentile one. A replicate whose |G|^2 is not positive
-  counts as unbounded (upper end inf).
+  (noise_scale_draws, returned as 'draws'); the interval is the percentile one. A replicate whose
+  |G|^2 is not positive counts as unbounded (upper end inf).
   """
   sums = _noise_blocks(runs_terms, block)
   if not len(sums):
-    return dict(value=np.nan, lo=np.nan, hi=np.nan, blocks=0)
+    return dict(value=np.nan, lo=np.nan, hi=np.nan, blocks=0, draws=np.zeros(0))
   value = sums[:, 1].sum() / sums[:, 0].sum() if sums[:, 0].sum() > 0 else np.nan
   draws = noise_scale_draws(runs_terms, block, n_boot, rng)
   if not len(draws):   # one block: nothing to resample
-    return dict(value=float(value), lo=np.nan, hi=np.nan, blocks=1)
+    return dict(value=float(value), lo=np.nan, hi=np.nan, blocks=1, draws=draws)
   tail = (1 - level) / 2   # order statistics, not interpolation: inf stays inf, never inf - inf
   lo, hi = np.quantile(draws, [tail, 1 - tail], method='inverted_cdf')
-  return dict(value=float(value), lo=float(lo), hi=float(hi), blocks=len(sums))
+  return dict(value=float(value), lo=float(lo), hi=float(hi), blocks=len(sums), draws=draws)
 
 
 def noise_scale_from_grad_norms(batches, grad_norms):

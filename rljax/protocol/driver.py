@@ -154,6 +154,10 @@ def arms(config, workdir, lr0=None):
   return result
 
 
+def calibration_name(lr):
+  return f'lr{lr:g}'
+
+
 def calibration_arms(config, workdir):
   """The lr0 sweep at the base batch: default_lr0 x each protocol.calibration_factors."""
   p, centre = config.protocol, default_lr0(config)
@@ -162,7 +166,7 @@ def calibration_arms(config, workdir):
     lr = float(f'{centre * factor:.3g}')
     cfg = arm_config(config, workdir, p.base, lr)
     config_checks.check(cfg)
-    result.append(Arm(f'lr{lr:g}', p.base, batch_of(p.base, cfg), False, cfg))
+    result.append(Arm(calibration_name(lr), p.base, batch_of(p.base, cfg), False, cfg))
   return result
 
 
@@ -227,7 +231,8 @@ def reuse_calibration(workdir, base, seeds):
   """The calibration's finished runs at lr0 are the base arm's first seeds, config for config:
   copied (D/arms/<base>/seed_<k>/reused.json names the source), not trained twice."""
   for seed in seeds:
-    source = report_lib.run_dir(workdir, 'calibration', f'lr{base.config.optimizer.lr:g}', seed)
+    source = report_lib.run_dir(workdir, 'calibration', calibration_name(base.config.optimizer.lr),
+                                seed)
     target = report_lib.run_dir(workdir, 'arms', base.name, seed)
     same = (workdir_lib.read_json(os.path.join(source, 'config.json')) ==
             workdir_lib.config_json(seed_config(base, seed)))

@@ -374,8 +374,7 @@ def _quick(raw_base, base, arms, throughput, settings):
   noise = stats.noise_scale_interval(terms, rng=settings['seed'], level=settings['level'])
   decision = stats.decide_from_noise_scale(
       [dict(batch=b, throughput_rounds=t['per_round']) for b, t in throughput.items()],
-      base['batch'], base['samples_to_target'], noise['value'],
-      stats.noise_scale_draws(terms, rng=settings['seed']), settings['level'],
+      base['batch'], base['samples_to_target'], noise['value'], noise['draws'], settings['level'],
       settings['n_draws'], settings['seed'])
   predicted = {c['batch']: c for c in decision['candidates'] if 'rN_predicted' in c}
   checks = []
@@ -430,12 +429,14 @@ def build(data):
   _controls(arms)
   aligned = stats.aligned_range(arms, settings['tolerance'])
   throughput = _throughput_table(data, arms, settings)
-  primary, decisions = _decisions(arms, throughput, targets, int(protocol['base_batch']), settings)
   quick = _quick(base, next(a for a in arms if a['base']), arms, throughput, settings)
   quick_mode = bool(protocol.get('protocol', {}).get('quick', False))
   if quick_mode:   # no arm but the base: the decision is the noise-scale one
     primary, decisions = dict(target=targets['primary'], method='noise scale',
                               **quick['decision']), []
+  else:
+    primary, decisions = _decisions(arms, throughput, targets, int(protocol['base_batch']),
+                                    settings)
   report = dict(
       algo=protocol['algo'], stop_target=float(protocol['target']),
       **targets, base_arm=protocol['base_arm'], base_batch=int(protocol['base_batch']),
