@@ -52,6 +52,38 @@ def test_tries_an_unmeasured_bigger_batch_once_then_its_measurement_decides():
   assert auto_batch.decide(32, BATCHES, noise, flat, 0.1, left=16).batch == 32   # no gain to go
 
 
+def test_a_move_waits_until_the_time_lost_by_staying_repays_its_compile():
+  table = table_of({16: 1000.0, 32: 2000.0})   # gain lower end (1960 / 1020) x efficiency
+  noise = Estimate(5000, 5000, 5000)
+  gain_lo = auto_batch.step_gain(16, 32, noise, table)[1]
+  lost_per_s = 1 - 1 / gain_lo
+  # Ski rental: compile 10 s; each second at 16 loses lost_per_s seconds against 32.
+  needed_s = 10.0 / lost_per_s
+  decide = lambda here, remaining: auto_batch.decide(
+      16, BATCHES, noise, table, 0.1, costs=auto_batch.Costs(here, remaining, 10.0))
+  early = decide(0.99 * needed_s, 1e6)
+  assert early.batch == 16 and 'compile' in early.reason
+  assert decide(1.01 * needed_s, 1e6).batch == 32
+  assert decide(1e6, 0.99 * needed_s).batch == 16   # the rest of the budget cannot repay it
+  assert decide(1e6, 1.01 * needed_s).batch == 32
+  # A free compile (FREE, the default) leaves goodput alone to decide.
+  assert auto_batch.decide(16, BATCHES, noise, table, 0.1).batch == 32
+
+
+def test_costs_are_seconds_at_the_current_batch_and_the_budget_left():
+  state = dict(rebatch.initial_state(grpo_config.get_config('runlocal,P=auto')), arrived=512,
+               compile_s=7.5)
+  train = grpo_config.get_config('runlocal').train
+  train.update(max_samples=10_000, max_steps=0)
+  remaining = rebatch.remaining_samples(train, samples=2048, step=100, batch=32)
+  assert remaining == 10_000 - 2048
+  train.max_steps = 110   # 10 more steps of 32 come first
+  assert rebatch.remaining_samples(train, samples=2048, step=100, batch=32) == 320
+  costs = rebatch.costs(state, 2048, remaining, 256.0, settings())
+  assert costs == auto_batch.Costs((2048 - 512) / 256.0, (10_000 - 2048) / 256.0, 7.5)
+  assert rebatch.costs(state, 2048, remaining, 256.0, settings(compile_s=0.0)).compile_s == 0.0
+
+
 @pytest.mark.parametrize('noise', [Estimate(np.nan, np.nan, np.nan), Estimate(500, np.nan, 900),
                                    Estimate(500, -10, 900), Estimate(np.inf, np.inf, np.inf)])
 def test_a_noise_scale_that_is_not_finite_keeps_the_batch(noise):
@@ -109,12 +141,15 @@ def settings(**overrides):
 
 def test_record_skips_the_compiling_step_and_keeps_the_first_probe_steps():
   state = rebatch.initial_state(grpo_config.get_config('runlocal,P=auto'))
-  row = dict(samples_per_s=5.0, grad_sq_small=2.0, grad_sq_big=1.0, b_small=8.0, b_big=16.0)
+  row = dict(samples_per_s=5.0, step_time_s=3.0, grad_sq_small=2.0, grad_sq_big=1.0, b_small=8.0, b_big=16.0)
   state = rebatch.record(state, row, measurable=False, settings=settings(probe_steps=2))
   assert state['throughput'] == {} and len(state['noise_terms']) == 1
+  state = rebatch.record(state, dict(row, step_time_s=9.0), False, settings(probe_steps=2))
+  assert state['compile_s'] == 9.0   # the longest compiling step
   for value in (6.0, 7.0, 8.0):
     state = rebatch.record(state, dict(row, samples_per_s=value), True, settings(probe_steps=2))
-  assert state['throughput'] == {'2': [6.0, 7.0]} and len(state['noise_terms']) == 4
+  assert state['throughput'] == {'2': [6.0, 7.0]} and len(state['noise_terms']) == 5
+  assert state['compile_s'] == 9.0
   assert rebatch.measured_rounds(state, settings(probe_steps=2)) == {2: [6.0, 7.0]}
   assert json.loads(json.dumps(state)) == state   # rides in the checkpoint's JSON meta
 
@@ -207,7 +242,8 @@ def tiny_auto(tmp_path):
   config.metrics.update(tensorboard=False, progress=False)
   throughput = tmp_path / 'throughput.json'
   throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198]}))
-  config.auto_batch.update(min=4, max=8, every_samples=96, throughput_file=str(throughput))
+  config.auto_batch.update(min=4, max=8, every_samples=96, throughput_file=str(throughput),
+                           compile_s=0.0)
   config.rollout.P = 4
   config.train.update(max_samples=0, max_steps=8, eval_every=4, eval_size=8, micro_batch=8,
                       checkpoint_every=1, keep_checkpoints=10)
@@ -238,5 +274,6 @@ def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identical
   assert without_timing(metrics.read_jsonl(killed / 'metrics.jsonl')) == without_timing(rows)
   (state, meta), (ref_state, ref_meta) = (rljax_cli.checkpoints(w)[0][8] for w in (killed, reference))
   assert rljax_cli.same_arrays(state, ref_state)
-  schedule = lambda m: {k: v for k, v in m['auto_batch'].items() if k != 'throughput'}  # timing
+  schedule = lambda m: {k: v for k, v in m['auto_batch'].items()
+                        if k not in ('throughput', 'compile_s')}   # timing
   assert schedule(meta) == schedule(ref_meta) and meta['auto_batch']['P'] == 8

@@ -13,6 +13,12 @@ noise scale from a block bootstrap over recent steps, throughput from repeated m
 and the batch moves only when the lower end of the predicted gain clears 1 + margin, one power of
 two at a time, with a stricter bar for going back to the batch it just left (hysteresis), and it
 never moves on a noise scale that is not finite. Batches are counted in samples (responses).
+
+A move also costs a compile, which Pollux (no compiler) does not pay. Not knowing how long the run
+will go on, the rule pays it the way the ski-rental problem buys skis (Karlin et al. 1988): once
+the time already lost by staying (the seconds at the current batch times 1 - 1/gain) has reached
+the compile's seconds, never when the rest of the budget cannot repay it. Whatever the run's
+length, that spends at most twice what knowing it in advance would.
 """
 import math
 from typing import NamedTuple
@@ -25,6 +31,16 @@ class Estimate(NamedTuple):
   value: float
   lo: float
   hi: float
+
+
+class Costs(NamedTuple):
+  """Seconds that decide whether a move pays for its compile."""
+  here_s: float       # run so far at the current batch (since the last move)
+  remaining_s: float  # left in the budget at the current batch's throughput
+  compile_s: float    # what a first step at a new batch costs (its compile)
+
+
+FREE = Costs(math.inf, math.inf, 0.0)   # a compile that costs nothing: goodput alone decides
 
 
 class Decision(NamedTuple):
@@ -99,10 +115,17 @@ def step_gain(current, target, noise, table):
   return point, lo
 
 
-def decide(current, batches, noise, table, margin, left=None):
+def repays_compile(gain, costs):
+  """Ski rental: the seconds lost by staying, at 1 - 1/gain of each second, have reached the
+  compile's, and the rest of the budget is long enough to lose as many again."""
+  return (1 - 1 / gain) * min(costs.here_s, costs.remaining_s) >= costs.compile_s
+
+
+def decide(current, batches, noise, table, margin, left=None, costs=FREE):
   """The batch to run next. `table`: {batch: Estimate of samples/s} measured so far (it must hold
   `current`); `left`: the batch the last move came from, which a return must beat by
-  (1 + margin)**2 rather than 1 + margin, so a decision is never undone by noise alone."""
+  (1 + margin)**2 rather than 1 + margin, so a decision is never undone by noise alone; `costs`:
+  a move waits until its compile is repaid (`repays_compile`, at the gain's lower end)."""
   if not finite_noise(noise):
     return Decision(current, current, 1.0, 1.0, 'noise scale not estimable: hold')
   best = best_batch(batches, noise, table)
@@ -111,7 +134,11 @@ def decide(current, batches, noise, table, margin, left=None):
   target = current * 2 if best > current else current // 2
   point, lo = step_gain(current, target, noise, table)
   bar = (1 + margin) ** 2 if target == left else 1 + margin
-  if lo > bar:
-    verb = 'try' if target not in table else 'move'
-    return Decision(target, best, point, lo, f'{verb}: gain lower end {lo:.3f} > {bar:.3f}')
-  return Decision(current, best, point, lo, f'hold: gain lower end {lo:.3f} <= {bar:.3f}')
+  if lo <= bar:
+    return Decision(current, best, point, lo, f'hold: gain lower end {lo:.3f} <= {bar:.3f}')
+  if not repays_compile(lo, costs):
+    return Decision(current, best, point, lo, (
+        f'hold: gain lower end {lo:.3f} > {bar:.3f}, but {(1 - 1 / lo) * costs.here_s:.1f} s lost '
+        f'so far, {(1 - 1 / lo) * costs.remaining_s:.1f} s to gain, < {costs.compile_s:.1f} s compile'))
+  verb = 'try' if target not in table else 'move'
+  return Decision(target, best, point, lo, f'{verb}: gain lower end {lo:.3f} > {bar:.3f}')

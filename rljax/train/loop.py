@@ -138,13 +138,17 @@ class BatchSchedule:
     """Records the step; at a decision point decides, logs the decision into `row` and switches.
     Returns the (run, meta) the next step uses."""
     state = meta['auto_batch']
-    measured = dict(row, samples_per_s=_agreed(row['samples_per_s']))
+    seconds, per_s = _agreed(row['step_time_s'], row['samples_per_s'])
+    measured = dict(row, step_time_s=seconds, samples_per_s=per_s)
     state = rebatch.record(state, measured, state['P'] in self.compiled, self.settings)
     self.compiled.add(state['P'])
     row['batch'] = algos.batch_size(run.config)
     if rebatch.due(state, meta['samples'], self.settings):
       P = state['P']
-      state, fields = rebatch.decide(state, meta['samples'], self.settings, self.config.rollout.G)
+      remaining = rebatch.remaining_samples(self.config.train, meta['samples'], meta['step'],
+                                            row['batch'])
+      state, fields = rebatch.decide(state, meta['samples'], remaining, self.settings,
+                                     self.config.rollout.G)
       row.update(fields)
       if state['P'] != P:
         data_state = data.continue_with_batch(run.iterator.state(), P)
@@ -155,12 +159,12 @@ class BatchSchedule:
     return run, dict(meta, auto_batch=state)
 
 
-def _agreed(value):
-  """Process 0's `value` on every process (collective: every step, everywhere): step times
+def _agreed(*values):
+  """Process 0's `values` on every process (collective: every step, everywhere): step times
   differ between hosts, and every process must take the same decision."""
   if jax.process_count() == 1:
-    return value
-  return float(multihost_utils.broadcast_one_to_all(np.float32(value)))
+    return values
+  return tuple(float(v) for v in multihost_utils.broadcast_one_to_all(np.float32(values)))
 
 
 def _switch_line(row, batch_arg):

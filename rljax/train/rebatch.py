@@ -3,11 +3,13 @@ reads, kept in the checkpoint's meta so a resumed run goes on with the same sche
 process, and the decision points.
 
 The state is plain JSON: the current batch `P` (the algorithm's unit: GRPO's prompts, PPO's B),
-the sample count of the next decision, the batch the last move left, samples/s of the first
-measured steps at each batch tried, and the noise-scale terms of the last `window` steps.
+the sample count of the next decision, the batch the last move left, the sample count at which the
+run reached the current batch, samples/s of the first measured steps at each batch tried, the
+longest compiling step, and the noise-scale terms of the last `window` steps.
 Batches go to the rule in responses (P x G), the unit of the noise scale.
 """
 import json
+import math
 
 import numpy as np
 
@@ -23,12 +25,13 @@ def enabled(config):
 
 def initial_state(config):
   return dict(P=config.rollout.P, next_decision=config.auto_batch.every_samples, left=None,
-              throughput={}, noise_terms=[])
+              arrived=0, throughput={}, compile_s=0.0, noise_terms=[])
 
 
 def record(state, row, measurable, settings):
   """`state` after the training row of one step at state['P']. `measurable`: the step did not
-  compile (the first step at a batch in a process does), so its samples/s is a measurement."""
+  compile (the first step at a batch in a process does), so its samples/s is a measurement; a
+  step that compiled tells what a compile costs."""
   terms = state['noise_terms']
   if 'grad_sq_small' in row:
     terms = (terms + [[row[key] for key in stats.NOISE_KEYS]])[-settings.window:]
@@ -36,7 +39,8 @@ def record(state, row, measurable, settings):
   key = str(state['P'])
   if measurable and len(rounds.get(key, [])) < settings.probe_steps:
     rounds[key] = rounds.get(key, []) + [row['samples_per_s']]
-  return dict(state, noise_terms=terms, throughput=rounds)
+  compile_s = state['compile_s'] if measurable else max(state['compile_s'], row['step_time_s'])
+  return dict(state, noise_terms=terms, throughput=rounds, compile_s=compile_s)
 
 
 def measured_rounds(state, settings):
@@ -71,19 +75,37 @@ def throughput_table(rounds, G):
   return table
 
 
-def decide(state, samples, settings, G):
-  """(the state after a decision at `samples`, the fields it adds to the training row)."""
+def remaining_samples(train, samples, step, batch):
+  """Samples left in the budget (train.max_samples, train.max_steps at `batch` per step)."""
+  left = [train.max_samples - samples] if train.max_samples else []
+  left += [(train.max_steps - step) * batch] if train.max_steps else []
+  return max(min(left), 0) if left else math.inf
+
+
+def costs(state, samples, remaining, samples_per_s, settings):
+  """auto_batch.Costs in seconds at the current batch's measured samples/s; the compile's from
+  settings.compile_s when it is given (>= 0), else the run's longest compiling step."""
+  compile_s = settings.compile_s if settings.compile_s >= 0 else state['compile_s']
+  return auto_batch.Costs((samples - state['arrived']) / samples_per_s, remaining / samples_per_s,
+                          compile_s)
+
+
+def decide(state, samples, remaining, settings, G):
+  """(the state after a decision at `samples`, `remaining` samples before the budget ends; the
+  fields it adds to the training row)."""
   noise = noise_estimate(state)
   batches = [P * G for P in auto_batch.allowed_batches(settings.min, settings.max)]
   left = state['left'] * G if state['left'] else None
   table = throughput_table(measured_rounds(state, settings), G)
-  decision = auto_batch.decide(state['P'] * G, batches, noise, table, settings.margin, left)
+  now = state['P'] * G
+  decision = auto_batch.decide(now, batches, noise, table, settings.margin, left,
+                               costs(state, samples, remaining, table[now].value, settings))
   P = decision.batch // G
   fields = dict(auto_from=state['P'], auto_to=P, auto_best=decision.best // G,
                 auto_noise_scale=_number(noise.value), auto_noise_lo=_number(noise.lo),
                 auto_noise_hi=_number(noise.hi), auto_gain=decision.gain,
                 auto_gain_lo=decision.gain_lo, auto_reason=decision.reason)
-  moved = dict(P=P, left=state['P']) if P != state['P'] else {}
+  moved = dict(P=P, left=state['P'], arrived=samples) if P != state['P'] else {}
   return dict(state, next_decision=samples + settings.every_samples, **moved), fields
 
 
