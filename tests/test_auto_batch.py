@@ -3,6 +3,7 @@ rljax.train.rebatch (its state), the config surface and its errors, and a short 
 switches its batch and resumes mid-schedule to the same rows and arrays."""
 import json
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -226,6 +227,14 @@ def test_a_decaying_lr_is_refused():
   with pytest.raises(ValueError, match="auto_batch needs optimizer.decay='constant'"):
     config_checks.check(config, device_count=1, process_count=1)
 
+
+def test_a_checkpoint_state_without_the_compile_fields_resumes_with_them_afresh():
+  config = grpo_config.get_config('runlocal,P=auto')
+  saved = {k: v for k, v in rebatch.initial_state(config).items()
+           if k not in ('arrived', 'compile_s')}
+  meta = dict(auto_batch=dict(saved, P=4, next_decision=4096))
+  loop.BatchSchedule(config, types.SimpleNamespace(config=config, algo=None), meta)
+  assert meta['auto_batch'] == dict(rebatch.initial_state(config), P=4, next_decision=4096)
 
 # ------------------------------------------------------------------------------ one short run
 

@@ -128,7 +128,8 @@ class BatchSchedule:
     self.config, self.settings = config, config.auto_batch
     self.programs = {config.rollout.P: (run.config, run.algo)}   # what setup compiled
     self.compiled = set()   # batches that ran in this process: their next steps do not compile
-    meta.setdefault('auto_batch', rebatch.initial_state(config))
+    # A checkpoint's state may predate fields the rule reads now: they start afresh.
+    meta['auto_batch'] = dict(rebatch.initial_state(config), **meta.get('auto_batch', {}))
 
   def resume(self, run, meta):
     """`run` at the batch its checkpoint left it at."""
