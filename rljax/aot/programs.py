@@ -125,10 +125,12 @@ def decode_step_lowered(cfg, mesh, batch, slots):
 
 
 def layer_gradient(cfg, mesh, batch, length):
-  """Forward and backward of one remat'ed layer (rljax.model.transformer.Block) on a micro-batch."""
+  """Forward and backward of one remat'ed layer (rljax.model.transformer.Block) on a micro-batch,
+  its output kept (as the next layer's input is) and its recomputation apart from its forward (as
+  in the model's scan over layers, where they run in different loops): both counted."""
   block = model_lib.Block
   if cfg.remat != 'none':
-    block = nn.remat(block, policy=model_lib.REMAT_POLICIES[cfg.remat], prevent_cse=False)
+    block = nn.remat(block, policy=model_lib.REMAT_POLICIES[cfg.remat], prevent_cse=True)
   layer = block(cfg)
   x = jax.ShapeDtypeStruct((batch, length, cfg.d_model), jnp.dtype(cfg.dtype))
   valid = jax.ShapeDtypeStruct((batch, length), bool)
@@ -146,7 +148,7 @@ def layer_gradient(cfg, mesh, batch, length):
                                     None, rope, valid_BxT, 0)
     return jnp.sum(y_BxTxD.astype(jnp.float32)) + aux
 
-  grad = sharding.on_mesh(jax.jit(jax.grad(loss, argnums=(0, 1))), mesh)
+  grad = sharding.on_mesh(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), mesh)
   return compile_lowered(grad.lower(params, batch_struct(x.shape, x.dtype, mesh),
                                     batch_struct(valid.shape, bool, mesh)))
 
