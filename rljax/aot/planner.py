@@ -320,6 +320,11 @@ def format_report(r):
     rows.append((f'{name} collectives {loop[name]}', _collectives_text(part['loop'])))
     rows.append((f'{name} collectives once', _collectives_text(part['outside'])))
   rows.append(('sampler kernels per decode step', str(r['programs']['sampler']['loop_kernels'])))
+  graphs = r['programs']['sampler'].get('graphs')
+  if graphs:   # XLA:GPU: kernels inside CUDA graphs launch with their graph
+    rows.append(('sampler launches', f'{graphs["launches"]} per call; decode loop '
+                 + ('inside a CUDA graph: no launch per step, ' if graphs['loop_in_graph']
+                    else 'launched per step, ') + f'{graphs["loop_kernels"]} kernels per step'))
   if 'roofline' in r:
     roof = r['roofline']
     for key, label in (('decode_step', 'decode step'), ('micro_batch', 'micro-batch'),

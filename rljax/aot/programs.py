@@ -7,6 +7,10 @@ analysis counts a while loop's body once, so per-step costs come from programs o
 decode step of the unrolled model at 1 and 2 layers (exact per layer, it has no loops), and one
 micro-batch's gradient with one scanned layer plus one remat'ed layer on its own.
 """
+import glob
+import os
+import pathlib
+import tempfile
 import time
 
 import flax.linen as nn
@@ -22,17 +26,21 @@ from rljax import sharding
 
 def compile_lowered(lowered):
   """{'compile_s', 'memory': per-device bytes, 'flops', 'bytes_accessed', 'collectives',
-  'loop_kernels' (rljax.aot.hlo)} of a lowered program; ValueError('does not fit ...') when the
-  compiler runs out of device memory."""
+  'loop_kernels' (rljax.aot.hlo), and for GPUs 'graphs' (rljax.aot.hlo.graph_launches)} of a
+  lowered program; ValueError('does not fit ...') when the compiler runs out of device memory."""
   start = time.perf_counter()
-  try:
-    compiled = lowered.compile()
-  except Exception as error:   # pylint: disable=broad-except
-    text = str(error)
-    if 'RESOURCE_EXHAUSTED' in text or 'HbmOom' in text or 'memory' in text.lower():
-      raise MemoryError(text.splitlines()[0][:400]) from None
-    raise
-  seconds = time.perf_counter() - start
+  gpu = 'cuda' in lowered._lowering._platforms   # pylint: disable=protected-access
+  with tempfile.TemporaryDirectory() as dump:   # XLA:GPU's thunks, from its dump
+    try:
+      compiled = lowered.compile(compiler_options=dict(xla_dump_to=dump) if gpu else None)
+    except Exception as error:   # pylint: disable=broad-except
+      text = str(error)
+      if 'RESOURCE_EXHAUSTED' in text or 'HbmOom' in text or 'memory' in text.lower():
+        raise MemoryError(text.splitlines()[0][:400]) from None
+      raise
+    seconds = time.perf_counter() - start
+    thunks = sorted(glob.glob(os.path.join(dump, '*.thunk_sequence*.txt')))   # after passes last
+    graphs = [hlo.graph_launches(pathlib.Path(thunks[-1]).read_text())] if thunks else []
   memory = compiled.memory_analysis()
   cost = optimized_costs(compiled)
   mem = dict(arguments=memory.argument_size_in_bytes, outputs=memory.output_size_in_bytes,
@@ -42,7 +50,8 @@ def compile_lowered(lowered):
   text = compiled.as_text()
   return dict(compile_s=seconds, memory=mem, flops=float(cost.get('flops', 0.0)),
               bytes_accessed=float(cost.get('bytes accessed', 0.0)),
-              collectives=hlo.loop_collectives(text), loop_kernels=hlo.loop_kernels(text))
+              collectives=hlo.loop_collectives(text), loop_kernels=hlo.loop_kernels(text),
+              **(dict(graphs=graphs[0]) if graphs else {}))
 
 
 def optimized_costs(compiled):
