@@ -163,8 +163,8 @@ def loop_kernels(hlo_text):
              for line in whiles)
 
 
-# XLA:GPU's thunks (its executable's steps, `--xla_dump_to`'s *.thunk_sequence_after_thunk_passes.txt):
-# those that hold others, and those that launch no kernel.
+# XLA:GPU's thunks (its executable's steps, as `--xla_dump_to` writes them to
+# *.thunk_sequence_after_thunk_passes.txt): those that hold others, those that launch no kernel.
 _CONTAINERS = ('kCommandBuffer', 'kSequential', 'kWhile', 'kConditional')
 _NO_LAUNCH = ('kAsyncDone', 'kWaitForStreams')
 _THUNK = re.compile(r'^( *)\d+: (k\w+)')

@@ -333,6 +333,10 @@ def format_report(r):
       ms = {k: f'{v * 1e3:.2f}' for k, v in b.items()}
       rows.append((f'{label} bound', f'{ms["bound_s"]} ms (compute {ms["compute_s"]}, HBM '
                                      f'{ms["memory_s"]}, collectives {ms["collectives_s"]} ms)'))
+    per_token = r['per_step']['micro']['flops'] * r['chips'] / (   # FLOPs per chip
+        r['micro_batch'] * (r['prompt_len'] + r['new_tokens']))
+    ratio = per_token / (6 * r['active_params'])
+    rows.append(('update FLOPs per token', f'{per_token:.3g} = {ratio:.2f} x (6 x active params)'))
     rows.append(('update MFU ceiling', f'{100 * roof["mfu_ceiling"]:.0f}%'))
     rows.append(('RL step bound', f'rollout {roof["rollout_s"]:.2f} s + update '
                                   f'{roof["update"]["bound_s"]:.2f} s = {roof["rl_step_s"]:.2f} s'))

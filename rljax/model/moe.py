@@ -2,8 +2,8 @@
 
 Dropless: every token reaches all of its k experts, whatever the load. Exact implementations:
 - 'ragged': sort the (token, expert) pairs by expert and run grouped matmuls (`grouped_matmul`:
-  `jax.lax.ragged_dot`, the megablox kernels on TPU), FLOPs proportional to k: the choice for real
-  models on accelerators;
+  `jax.lax.ragged_dot`, the megablox kernels on TPU, `tiled_matmul` on GPU), FLOPs proportional
+  to k: the choice for real models on accelerators;
 - 'dense': run every expert on every token and combine with the (mostly zero) routing weights
   (E/k times the FLOPs, but plain matmuls);
 - 'bucketed': sort as 'ragged', lay the pairs out as [E, C] slots, C the smallest of a few static
