@@ -400,6 +400,7 @@ def h200_mesh():
   return sharding.make_mesh(dict(fsdp=1), devices)
 
 
+@pytest.mark.e2e   # a GPU compile
 def test_h200_trains_the_experts_at_their_routed_flops():
   """configs/grpo.py's default model compiled for one H200: a layer's forward and backward on a
   micro-batch of 64 x 256 tokens executes at most 1.6 x 6 x its active parameters per token (the
@@ -442,6 +443,7 @@ def test_graph_launches_are_counted_from_the_thunks():
   assert hlo.graph_launches(outside)['loop_in_graph'] is False
 
 
+@pytest.mark.e2e   # a GPU compile
 def test_h200_samples_in_one_graph_launch_per_call():
   """configs/grpo.py's default model's sampler compiled for one H200 runs as one CUDA graph: one
   launch per call, the decoding loop inside it (conditional nodes: no launch per token), at most

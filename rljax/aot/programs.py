@@ -24,15 +24,17 @@ from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 
 
-def compile_lowered(lowered):
+def compile_lowered(lowered, gpu_options=None):
   """{'compile_s', 'memory': per-device bytes, 'flops', 'bytes_accessed', 'collectives',
   'loop_kernels' (rljax.aot.hlo), and for GPUs 'graphs' (rljax.aot.hlo.graph_launches)} of a
-  lowered program; ValueError('does not fit ...') when the compiler runs out of device memory."""
+  lowered program, compiled for GPUs with `gpu_options` (as a run on GPUs compiles it);
+  ValueError('does not fit ...') when the compiler runs out of device memory."""
   start = time.perf_counter()
   gpu = 'cuda' in lowered._lowering._platforms   # pylint: disable=protected-access
   with tempfile.TemporaryDirectory() as dump:   # XLA:GPU's thunks, from its dump
     try:
-      compiled = lowered.compile(compiler_options=dict(xla_dump_to=dump) if gpu else None)
+      compiled = lowered.compile(compiler_options=dict(gpu_options or {}, xla_dump_to=dump)
+                                 if gpu else None)
     except Exception as error:   # pylint: disable=broad-except
       text = str(error)
       if 'RESOURCE_EXHAUSTED' in text or 'HbmOom' in text or 'memory' in text.lower():
@@ -80,7 +82,8 @@ def sampler(model, params, mesh, batch, prompt_len, new_tokens, greedy=False, sl
       mesh)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
   return compile_lowered(sample.lower(params, batch_struct((batch, prompt_len), jnp.int32, mesh),
-                                      batch_struct((batch, prompt_len), bool, mesh), key))
+                                      batch_struct((batch, prompt_len), bool, mesh), key),
+                         sampler_lib.GPU_GRAPHS)
 
 
 def policy_batch(mesh, batch, prompt_len, new_tokens):

@@ -129,23 +129,22 @@ def tiled_matmul(x_NxD, w_ExDxF, group_sizes_E, tile):
   rows, num_groups = x_NxD.shape[0], group_sizes_E.shape[0]
   num_tiles = max((rows + num_groups * (tile - 1)) // tile, 1)
   tiles_E = -(-group_sizes_E // tile)
-  tile_ends_E = jnp.cumsum(tiles_E)
-  group_ends_E = jnp.cumsum(group_sizes_E)
-  row_starts_E = group_ends_E - group_sizes_E
-  # Each slot's group and its rank in the group: the row it holds, if any.
+  tile_ends_E, row_ends_E = jnp.cumsum(tiles_E), jnp.cumsum(group_sizes_E)
+  tile_starts_E, row_starts_E = tile_ends_E - tiles_E, row_ends_E - group_sizes_E
+  # Each tile's group, each slot the row of that group it holds (past the group: any row, its
+  # product never read back, so no gradient either).
   group_G = jnp.minimum(jnp.searchsorted(tile_ends_E, jnp.arange(num_tiles), side='right'),
                         num_groups - 1)
-  rank_GxM = (jnp.arange(num_tiles) - (tile_ends_E - tiles_E)[group_G])[:, None] * tile + (
-      jnp.arange(tile))
+  rank_GxM = (jnp.arange(num_tiles) - tile_starts_E[group_G])[:, None] * tile + jnp.arange(tile)
   source_GxM = jnp.minimum(row_starts_E[group_G][:, None] + rank_GxM, rows - 1)
   y_GxMxF = jnp.einsum('gmd,gdf->gmf', x_NxD[source_GxM], w_ExDxF[group_G])
   # Each row's slot; rows past the groups' (another device's pairs) are zeros, as ragged_dot's.
-  group_N = jnp.searchsorted(group_ends_E, jnp.arange(rows), side='right')
+  group_N = jnp.searchsorted(row_ends_E, jnp.arange(rows), side='right')
   in_group_N = group_N < num_groups
   group_N = jnp.minimum(group_N, num_groups - 1)
-  slot_N = (tile_ends_E - tiles_E)[group_N] * tile + jnp.arange(rows) - row_starts_E[group_N]
+  slot_N = tile_starts_E[group_N] * tile + jnp.arange(rows) - row_starts_E[group_N]
   y_NxF = y_GxMxF.reshape(num_tiles * tile, -1)[jnp.where(in_group_N, slot_N, 0)]
-  return jnp.where(in_group_N[:, None], y_NxF, 0).astype(y_GxMxF.dtype)
+  return jnp.where(in_group_N[:, None], y_NxF, 0)
 
 
 def gpu_matmul(x_NxD, w_ExDxF, group_sizes_E):
