@@ -189,8 +189,9 @@ def thunk_tree(thunk_text):
 def graph_launches(thunk_text):
   """How the host launches an XLA:GPU program: dict(launches, the top-level thunks of one call (a
   CUDA graph, `kCommandBuffer`, is one launch); loop_in_graph, whether the busiest while loop
-  runs inside a graph (on the device: no launch per iteration); loop_kernels, the kernels of one
-  of its iterations, its condition included (a nested loop's body once))."""
+  runs inside a graph (on the device: no launch per iteration); loop_kernels, the kernels
+  (device copies included) of one of its iterations, its condition too (a nested loop's body
+  once))."""
   nodes = thunk_tree(thunk_text)
   children = collections.defaultdict(list)
   for index, (_, parent) in enumerate(nodes):
