@@ -25,10 +25,12 @@ PRESETS = {
                  init_std=0.02, dtype='float32', param_dtype='float32', remat='none',
                  max_seq_len=64),
     # A ~1.3B-parameter Qwen3-MoE-shaped model on the arithmetic task's 16-token vocabulary.
+    # Small enough to keep its matmuls' outputs for the backward pass ('dots': 1.3x fewer FLOPs
+    # than full remat; an update of 64 x 256 tokens fits an H200: docs/performance.md).
     'moe1b': dict(vocab_size=16, d_model=1024, num_layers=16, num_heads=16, num_kv_heads=4,
                   head_dim=128, num_experts=32, experts_per_token=4, expert_hidden=768,
                   dense_hidden=3072, tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6,
-                  init_std=0.02, max_seq_len=4096, **_RUNTIME),
+                  init_std=0.02, max_seq_len=4096, **dict(_RUNTIME, remat='dots')),
     # Qwen/Qwen3-0.6B: dense, tied embeddings.
     'qwen3-0.6b': dict(_QWEN3, d_model=1024, num_layers=28, num_heads=16, num_kv_heads=8,
                        dense_hidden=3072, num_experts=0, tie_embeddings=True),

@@ -226,15 +226,17 @@ def test_scanned_params_have_layer_axis_and_names():
   assert 'layers' not in tuple(specs['final_norm']['scale'])
 
 
-def test_remat_same_logits_and_grads():
+@pytest.mark.parametrize('num_experts', [0, 4])   # MoE: 'dots' keeps the experts' products too
+def test_remat_same_logits_and_grads(num_experts):
   rng = np.random.default_rng(8)
   tokens, valid = left_padded(rng, [6, 2], 6)
   targets = jnp.asarray(rng.normal(size=(2, 6, V)).astype(np.float32))
-  base = tiny_cfg(num_layers=2, num_experts=0)
+  base = tiny_cfg(num_layers=2, num_experts=num_experts, moe_impl='ragged')
   params = random_params(base, seed=9)
 
   def run(remat):
-    model = model_lib.Transformer(tiny_cfg(num_layers=2, num_experts=0, remat=remat))
+    model = model_lib.Transformer(tiny_cfg(num_layers=2, num_experts=num_experts,
+                                           moe_impl='ragged', remat=remat))
 
     def loss(p):
       logits, _, aux = model.apply({'params': p}, jnp.asarray(tokens), jnp.asarray(valid))

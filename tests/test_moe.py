@@ -349,6 +349,44 @@ def test_megablox_matmul_and_its_gradients_match_numpy():
   assert not np.any(dw_ExDxF[1])   # the empty group's weights get no gradient
 
 
+# ------------------------------------------------------------------ the grouped matmul on GPU
+
+
+@pytest.mark.parametrize('sizes', [(70, 0, 33, 97), (0, 200, 0, 0), (5, 0, 0, 180)])
+def test_tiled_matmul_and_its_gradients_match_numpy(sizes):
+  """What GPUs run for 'ragged' (on any backend here): tiles of 16 rows, groups not whole tiles,
+  empty groups, the whole load on one group, and 15 rows in no group (another device's pairs:
+  zeros, no gradient). The product, and the gradients of <y, c> for x and the weights."""
+  rng = np.random.default_rng(sum(sizes[:2]))
+  sizes_E, rows = np.array(sizes, np.int32), 215
+  x_NxD = rng.normal(size=(rows, 32)).astype(np.float32)
+  w_ExDxF = rng.normal(size=(4, 32, 24)).astype(np.float32)
+  cotangent_NxF = rng.normal(size=(rows, 24)).astype(np.float32)
+  matmul = jax.jit(lambda x, w: moe.tiled_matmul(x, w, jnp.asarray(sizes_E), tile=16))
+  y_NxF, vjp = jax.vjp(matmul, x_NxD, w_ExDxF)
+  dx_NxD, dw_ExDxF = vjp(jnp.asarray(cotangent_NxF))
+  group_N = np.repeat(np.arange(4), sizes_E)
+  grouped = len(group_N)
+  x64, w64, c64 = (a.astype(np.float64) for a in (x_NxD, w_ExDxF, cotangent_NxF))
+  want_y = np.zeros((rows, 24))
+  want_y[:grouped] = np.einsum('nd,ndf->nf', x64[:grouped], w64[group_N])
+  want_dx = np.zeros((rows, 32))
+  want_dx[:grouped] = np.einsum('nf,ndf->nd', c64[:grouped], w64[group_N])
+  want_dw = np.stack([x64[:grouped][group_N == e].T @ c64[:grouped][group_N == e]
+                      for e in range(4)])
+  np.testing.assert_allclose(y_NxF, want_y, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(dx_NxD, want_dx, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(dw_ExDxF, want_dw, rtol=1e-4, atol=1e-4)
+
+
+def test_tile_rows_bound_the_padding():
+  """Tiles of up to 512 rows, a quarter of the rows at most in padding (E tiles), none below 16."""
+  assert moe.tile_rows(65536, 32) == 512 and moe.tile_rows(16384, 32) == 128
+  assert moe.tile_rows(4096, 32) == 32 and moe.tile_rows(2047, 32) == 0
+  for rows in (2048, 5000, 65536, 10 ** 6):
+    assert 4 * 32 * moe.tile_rows(rows, 32) <= rows
+
+
 @pytest.mark.e2e   # a TPU compile of the Mosaic grouped-matmul kernels
 def test_tpu_trains_the_experts_at_the_routed_flops():
   """On TPU the expert layer's gradient costs about 3x its forward (as a dense layer's does), not

@@ -389,3 +389,73 @@ def test_tpu_decode_step_writes_the_kv_cache_in_place():
   assert sorted(written) == sorted(params)
   assert not [line for line in hlo.splitlines() if re.search(cache, line) and re.search(
       r' copy(-start|-done)?\(', line)]
+
+
+def h200_mesh():
+  """One compile-only H200 (the jax-cuda12-plugin; skipped without it)."""
+  try:
+    devices = targets.parse_target('gpu:h200-1').devices()
+  except ValueError as error:
+    pytest.skip(str(error))
+  return sharding.make_mesh(dict(fsdp=1), devices)
+
+
+@pytest.mark.e2e   # a GPU compile
+def test_h200_trains_the_experts_at_their_routed_flops():
+  """configs/grpo.py's default model compiled for one H200: a layer's forward and backward on a
+  micro-batch of 64 x 256 tokens executes at most 1.6 x 6 x its active parameters per token (the
+  experts in tiles, rljax.model.moe.tiled_matmul; the matmuls' outputs kept, remat 'dots'), where
+  `ragged_dot` ran 21x. One layer, not the update: the update's FLOPs are 16 such layers plus an
+  embedding and a head over 16 tokens of vocabulary (rljax.aot.programs.per_step_costs), and one
+  layer compiles in seconds."""
+  mesh = h200_mesh()
+  cfg = model_lib.ModelConfig.from_config(grpo_config.get_config('').model)
+  assert (cfg.moe_impl, cfg.remat, cfg.num_experts) == ('ragged', 'dots', 32)
+  micro, length = 64, 256
+  layer = compiled.layer_gradient(cfg, mesh, micro, length)
+  per_layer_active = (planner.active_params(cfg) - cfg.d_model * cfg.vocab_size) / cfg.num_layers
+  ratio = layer['flops'] / (micro * length) / (6 * per_layer_active)
+  assert 1.0 < ratio <= 1.6, ratio
+
+
+# A thunk sequence as XLA:GPU dumps it (*.thunk_sequence_after_thunk_passes.txt): one CUDA graph
+# holding two copies and a while loop (its condition 1 kernel; its body a kernel, a GEMM and a
+# conditional of 1 kernel), then a kernel outside the graph. Counted by hand: 2 launches per call;
+# per iteration 1 + 1 + 1 + 1 = 4 kernels, all inside the graph.
+THUNKS = """000: kCommandBuffer [source | sink]
+    001: kCopy  [source       | next=003 (2)] kCopy
+    002: kCopy  [source       | next=003 (1)] kCopy
+    003: kWhile [prev=002 (1) | sink        ]
+condition:
+        004: kCustomKernel [source | sink] loop_compare_fusion grid: [1, 1, 1]
+      body:
+        005: kCustomKernel [source       | next=006 (1)] gemm_fusion_dot grid: [32, 1, 1]
+        006: kGemm [prev=005 (1) | next=007 (1)] cublas
+        007: kConditional [prev=006 (1) | sink]
+            008: kKernel [source | sink] loop_add_fusion grid: [1, 1, 1]
+009: kCustomKernel [source | sink] loop_convert_fusion grid: [8, 1, 1]
+"""
+
+
+def test_graph_launches_are_counted_from_the_thunks():
+  assert hlo.graph_launches(THUNKS) == dict(launches=2, loop_in_graph=True, loop_kernels=4)
+  outside = THUNKS.replace('000: kCommandBuffer', '000: kSequential')
+  assert hlo.graph_launches(outside)['loop_in_graph'] is False
+
+
+@pytest.mark.e2e   # a GPU compile
+def test_h200_samples_in_one_graph_launch_per_call():
+  """configs/grpo.py's default model's sampler compiled for one H200 runs as one CUDA graph: one
+  launch per call, the decoding loop inside it (conditional nodes: no launch per token), at most
+  60 kernels per layer in a step. Two layers, not 16: every layer's kernels are the same, and
+  two compile in seconds."""
+  mesh = h200_mesh()
+  config = grpo_config.get_config('P=16,G=1')
+  config.model.num_layers = 2
+  config.data.update(name='gsm8k', max_prompt_len=16, max_response_len=64)
+  s = run_lib.abstract_setup(config, mesh)
+  program = compiled.sampler(s.model, s.algo.state['params'], mesh, 16, s.prompt_len,
+                             s.new_tokens)
+  graphs = program['graphs']
+  assert graphs['launches'] == 1 and graphs['loop_in_graph'], graphs
+  assert 2 * 10 < graphs['loop_kernels'] <= 2 * 60, graphs

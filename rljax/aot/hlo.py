@@ -161,3 +161,52 @@ def loop_kernels(hlo_text):
     return kernels_in(bodies, entry)
   return max(sum(kernels_in(bodies, c) for c in _called(line, 'body') + _called(line, 'condition'))
              for line in whiles)
+
+
+# XLA:GPU's thunks (its executable's steps, as `--xla_dump_to` writes them to
+# *.thunk_sequence_after_thunk_passes.txt): those that hold others, those that launch no kernel.
+_CONTAINERS = ('kCommandBuffer', 'kSequential', 'kWhile', 'kConditional')
+_NO_LAUNCH = ('kAsyncDone', 'kWaitForStreams')
+_THUNK = re.compile(r'^( *)\d+: (k\w+)')
+
+
+def thunk_tree(thunk_text):
+  """[(kind, parent index or None)] of a thunk sequence, parents from the indentation (a thunk's
+  children are indented 4 more, a while's condition and body alike)."""
+  nodes, stack = [], []   # stack: (indent, index)
+  for line in thunk_text.splitlines():
+    match = _THUNK.match(line)
+    if not match:
+      continue
+    indent = len(match.group(1))
+    while stack and stack[-1][0] >= indent:
+      stack.pop()
+    nodes.append((match.group(2), stack[-1][1] if stack else None))
+    stack.append((indent, len(nodes) - 1))
+  return nodes
+
+
+def graph_launches(thunk_text):
+  """How the host launches an XLA:GPU program: dict(launches, the top-level thunks of one call (a
+  CUDA graph, `kCommandBuffer`, is one launch); loop_in_graph, whether the busiest while loop
+  runs inside a graph (on the device: no launch per iteration); loop_kernels, the kernels
+  (device copies included) of one of its iterations, its condition too (a nested loop's body
+  once))."""
+  nodes = thunk_tree(thunk_text)
+  children = collections.defaultdict(list)
+  for index, (_, parent) in enumerate(nodes):
+    children[parent].append(index)
+
+  def kernels(index):
+    kind = nodes[index][0]
+    own = 0 if kind in _CONTAINERS + _NO_LAUNCH else 1
+    return own + sum(kernels(child) for child in children[index])
+
+  def in_graph(index):
+    parent = nodes[index][1]
+    return parent is not None and (nodes[parent][0] == 'kCommandBuffer' or in_graph(parent))
+
+  loops = [(kernels(i), i) for i, (kind, _) in enumerate(nodes) if kind == 'kWhile']
+  busiest = max(loops)[1] if loops else None
+  return dict(launches=len(children[None]), loop_in_graph=busiest is not None and in_graph(busiest),
+              loop_kernels=kernels(busiest) if loops else 0)

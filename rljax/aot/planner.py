@@ -320,6 +320,11 @@ def format_report(r):
     rows.append((f'{name} collectives {loop[name]}', _collectives_text(part['loop'])))
     rows.append((f'{name} collectives once', _collectives_text(part['outside'])))
   rows.append(('sampler kernels per decode step', str(r['programs']['sampler']['loop_kernels'])))
+  graphs = r['programs']['sampler'].get('graphs')
+  if graphs:   # XLA:GPU: kernels inside CUDA graphs launch with their graph
+    rows.append(('sampler launches', f'{graphs["launches"]} per call; decode loop '
+                 + ('inside a CUDA graph: no launch per step, ' if graphs['loop_in_graph']
+                    else 'launched per step, ') + f'{graphs["loop_kernels"]} kernels per step'))
   if 'roofline' in r:
     roof = r['roofline']
     for key, label in (('decode_step', 'decode step'), ('micro_batch', 'micro-batch'),
@@ -328,6 +333,10 @@ def format_report(r):
       ms = {k: f'{v * 1e3:.2f}' for k, v in b.items()}
       rows.append((f'{label} bound', f'{ms["bound_s"]} ms (compute {ms["compute_s"]}, HBM '
                                      f'{ms["memory_s"]}, collectives {ms["collectives_s"]} ms)'))
+    per_token = r['per_step']['micro']['flops'] * r['chips'] / (   # FLOPs per chip
+        r['micro_batch'] * (r['prompt_len'] + r['new_tokens']))
+    ratio = per_token / (6 * r['active_params'])
+    rows.append(('update FLOPs per token', f'{per_token:.3g} = {ratio:.2f} x (6 x active params)'))
     rows.append(('update MFU ceiling', f'{100 * roof["mfu_ceiling"]:.0f}%'))
     rows.append(('RL step bound', f'rollout {roof["rollout_s"]:.2f} s + update '
                                   f'{roof["update"]["bound_s"]:.2f} s = {roof["rl_step_s"]:.2f} s'))

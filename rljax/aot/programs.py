@@ -7,6 +7,10 @@ analysis counts a while loop's body once, so per-step costs come from programs o
 decode step of the unrolled model at 1 and 2 layers (exact per layer, it has no loops), and one
 micro-batch's gradient with one scanned layer plus one remat'ed layer on its own.
 """
+import glob
+import os
+import pathlib
+import tempfile
 import time
 
 import flax.linen as nn
@@ -20,19 +24,25 @@ from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 
 
-def compile_lowered(lowered):
+def compile_lowered(lowered, gpu_options=None):
   """{'compile_s', 'memory': per-device bytes, 'flops', 'bytes_accessed', 'collectives',
-  'loop_kernels' (rljax.aot.hlo)} of a lowered program; ValueError('does not fit ...') when the
-  compiler runs out of device memory."""
+  'loop_kernels' (rljax.aot.hlo), and for GPUs 'graphs' (rljax.aot.hlo.graph_launches)} of a
+  lowered program, compiled for GPUs with `gpu_options` (as a run on GPUs compiles it);
+  ValueError('does not fit ...') when the compiler runs out of device memory."""
   start = time.perf_counter()
-  try:
-    compiled = lowered.compile()
-  except Exception as error:   # pylint: disable=broad-except
-    text = str(error)
-    if 'RESOURCE_EXHAUSTED' in text or 'HbmOom' in text or 'memory' in text.lower():
-      raise MemoryError(text.splitlines()[0][:400]) from None
-    raise
-  seconds = time.perf_counter() - start
+  gpu = 'cuda' in lowered._lowering._platforms   # pylint: disable=protected-access
+  with tempfile.TemporaryDirectory() as dump:   # XLA:GPU's thunks, from its dump
+    try:
+      compiled = lowered.compile(compiler_options=dict(gpu_options or {}, xla_dump_to=dump)
+                                 if gpu else None)
+    except Exception as error:   # pylint: disable=broad-except
+      text = str(error)
+      if 'RESOURCE_EXHAUSTED' in text or 'HbmOom' in text or 'memory' in text.lower():
+        raise MemoryError(text.splitlines()[0][:400]) from None
+      raise
+    seconds = time.perf_counter() - start
+    thunks = sorted(glob.glob(os.path.join(dump, '*.thunk_sequence*.txt')))   # after passes last
+    graphs = [hlo.graph_launches(pathlib.Path(thunks[-1]).read_text())] if thunks else []
   memory = compiled.memory_analysis()
   cost = optimized_costs(compiled)
   mem = dict(arguments=memory.argument_size_in_bytes, outputs=memory.output_size_in_bytes,
@@ -42,7 +52,8 @@ def compile_lowered(lowered):
   text = compiled.as_text()
   return dict(compile_s=seconds, memory=mem, flops=float(cost.get('flops', 0.0)),
               bytes_accessed=float(cost.get('bytes accessed', 0.0)),
-              collectives=hlo.loop_collectives(text), loop_kernels=hlo.loop_kernels(text))
+              collectives=hlo.loop_collectives(text), loop_kernels=hlo.loop_kernels(text),
+              **(dict(graphs=graphs[0]) if graphs else {}))
 
 
 def optimized_costs(compiled):
@@ -71,7 +82,8 @@ def sampler(model, params, mesh, batch, prompt_len, new_tokens, greedy=False, sl
       mesh)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
   return compile_lowered(sample.lower(params, batch_struct((batch, prompt_len), jnp.int32, mesh),
-                                      batch_struct((batch, prompt_len), bool, mesh), key))
+                                      batch_struct((batch, prompt_len), bool, mesh), key),
+                         sampler_lib.GPU_GRAPHS)
 
 
 def policy_batch(mesh, batch, prompt_len, new_tokens):
@@ -125,10 +137,12 @@ def decode_step_lowered(cfg, mesh, batch, slots):
 
 
 def layer_gradient(cfg, mesh, batch, length):
-  """Forward and backward of one remat'ed layer (rljax.model.transformer.Block) on a micro-batch."""
+  """Forward and backward of one remat'ed layer (rljax.model.transformer.Block) on a micro-batch,
+  its output kept (as the next layer's input is) and its recomputation apart from its forward (as
+  in the model's scan over layers, where they run in different loops): both counted."""
   block = model_lib.Block
   if cfg.remat != 'none':
-    block = nn.remat(block, policy=model_lib.REMAT_POLICIES[cfg.remat], prevent_cse=False)
+    block = nn.remat(block, policy=model_lib.REMAT_POLICIES[cfg.remat], prevent_cse=True)
   layer = block(cfg)
   x = jax.ShapeDtypeStruct((batch, length, cfg.d_model), jnp.dtype(cfg.dtype))
   valid = jax.ShapeDtypeStruct((batch, length), bool)
@@ -146,7 +160,7 @@ def layer_gradient(cfg, mesh, batch, length):
                                     None, rope, valid_BxT, 0)
     return jnp.sum(y_BxTxD.astype(jnp.float32)) + aux
 
-  grad = sharding.on_mesh(jax.jit(jax.grad(loss, argnums=(0, 1))), mesh)
+  grad = sharding.on_mesh(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), mesh)
   return compile_lowered(grad.lower(params, batch_struct(x.shape, x.dtype, mesh),
                                     batch_struct(valid.shape, bool, mesh)))
 

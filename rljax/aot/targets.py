@@ -141,7 +141,9 @@ def compile_only_devices(target):
 def gpu_target_config(chip):
   """XLA's GpuTargetConfigProto text for a Hopper card (132 SMs, compute capability 9.0), the
   fields of XLA's xla/tools/hlo_opt/gpu_specs/h100_sxm.txtpb with the card's memory size and
-  bandwidth: what XLA:GPU compiles for without the card."""
+  bandwidth: what XLA:GPU compiles for without the card. With a CUDA 12.8 runtime and driver:
+  XLA puts loops and library calls into CUDA graphs from 12.3 on (conditional nodes, stream
+  capture), and without a version it assumes an older one."""
   return f"""gpu_device_info {{
   threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
   shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
@@ -150,6 +152,7 @@ def gpu_target_config(chip):
   device_memory_size: {int(chip.hbm_bytes)} shared_memory_per_block_optin: 232448
   cuda_compute_capability {{ major: 9 }}
   registers_per_core_limit: 65536 registers_per_block_limit: 65536
+  driver_version: "12.8.0" runtime_version: "12.8.0" compile_time_toolkit_version: "12.8.0"
 }}
 platform_name: "CUDA"
 dnn_version_info {{ major: 9 minor: 8 }}

@@ -2,8 +2,8 @@
 
 Dropless: every token reaches all of its k experts, whatever the load. Exact implementations:
 - 'ragged': sort the (token, expert) pairs by expert and run grouped matmuls (`grouped_matmul`:
-  `jax.lax.ragged_dot`, the megablox kernels on TPU), FLOPs proportional to k: the choice for real
-  models on accelerators;
+  `jax.lax.ragged_dot`, the megablox kernels on TPU, `tiled_matmul` on GPU), FLOPs proportional
+  to k: the choice for real models on accelerators;
 - 'dense': run every expert on every token and combine with the (mostly zero) routing weights
   (E/k times the FLOPs, but plain matmuls);
 - 'bucketed': sort as 'ragged', lay the pairs out as [E, C] slots, C the smallest of a few static
@@ -23,6 +23,7 @@ import functools
 
 import flax.linen as nn
 import jax
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental.pallas.ops.tpu import megablox
 import jax.numpy as jnp
 
@@ -108,16 +109,67 @@ def megablox_matmul(x_NxD, w_ExDxF, group_sizes_E, interpret=False):
   return y_MxF[:rows]
 
 
+def tile_rows(rows, num_groups):
+  """Rows per tile of `tiled_matmul`: the largest power of two up to 512 with at most a quarter
+  of `rows` in the groups' padding (num_groups tiles, at most); 0 where that is under 16 rows
+  (a few decoded tokens): too few rows for tiles to pay for their copies of the weights."""
+  tile = 512
+  while tile >= 16 and 4 * num_groups * tile > rows:
+    tile //= 2
+  return tile if tile >= 16 else 0
+
+
+def tiled_matmul(x_NxD, w_ExDxF, group_sizes_E, tile):
+  """`ragged_dot` as ONE batched matmul over tiles of `tile` rows, each tile one group's: each
+  group's rows padded to whole tiles, each tile times its group's matrix (gathered). Static
+  shapes for any split of the rows: the groups' tiles number at most (N + E (tile - 1)) / tile,
+  so the FLOPs are at most (N + E tile) / N times the routed ones, whatever the load, and nothing
+  is dropped. XLA:GPU runs `ragged_dot` as a dense product against every group.
+  docs/design/moe_expert_paths.md"""
+  rows, num_groups = x_NxD.shape[0], group_sizes_E.shape[0]
+  num_tiles = max((rows + num_groups * (tile - 1)) // tile, 1)
+  tiles_E = -(-group_sizes_E // tile)
+  tile_ends_E, row_ends_E = jnp.cumsum(tiles_E), jnp.cumsum(group_sizes_E)
+  tile_starts_E, row_starts_E = tile_ends_E - tiles_E, row_ends_E - group_sizes_E
+  # Each tile's group, each slot the row of that group it holds (past the group: any row, its
+  # product never read back, so no gradient either).
+  group_G = jnp.minimum(jnp.searchsorted(tile_ends_E, jnp.arange(num_tiles), side='right'),
+                        num_groups - 1)
+  rank_GxM = (jnp.arange(num_tiles) - tile_starts_E[group_G])[:, None] * tile + jnp.arange(tile)
+  source_GxM = jnp.minimum(row_starts_E[group_G][:, None] + rank_GxM, rows - 1)
+  y_GxMxF = jnp.einsum('gmd,gdf->gmf', x_NxD[source_GxM], w_ExDxF[group_G])
+  # Each row's slot; rows past the groups' (another device's pairs) are zeros, as ragged_dot's.
+  group_N = jnp.searchsorted(row_ends_E, jnp.arange(rows), side='right')
+  in_group_N = group_N < num_groups
+  group_N = jnp.minimum(group_N, num_groups - 1)
+  slot_N = tile_starts_E[group_N] * tile + jnp.arange(rows) - row_starts_E[group_N]
+  y_NxF = y_GxMxF.reshape(num_tiles * tile, -1)[jnp.where(in_group_N, slot_N, 0)]
+  return jnp.where(in_group_N[:, None], y_NxF, 0)
+
+
+def gpu_matmul(x_NxD, w_ExDxF, group_sizes_E):
+  """`tiled_matmul` where there are rows enough for tiles, else `ragged_dot` (densified by
+  XLA:GPU: every group's matrix read once, the bytes that bound decoding a few tokens)."""
+  tile = tile_rows(x_NxD.shape[0], group_sizes_E.shape[0])
+  if not tile:
+    return jax.lax.ragged_dot(x_NxD, w_ExDxF, group_sizes_E)
+  return tiled_matmul(x_NxD, w_ExDxF, group_sizes_E, tile)
+
+
 def grouped_matmul(x_NxD, w_ExDxF, group_sizes_E):
   """Rows sorted by group, times their group's matrix. XLA:TPU lowers the weight gradient of
   `ragged_dot` as a dense product against every group, so TPU runs the megablox kernels
   (docs/design/moe_expert_paths.md) where it can: not where XLA partitions the arrays (a mesh
-  outside `shard_map`), which it cannot do for a kernel. Elsewhere `ragged_dot`."""
+  outside `shard_map`), which it cannot do for a kernel. XLA:GPU lowers all of `ragged_dot`
+  densely: GPUs run `gpu_matmul`. Elsewhere `ragged_dot`. The products are named
+  'expert_products' for remat policies (rljax.model.transformer.REMAT_POLICIES)."""
   mesh = jax.sharding.get_abstract_mesh()
   if any(mesh.shape[axis] > 1 for axis in mesh.auto_axes):
-    return jax.lax.ragged_dot(x_NxD, w_ExDxF, group_sizes_E)
-  return jax.lax.platform_dependent(
-      x_NxD, w_ExDxF, group_sizes_E, default=jax.lax.ragged_dot, tpu=megablox_matmul)
+    y_NxF = jax.lax.ragged_dot(x_NxD, w_ExDxF, group_sizes_E)
+  else:
+    y_NxF = jax.lax.platform_dependent(x_NxD, w_ExDxF, group_sizes_E, default=jax.lax.ragged_dot,
+                                       tpu=megablox_matmul, cuda=gpu_matmul)
+  return checkpoint_name(y_NxF, 'expert_products')
 
 
 def experts_ragged(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):

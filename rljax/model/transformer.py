@@ -181,9 +181,13 @@ class Block(nn.Module):
     return (x_BxTxD, aux_loss), layer_cache
 
 
+# 'dots' keeps the outputs of the matmuls by weights (those without batch dimensions, and the
+# experts' grouped products, named in rljax.model.moe.grouped_matmul) and recomputes the rest.
 REMAT_POLICIES = {
     'full': None,
-    'dots': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    'dots': jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+        jax.checkpoint_policies.save_only_these_names('expert_products')),
 }
 
 

@@ -18,6 +18,7 @@ KV cache rows are repeated (static) or copied into each slot it is decoded in (c
 decode loop, its keys and its tokens are those of the P x G repeated prompts.
 """
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -360,12 +361,22 @@ def generate_continuous(model, params, prompt_PxT, prompt_valid_PxT, keys_Nx2,
   return finish(tokens_NxL, logp_NxL, mask_NxL, steps, num_slots)
 
 
+# On GPUs XLA runs the whole sampler, its decoding loop included, as ONE CUDA graph (a loop is a
+# conditional node): one launch per call, not one per kernel of every step (hundreds per token).
+# docs/performance.md
+GPU_GRAPHS = dict(xla_gpu_enable_command_buffer='FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,'
+                                                'CONDITIONAL')
+
+
 def make_sampler(model, cfg: SamplingConfig):
   """A jitted `(params, prompt_PxT, prompt_valid_PxT, rng, caps_B=None) -> Rollout` of B = P x
   cfg.group responses (compiled once per shape): static batching, or continuous batching over
-  `cfg.slots` decode slots with per-response keys."""
+  `cfg.slots` decode slots with per-response keys. On GPUs compiled with GPU_GRAPHS (a jit with
+  compiler options cannot be called inside another jit: elsewhere it has none)."""
+  jit = functools.partial(jax.jit, compiler_options=(
+      GPU_GRAPHS if jax.default_backend() == 'gpu' else None))
   if cfg.slots:
-    return jax.jit(lambda params, prompt, valid, rng, caps=None: generate_continuous(
+    return jit(lambda params, prompt, valid, rng, caps=None: generate_continuous(
         model, params, prompt, valid, response_keys(rng, prompt.shape[0] * cfg.group), cfg, caps))
-  return jax.jit(lambda params, prompt, valid, rng, caps=None: generate(
+  return jit(lambda params, prompt, valid, rng, caps=None: generate(
       model, params, prompt, valid, rng, cfg, caps))
