@@ -255,7 +255,11 @@ def test_export_cli_prints_one_line_saying_what_it_wrote(tmp_path):
       [sys.executable, '-m', 'rljax.hf_export', f'--workdir={run}',
        f'--base={model_dir("tiny_qwen3")}', f'--out={out}'], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu'),
       capture_output=True, text=True, timeout=300, check=False)
-  assert result.returncode == 0 and result.stderr == '', result.stderr
+  # Where jax's CUDA plugin is installed (the GPU compile-only targets) without CUDA, importing
+  # it logs that no driver was found, before any code of ours runs: not ours to silence.
+  stderr = [line for line in result.stderr.splitlines()
+            if 'cudart_stub' not in line and 'before absl::InitializeLog' not in line]
+  assert result.returncode == 0 and stderr == [], result.stderr
   assert result.stdout == (f'rljax.hf_export: wrote step 5 of {run} as a Hugging Face checkpoint '
                            f'to {out} (1 safetensors file, 0.2 MB, float32)\n')
   for a, b in zip(jax.tree.leaves(hf.load_params(str(out), cfg)), jax.tree.leaves(params)):
