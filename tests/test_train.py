@@ -44,6 +44,19 @@ def test_rl_step_samples_scores_and_updates(tmp_path):
   run.ckpt.close()
 
 
+def test_rl_step_with_off_policy_correction_logs_weights_near_one_on_policy(tmp_path):
+  """On policy in float32 on CPU the sampler's and the trainer's log-probs agree to rounding, so
+  the weights are 1 to rounding, nothing is truncated or masked, and every row is trained."""
+  config = tiny(grpo_config, tmp_path, max_steps=1)
+  config.grpo.update(off_policy='mis', is_low=0.999, is_high=1.001)
+  run, carry, _ = run_lib.setup(config, str(tmp_path / 'run'))
+  _, row = train.rl_step(run, carry, next(run.iterator), 1)
+  assert row['is_outside_frac'] == 0.0 and row['retained'] == 16
+  assert abs(row['is_weight_mean'] - 1) < 1e-4 and abs(row['is_weight_max'] - 1) < 1e-4
+  assert row['behaviour_mismatch'] < 1e-5 and row['logprob_mismatch'] < 1e-5
+  run.ckpt.close()
+
+
 @pytest.mark.e2e
 def test_train_logs_running_totals_and_resumes_where_it_stopped(tmp_path):
   """With the third algorithm, RLOO (GRPO's loop runs end to end in test_reliability.py)."""
