@@ -108,9 +108,10 @@ def complete_groups(status_R, groups):
   return jnp.all(status_R.reshape(groups, -1) == DONE, axis=1)
 
 
-def refill(decoder, variables, flight, rows):
+def refill(prompt_kv, flight, rows):
   """The `rows` pending responses of the oldest groups (then by index in the group) into the first
-  free slots (fewer when fewer are free or pending), each with its prompt prefilled."""
+  free slots (fewer when fewer are free or pending), each with its group's prompt cache rows from
+  `prompt_kv` (sampler.prompt_rows over the pool's groups)."""
   num, prompt_len = flight.prompt_RxT.shape
   group = num // flight.serial_Q.shape[0]
   slots, num_slots = flight.slots, flight.slots.active_S.shape[0]
@@ -127,8 +128,7 @@ def refill(decoder, variables, flight, rows):
   if prompt_len > 1:
     put = lambda big, small: big.at[target_K, :, :prompt_len - 1].set(
         small.reshape(rows, *small.shape[-3:]), mode='drop')
-    cache = jax.tree.map(put, cache, sampler_lib.prompt_cache(decoder, variables, prompt_KxT,
-                                                              valid_KxT))
+    cache = jax.tree.map(put, cache, prompt_kv(pick_K // group))
   set_at = lambda x, value: x.at[target_K].set(value, mode='drop')
   return flight._replace(
       cache=cache, kv_valid_SxC=flight.kv_valid_SxC.at[target_K, :prompt_len].set(
@@ -161,6 +161,12 @@ def advance(model, params, flight, version, max_staleness, cfg: sampler_lib.Samp
   variables = {'params': model_lib.decoding_params(params, model.cfg)}
   position0_R = model_lib.positions_from_valid(flight.valid_RxT)[:, -1]
   rows = sampler_lib.refill_rows(num_slots)
+  # Every group's prompt prefilled once per call, under this call's parameters (a carried
+  # response keeps the cache it has).
+  first_Q = jnp.arange(groups) * group
+  prompt_kv = (sampler_lib.prompt_rows(decoder, variables, flight.prompt_RxT[first_Q],
+                                       flight.valid_RxT[first_Q], group)
+               if prompt_len > 1 else None)
 
   def can_fill(flight):   # a whole chunk of free slots (or of the pending responses)
     free, left = jnp.sum(~flight.slots.active_S), jnp.sum(flight.status_R == PENDING)
@@ -168,7 +174,7 @@ def advance(model, params, flight, version, max_staleness, cfg: sampler_lib.Samp
 
   def body(state):
     steps, decoded, flight = state
-    flight = jax.lax.while_loop(can_fill, lambda f: refill(decoder, variables, f, rows), flight)
+    flight = jax.lax.while_loop(can_fill, lambda f: refill(prompt_kv, f, rows), flight)
     slots = flight.slots
     response_S = jnp.minimum(slots.response_S, num - 1)
     t_S = jnp.minimum(slots.t_S, max_len - 1)
