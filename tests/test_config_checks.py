@@ -127,6 +127,22 @@ def test_bad_off_policy_bounds(mode, low, high, message):
   config_checks.check(config, device_count=1, process_count=1)
 
 
+@pytest.mark.parametrize('edit, message', [
+    (dict(slots=0), r'rollout.partial needs rollout.slots >= 2 \(continuous batching\), got 0'),
+    (dict(slots=8, max_staleness=-1), r'rollout.max_staleness must be an integer >= 0, got -1'),
+])
+def test_bad_partial_rollouts(edit, message):
+  config = _tiny()
+  config.rollout.update(partial=True, **edit)
+  with pytest.raises(ValueError, match=message):
+    config_checks.check(config, device_count=1, process_count=1)
+  config.rollout.update(slots=8, max_staleness=2)
+  config_checks.check(config, device_count=1, process_count=1)
+  config.auto_batch.enabled = True
+  with pytest.raises(ValueError, match=r'rollout.partial needs a fixed batch'):
+    config_checks.check(config, device_count=1, process_count=1)
+
+
 def test_lengths_and_vocabulary():
   model = grpo.get_config('runlocal').model
   config_checks.check_lengths(8, 5, model, 16)
