@@ -3,6 +3,7 @@ tests/test_bad_input.py."""
 import pytest
 
 from configs import grpo
+from configs import ppo
 from rljax import sharding
 from rljax.train import config_checks
 
@@ -140,6 +141,13 @@ def test_bad_partial_rollouts(edit, message):
   config_checks.check(config, device_count=1, process_count=1)
   config.auto_batch.enabled = True
   with pytest.raises(ValueError, match=r'rollout.partial needs a fixed batch'):
+    config_checks.check(config, device_count=1, process_count=1)
+
+
+def test_partial_rollouts_refuse_ppo():
+  config = ppo.get_config('runlocal,B=8')
+  config.rollout.update(partial=True, slots=8)
+  with pytest.raises(ValueError, match=r'rollout.partial trains whole groups of G responses'):
     config_checks.check(config, device_count=1, process_count=1)
 
 

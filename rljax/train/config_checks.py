@@ -92,6 +92,9 @@ def check(config, device_count=None, process_count=None):
 def _check_partial(config):
   """Partial rollouts decode over continuous-batching slots, at one batch, in one process."""
   rollout = config.rollout
+  if algos.get(config.algo).BATCH_ARG != 'P':
+    raise ValueError(f'rollout.partial trains whole groups of G responses (grpo, rloo), not '
+                     f'{config.algo}')
   if rollout.get('slots', 0) < 2:
     raise ValueError(f'rollout.partial needs rollout.slots >= 2 (continuous batching), got '
                      f'{rollout.get("slots", 0)}')
