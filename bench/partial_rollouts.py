@@ -8,7 +8,7 @@ Every call of either schedule returns P whole groups of G responses, a training 
 finished, the rest staying in flight for the next call. Lengths are forced as in
 bench/rollout_lengths.py (a stop token the model never samples, per-response caps): every response
 of a group is as long as its prompt's reference response in the sums training split, so both
-schedules decode the same lengths on the `tiny` (runlocal) model. Each call advances the policy
+schedules decode the same lengths (on the `tiny` model, the runlocal one, by default). Each call advances the policy
 version, so partial's staleness rule (`--max_staleness`) restarts what it would in training.
 Rounds interleave the two (one call each, the order alternating), and the ratio is the median of
 the per-round ratios of continuous's time to partial's, i.e. partial's samples/s over
@@ -89,7 +89,7 @@ def schedules(args, model, params, prompts, caps_N):
 
 
 def measure(args):
-  cfg = presets.get('tiny')
+  cfg = presets.get(args.preset)
   model = model_lib.Transformer(cfg)
   params = model_lib.init_params(cfg, jax.random.PRNGKey(0))
   calls = args.warmup + args.rounds + 2
@@ -122,6 +122,7 @@ def measure(args):
 
 def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--preset', default='tiny', choices=sorted(presets.PRESETS))
   parser.add_argument('--P', type=common.positive_int, default=64, help='groups per call')
   parser.add_argument('--G', type=common.positive_int, default=8, help='responses per group')
   parser.add_argument('--slots', type=common.positive_int, default=64)
