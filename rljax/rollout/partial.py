@@ -172,39 +172,58 @@ def advance(model, params, flight, version, max_staleness, cfg: sampler_lib.Samp
     free, left = jnp.sum(~flight.slots.active_S), jnp.sum(flight.status_R == PENDING)
     return (left > 0) & (free >= jnp.minimum(rows, left))
 
+  fixed = flight   # the fields no decoding step changes ride outside the loops
+  whole = lambda fields: fixed._replace(**fields)
   def body(state):
-    steps, decoded, flight = state
-    flight = jax.lax.while_loop(can_fill, lambda f: refill(prompt_kv, f, rows), flight)
-    slots = flight.slots
-    response_S = jnp.minimum(slots.response_S, num - 1)
-    t_S = jnp.minimum(slots.t_S, max_len - 1)
-    logits_Sx1xV, cache, _ = decoder.apply(
-        variables, slots.token_S[:, None], flight.kv_valid_SxC, flight.cache,
-        prompt_len - 1 + t_S, (position0_R[response_S] + t_S)[:, None])
-    token_S, logp_S = sample_token(logits_Sx1xV, flight.key_Rx2[response_S], t_S, cfg)
-    row_S = jnp.where(slots.active_S, response_S, num)   # idle slots write nothing
-    stop_S = (token_S == cfg.eos_id) | (slots.t_S + 1 >= flight.cap_R[response_S])
-    at = lambda x, value: x.at[row_S, t_S].set(value, mode='drop')
-    flight = flight._replace(
-        cache=cache, tokens_RxL=at(flight.tokens_RxL, token_S), logp_RxL=at(flight.logp_RxL, logp_S),
-        mask_RxL=at(flight.mask_RxL, True), version_RxL=at(flight.version_RxL, version),
-        status_R=flight.status_R.at[jnp.where(stop_S, row_S, num)].set(DONE, mode='drop'),
-        slots=sampler_lib.Slots(slots.response_S, slots.t_S + 1, token_S,
-                                slots.active_S & ~stop_S))
-    return steps + 1, decoded + jnp.sum(slots.active_S), flight
+    steps, decoded, fields = state
+    refilled = jax.lax.while_loop(
+        lambda f: can_fill(whole(dict(fields, **f))),
+        lambda f: changing(refill(prompt_kv, whole(dict(fields, **f)), rows), REFILLED),
+        {name: fields[name] for name in REFILLED})
+    flight = whole(dict(fields, **refilled))
+    decoded += jnp.sum(flight.slots.active_S)
+    flight = decode_step(decoder, variables, flight, position0_R, version, cfg)
+    return steps + 1, decoded, changing(flight, DECODED)
 
   def cond(state):
-    flight = state[2]
+    flight = whole(state[2])
     busy = jnp.any(flight.slots.active_S) | jnp.any(flight.status_R == PENDING)
     return (jnp.sum(complete_groups(flight.status_R, groups)) < num_groups) & busy
 
-  steps, decoded, flight = jax.lax.while_loop(cond, body, (jnp.int32(0), jnp.int32(0), flight))
-  return take_finished(flight, steps, decoded, num_groups, restarted)
+  steps, decoded, fields = jax.lax.while_loop(
+      cond, body, (jnp.int32(0), jnp.int32(0), changing(flight, DECODED)))
+  return take_finished(whole(fields), steps, decoded, num_groups, restarted)
 
 
-def sample_token(logits_Sx1xV, keys_Sx2, t_S, cfg):
-  """The slots' next tokens and their log-probs, each from its response's key at its position."""
-  return sampler_lib.sample_token(logits_Sx1xV[:, 0], sampler_lib.token_keys(keys_Sx2, t_S), cfg)
+def decode_step(decoder, variables, flight, position0_R, version, cfg):
+  """One token for every busy slot, written to its response with the policy version; a response
+  that samples the stop token or reaches its cap is done and frees its slot."""
+  num, prompt_len = flight.prompt_RxT.shape
+  slots, max_len = flight.slots, flight.tokens_RxL.shape[1]
+  response_S = jnp.minimum(slots.response_S, num - 1)
+  t_S = jnp.minimum(slots.t_S, max_len - 1)
+  logits_Sx1xV, cache, _ = decoder.apply(
+      variables, slots.token_S[:, None], flight.kv_valid_SxC, flight.cache,
+      prompt_len - 1 + t_S, (position0_R[response_S] + t_S)[:, None])
+  token_S, logp_S = sampler_lib.sample_token(
+      logits_Sx1xV[:, 0], sampler_lib.token_keys(flight.key_Rx2[response_S], t_S), cfg)
+  row_S = jnp.where(slots.active_S, response_S, num)   # idle slots write nothing
+  stop_S = (token_S == cfg.eos_id) | (slots.t_S + 1 >= flight.cap_R[response_S])
+  at = lambda x, value: x.at[row_S, t_S].set(value, mode='drop')
+  return flight._replace(
+      cache=cache, tokens_RxL=at(flight.tokens_RxL, token_S), logp_RxL=at(flight.logp_RxL, logp_S),
+      mask_RxL=at(flight.mask_RxL, True), version_RxL=at(flight.version_RxL, version),
+      status_R=flight.status_R.at[jnp.where(stop_S, row_S, num)].set(DONE, mode='drop'),
+      slots=sampler_lib.Slots(slots.response_S, slots.t_S + 1, token_S, slots.active_S & ~stop_S))
+
+
+# What a refill changes, and what a decoding step changes: only these ride in the loops' carries.
+REFILLED = ('cache', 'kv_valid_SxC', 'slots', 'status_R')
+DECODED = REFILLED + ('tokens_RxL', 'logp_RxL', 'mask_RxL', 'version_RxL')
+
+
+def changing(flight, names):
+  return {name: getattr(flight, name) for name in names}
 
 
 def take_finished(flight, steps, decoded, num_groups, restarted):
