@@ -114,7 +114,8 @@ def measure(args):
     samples, decoded, steps, restarted = totals[name]
     wall, spread = common.median_spread(seconds[name])
     rows.append(dict(schedule=name, wall_s=wall, spread=spread,
-                     samples_per_s=args.P * args.G / wall, utilization=decoded / (steps * args.slots), steps_per_call=steps / args.rounds,
+                     samples_per_s=args.P * args.G / wall,
+                     utilization=decoded / (steps * args.slots), steps_per_call=steps / args.rounds,
                      restarted_per_call=restarted / args.rounds))
   return dict(machine=common.machine(), args=vars(args), rows=rows, ratio=ratio,
               interval=[low, high], coverage=coverage, load_1min=common.load_average())
