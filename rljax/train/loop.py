@@ -66,6 +66,7 @@ def encode_answers(answers, width):
 
 
 def decode_answers(answer_PxW):
+  """The answers `encode_answers` stored."""
   return [bytes(row).rstrip(b'\0').decode() for row in np.asarray(answer_PxW)]
 
 
