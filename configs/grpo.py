@@ -22,9 +22,12 @@ def get_config(arg=None):
   # to the group std. clip_ratio_c > 1 turns on dual-clip for A < 0 (0: off). kl_estimator, as a
   # kl_coef loss term: 'k3' follows the gradient of KL(ref || pi), 'k2' that of KL(pi || ref);
   # 'k1' has zero expected gradient and is refused. loss_agg: one of losses.AGGREGATION_MODES.
+  # off_policy: 'tis' weights each token by min(pi_old / mu, is_high) against the sampler's mu,
+  # 'mis' drops tokens whose ratio leaves [is_low, is_high]; 'none' (default): no correction.
   config.grpo = dict(normalize_std=True, adv_eps=1e-6, filter_zero_variance=False, clip_low=0.2,
                      clip_high=0.2, clip_ratio_c=0.0, kl_coef=0.0, kl_estimator='k3',
-                     loss_agg='token-mean', moe_aux_coef=1e-3)
+                     loss_agg='token-mean', moe_aux_coef=1e-3, off_policy='none', is_low=0.5,
+                     is_high=2.0)
   # 5e-5 at P*G = 128 learns fastest per sample on the arithmetic task (docs/method.md); the
   # runlocal demo anneals a higher lr to 0 over its one fixed budget (docs/guide/grpo.md).
   if arg.runlocal:

@@ -14,5 +14,6 @@ def get_config(arg=None):
   config = common.base_config(16 if auto else arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
   config.algo = 'rloo'
   config.rloo = dict(clip_low=0.2, clip_high=0.2, clip_ratio_c=0.0, kl_coef=0.0, kl_estimator='k3',
-                     loss_agg='token-mean', moe_aux_coef=1e-3)   # docs/reference/losses.md
+                     loss_agg='token-mean', moe_aux_coef=1e-3, off_policy='none', is_low=0.5,
+                     is_high=2.0)   # docs/reference/losses.md
   return common.enable_auto_batch(config) if auto else config

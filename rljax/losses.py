@@ -14,6 +14,7 @@ import jax.numpy as jnp
 AGGREGATION_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum',
                      'seq-mean-token-sum-norm')
 KL_KINDS = ('k1', 'k2', 'k3')
+OFF_POLICY_MODES = ('none', 'tis', 'mis')
 # |log pi/pi_old| beyond this cannot come from a trust-region step; clamping it keeps the ratio
 # finite in float32 (exp overflows above ~88.7, and inf * 0 is NaN). The bound is verl's.
 LOG_RATIO_LIMIT = 20.0
@@ -121,6 +122,36 @@ def clipped_surrogate(logp_BxL, old_logp_BxL, advantages_BxL, clip_low, clip_hig
   objective_BxL = jnp.where((advantages_BxL < 0) & (clip_ratio_c > 0), dual_BxL, objective_BxL)
   clipped_BxL = (objective_BxL != unclipped_BxL).astype(jnp.float32)
   return -objective_BxL, clipped_BxL
+
+
+def importance_weights(old_logp_BxL, behaviour_logp_BxL, mask_BxL, mode, low, high):
+  """Per-token weights pi_old / mu of the tokens the behaviour policy mu (the sampler) drew, and
+  which tokens the loss keeps: the correction for sampling from another policy than the trainer's.
+
+  'tis' (truncated IS): weight min(ratio, high), every token kept. 'mis' (masked IS): weight
+  ratio, tokens with a ratio outside [low, high] dropped from the mask (so from the aggregation's
+  denominator too). 'none': weight 1, every token kept. The log-ratio is clamped as in
+  clipped_surrogate. Returns (weights_BxL, keep_BxL, stats over the masked tokens).
+  """
+  mask_BxL = jnp.asarray(mask_BxL, jnp.float32)
+  log_ratio_BxL = jnp.clip(old_logp_BxL - behaviour_logp_BxL, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+  ratio_BxL = jnp.exp(log_ratio_BxL)
+  if mode == 'tis':
+    outside_BxL = (ratio_BxL > high).astype(jnp.float32)
+    weights_BxL, keep_BxL = jnp.minimum(ratio_BxL, high), mask_BxL
+  elif mode == 'mis':
+    outside_BxL = ((ratio_BxL < low) | (ratio_BxL > high)).astype(jnp.float32)
+    weights_BxL, keep_BxL = ratio_BxL * (1 - outside_BxL), mask_BxL * (1 - outside_BxL)
+  elif mode == 'none':
+    outside_BxL = jnp.zeros_like(ratio_BxL)
+    weights_BxL, keep_BxL = jnp.ones_like(ratio_BxL), mask_BxL
+  else:
+    raise ValueError(f'Unknown off-policy mode {mode!r}; valid modes: {OFF_POLICY_MODES}.')
+  stats = dict(is_weight_mean=masked_mean(weights_BxL, keep_BxL),
+               is_weight_max=jnp.max(jnp.where(keep_BxL > 0, weights_BxL, 0.0)),
+               is_outside_frac=masked_mean(outside_BxL, mask_BxL),
+               behaviour_mismatch=masked_mean(jnp.abs(log_ratio_BxL), mask_BxL))
+  return weights_BxL, keep_BxL, stats
 
 
 def kl_penalty(logp_BxL, ref_logp_BxL, kind):

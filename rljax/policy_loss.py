@@ -21,6 +21,7 @@ class PolicyBatch(NamedTuple):
   old_logp_BxL: jax.Array      # sampler log-probs (behaviour policy)
   advantages_BxL: jax.Array
   weights_BxL: jax.Array       # aggregation weights from the FULL batch (losses.token_weights)
+  is_weights_BxL: jax.Array | None = None   # off-policy correction (losses.importance_weights)
 
 
 def prompt_and_response(prompt_BxT, prompt_valid_BxT, response_BxL):
@@ -76,6 +77,31 @@ def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL,
   return unchunk(logp_NxBxC), unchunk(entropy_NxBxC), aux_loss
 
 
+def micro_map(fn, num_micro, *arrays_B):
+  """fn over `num_micro` row chunks in turn (`lax.map`), concatenated: memory of one chunk."""
+  outputs = jax.lax.map(lambda chunk: fn(*chunk), update.split_micro(arrays_B, num_micro))
+  return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outputs)
+
+
+def off_policy_correction(model, params, batch, cfg, temperature, num_micro, logits_chunk=0):
+  """`batch` with the trainer's own log-probs as the surrogate's old policy and per-token weights
+  pi_old / mu against the sampler's (behaviour) log-probs it held, per cfg.off_policy ('none':
+  `batch` as it is). The sampler's policy may be older (partial rollouts) or computed otherwise
+  (bf16 on a mesh); the clipped surrogate then stays a trust region around the trainer's policy.
+  Returns (batch, stats)."""
+  mode = cfg.get('off_policy', 'none')
+  if mode == 'none':
+    return batch, {}
+  old_logp_BxL = micro_map(
+      lambda p, v, r: response_logprobs(model, params, p, v, r, temperature, logits_chunk)[0],
+      num_micro, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL)
+  is_weights_BxL, keep_BxL, stats = losses.importance_weights(
+      old_logp_BxL, batch.old_logp_BxL, batch.mask_BxL, mode, cfg.is_low, cfg.is_high)
+  return batch._replace(old_logp_BxL=old_logp_BxL, mask_BxL=keep_BxL,
+                        advantages_BxL=batch.advantages_BxL * keep_BxL,
+                        is_weights_BxL=is_weights_BxL), stats
+
+
 def make_policy_loss(model, cfg, temperature, num_micro, logits_chunk=0):
   """`loss_fn(params, batch, ref_params) -> (loss, metric sums)` for rljax.update.
 
@@ -89,6 +115,8 @@ def make_policy_loss(model, cfg, temperature, num_micro, logits_chunk=0):
     pg_BxL, clipped_BxL = losses.clipped_surrogate(logp_BxL, batch.old_logp_BxL,
                                                    batch.advantages_BxL, cfg.clip_low,
                                                    cfg.clip_high, cfg.get('clip_ratio_c', 0.0))
+    if batch.is_weights_BxL is not None:
+      pg_BxL = batch.is_weights_BxL * pg_BxL
     weights_BxL, mask_BxL = batch.weights_BxL, batch.mask_BxL
     pg_loss = jnp.sum(weights_BxL * pg_BxL)
     loss = pg_loss + cfg.moe_aux_coef * aux_loss / num_micro

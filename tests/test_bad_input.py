@@ -74,6 +74,10 @@ CHECK_CASES = [
     ('negative-slots', {'rollout.slots': -1}, 1,
      r'rollout.slots must be >= 0 \(0: static batching\), got -1'),
     ('negative-adv-eps', {'grpo.adv_eps': -1e-6}, 1, r'grpo.adv_eps must be >= 0, got -1e-06'),
+    ('unknown-off-policy', {'grpo.off_policy': 'ppo'}, 1,
+     r"grpo.off_policy 'ppo' is not one of \('none', 'tis', 'mis'\)"),
+    ('tis-cap-below-1', {'grpo.off_policy': 'tis', 'grpo.is_high': 0.9}, 1,
+     r"grpo.is_high \(the 'tis' cap\) must be >= 1, got 0.9"),
 ]
 
 

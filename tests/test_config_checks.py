@@ -3,6 +3,7 @@ tests/test_bad_input.py."""
 import pytest
 
 from configs import grpo
+from configs import ppo
 from rljax import sharding
 from rljax.train import config_checks
 
@@ -98,6 +99,7 @@ def _tiny():
     ('train.checkpoint_every', -1, r'train.checkpoint_every must be >= 0'),
     ('train.num_minibatches', 3, r'train.num_minibatches \(3\) must divide the batch P\*G = 16'),
     ('grpo.loss_agg', 'median', r"grpo.loss_agg 'median' is not one of"),
+    ('grpo.off_policy', 'is', r"grpo.off_policy 'is' is not one of \('none', 'tis', 'mis'\)"),
     ('model.experts_per_token', 5, r'model.experts_per_token \(5\) must be in \[1, num_experts=4\]'),
     ('model.num_kv_heads', 3, r'model.num_heads \(4\) must be a multiple of num_kv_heads \(3\)'),
     ('debug.nan_steps', '9-3', r"bad step range '9-3'"),
@@ -109,6 +111,43 @@ def test_bad_field(field, value, message):
   section, key = field.split('.')
   config[section][key] = value
   with pytest.raises(ValueError, match=message):
+    config_checks.check(config, device_count=1, process_count=1)
+
+
+@pytest.mark.parametrize('mode, low, high, message', [
+    ('tis', 0.5, 0.8, r"grpo.is_high \(the 'tis' cap\) must be >= 1, got 0.8"),
+    ('mis', 1.2, 2.0, r"grpo.is_low and is_high \(the 'mis' band\) must satisfy 0 <= is_low <= 1"),
+    ('mis', 0.5, float('nan'), r"the 'mis' band.*got 0.5 and nan"),
+])
+def test_bad_off_policy_bounds(mode, low, high, message):
+  config = _tiny()
+  config.grpo.update(off_policy=mode, is_low=low, is_high=high)
+  with pytest.raises(ValueError, match=message):
+    config_checks.check(config, device_count=1, process_count=1)
+  config.grpo.update(is_low=0.5, is_high=2.0)
+  config_checks.check(config, device_count=1, process_count=1)
+
+
+@pytest.mark.parametrize('edit, message', [
+    (dict(slots=0), r'rollout.partial needs rollout.slots >= 2 \(continuous batching\), got 0'),
+    (dict(slots=8, max_staleness=-1), r'rollout.max_staleness must be an integer >= 0, got -1'),
+])
+def test_bad_partial_rollouts(edit, message):
+  config = _tiny()
+  config.rollout.update(partial=True, **edit)
+  with pytest.raises(ValueError, match=message):
+    config_checks.check(config, device_count=1, process_count=1)
+  config.rollout.update(slots=8, max_staleness=2)
+  config_checks.check(config, device_count=1, process_count=1)
+  config.auto_batch.enabled = True
+  with pytest.raises(ValueError, match=r'rollout.partial needs a fixed batch'):
+    config_checks.check(config, device_count=1, process_count=1)
+
+
+def test_partial_rollouts_refuse_ppo():
+  config = ppo.get_config('runlocal,B=8')
+  config.rollout.update(partial=True, slots=8)
+  with pytest.raises(ValueError, match=r'rollout.partial trains whole groups of G responses'):
     config_checks.check(config, device_count=1, process_count=1)
 
 

@@ -371,6 +371,59 @@ def test_policy_loss_applies_the_configured_dual_clip(c):
 
 
 # ----------------------------------------------------------------------------------------------
+# Off-policy correction (importance weights against the sampler's log-probs).
+# ----------------------------------------------------------------------------------------------
+
+
+def ref_importance_weights(old_logp, behaviour_logp, mask, mode, low, high):
+  """Explicit loop, float64: (weight, kept) of each token."""
+  weights, keep = np.ones(mask.shape), np.array(mask, np.float64)
+  for i, j in np.ndindex(mask.shape):
+    ratio = math.exp(min(max(float(old_logp[i, j]) - float(behaviour_logp[i, j]), -20.0), 20.0))
+    if mode == 'tis':
+      weights[i, j] = min(ratio, high)
+    elif mode == 'mis':
+      inside = low <= ratio <= high
+      weights[i, j] = ratio if inside else 0.0
+      keep[i, j] *= inside
+  return weights, keep
+
+
+@pytest.mark.parametrize('mode', losses.OFF_POLICY_MODES)
+def test_importance_weights_truncate_or_mask_as_numpy(mode):
+  rng = np.random.default_rng(21)
+  _, mask = lengths_and_mask(rng, b=16, l=9)
+  old = rng.normal(-2, 1, mask.shape).astype(np.float32)
+  behaviour = (old + rng.normal(0, 0.5, mask.shape)).astype(np.float32)
+  behaviour[0, :2] = [old[0, 0] + 30.0, old[0, 1] - 30.0]   # log-ratios past the clamp
+  low, high = 0.7, 1.5
+  weights, keep, stats = losses.importance_weights(old, behaviour, mask, mode, low, high)
+  ref_w, ref_keep = ref_importance_weights(old, behaviour, mask, mode, low, high)
+  close(weights, ref_w, rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(keep), ref_keep)
+  ratio = np.exp(np.clip(old.astype(np.float64) - behaviour, -20, 20))
+  outside = {'tis': ratio > high, 'mis': (ratio < low) | (ratio > high),
+             'none': np.zeros(mask.shape, bool)}[mode]
+  valid = mask > 0
+  close(stats['is_outside_frac'], outside[valid].mean())
+  close(stats['is_weight_mean'], ref_w[ref_keep > 0].mean(), rtol=1e-5)
+  close(stats['is_weight_max'], ref_w[ref_keep > 0].max(), rtol=1e-5)
+  close(stats['behaviour_mismatch'], np.abs(np.log(ratio))[valid].mean(), rtol=1e-5)
+  if mode != 'none':   # the bounds bite on this data
+    assert 0.05 < float(stats['is_outside_frac']) < 0.95
+
+
+def test_importance_weights_at_staleness_zero_are_exactly_one():
+  rng = np.random.default_rng(22)
+  _, mask = lengths_and_mask(rng)
+  logp = rng.normal(-2, 1, mask.shape).astype(np.float32)
+  for mode in ('tis', 'mis'):
+    weights, keep, stats = losses.importance_weights(logp, logp, mask, mode, 0.9, 1.1)
+    assert np.all(np.asarray(weights) == 1.0) and np.array_equal(np.asarray(keep), mask)
+    assert float(stats['is_outside_frac']) == 0.0 and float(stats['behaviour_mismatch']) == 0.0
+
+
+# ----------------------------------------------------------------------------------------------
 # KL estimators.
 # ----------------------------------------------------------------------------------------------
 

@@ -337,3 +337,78 @@ def test_minibatch_epochs_cover_the_batch_each_epoch_and_shuffle_between_calls()
     np.testing.assert_array_equal(counts_B, 2)   # every row once per epoch
     firsts.add(tuple(np.asarray(metrics['rows'])))
   assert len(firsts) > 1   # the minibatch order depends on the key
+
+
+def off_policy_cfg(mode):
+  return ml_collections.ConfigDict(dict(loss_cfg(0.0).to_dict(), off_policy=mode, is_low=0.9,
+                                        is_high=1.1))
+
+
+@functools.lru_cache(maxsize=None)
+def correction_fn(mode):
+  """Jitted policy_loss.off_policy_correction in two row chunks."""
+  return jax.jit(lambda params, batch: policy_loss.off_policy_correction(
+      MODEL, params, batch, off_policy_cfg(mode), TEMPERATURE, 2))
+
+
+@pytest.mark.parametrize('mode', ['tis', 'mis'])
+def test_off_policy_loss_matches_numpy(mode):
+  """The sampler's log-probs (make_setup's old_logp: the trainer's + noise) become importance
+  weights against the trainer's own log-probs; the loss after a first update (old != current) is
+  sum(token weight over kept tokens * IS weight * clipped surrogate), in float64 numpy."""
+  params, _, batch = make_setup(seed=3)
+  corrected, stats = correction_fn(mode)(params, batch)
+  logp, _, _ = logprobs_fn()(params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL,
+                             jnp.float32(TEMPERATURE))
+  logp, mask = np.asarray(logp, np.float64), np.asarray(batch.mask_BxL, np.float64)
+  np.testing.assert_allclose(np.asarray(corrected.old_logp_BxL), logp, rtol=1e-6, atol=1e-6)
+  ratio = np.exp(logp - np.asarray(batch.old_logp_BxL, np.float64))
+  inside = (ratio >= 0.9) & (ratio <= 1.1)
+  is_weights = np.minimum(ratio, 1.1) if mode == 'tis' else np.where(inside, ratio, 0.0)
+  keep = mask * inside if mode == 'mis' else mask
+  np.testing.assert_array_equal(np.asarray(corrected.mask_BxL), keep)
+  np.testing.assert_allclose(np.asarray(corrected.is_weights_BxL) * keep, is_weights * keep,
+                             rtol=1e-5)
+  outside = ~inside if mode == 'mis' else ratio > 1.1
+  assert 0.1 < float(stats['is_outside_frac']) < 0.9
+  np.testing.assert_allclose(float(stats['is_outside_frac']), outside[mask > 0].mean(), rtol=1e-6)
+
+  # As after an update: the policy moved away from the trainer's old log-probs.
+  rng = np.random.default_rng(4)
+  moved_old = corrected.old_logp_BxL + 0.2 * jnp.asarray(rng.normal(size=logp.shape), jnp.float32)
+  weights = losses.token_weights(corrected.mask_BxL, 'token-mean')
+  step, tx = step_fn(0.0, 1)
+  _, _, metrics = step(params, tx.init(params),
+                       corrected._replace(old_logp_BxL=moved_old, weights_BxL=weights), None)
+  r = np.exp(logp - np.asarray(moved_old, np.float64))
+  adv = np.asarray(corrected.advantages_BxL, np.float64)
+  surrogate = np.minimum(r * adv, np.clip(r, 1 - CLIP_LOW, 1 + CLIP_HIGH) * adv)
+  expected = np.sum(np_weights(keep, 'token-mean') * is_weights * -surrogate)
+  np.testing.assert_allclose(float(metrics['pg_loss']), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_off_policy_at_staleness_zero_is_todays_loss_and_gradient():
+  """Sampler log-probs equal to the trainer's: every weight is exactly 1, no token is dropped,
+  and the loss and its gradient are bit-equal to the uncorrected loss's. Run op by op (not
+  jitted), so both sides run the same compiled programs; the extra `* 1.0` is exact."""
+  params, _, batch = make_setup(seed=5)
+  trainer_logp = correction_fn('tis')(params, batch)[0].old_logp_BxL
+  weights = losses.token_weights(batch.mask_BxL, 'token-mean')
+  today = batch._replace(old_logp_BxL=trainer_logp, weights_BxL=weights)
+  for mode in ('mis', 'tis'):   # the same program recomputes the same trainer log-probs
+    corrected, stats = correction_fn(mode)(params, today)
+    assert np.all(np.asarray(corrected.is_weights_BxL) == 1.0)
+    np.testing.assert_array_equal(np.asarray(corrected.mask_BxL), np.asarray(batch.mask_BxL))
+    np.testing.assert_array_equal(np.asarray(corrected.old_logp_BxL), np.asarray(trainer_logp))
+    assert float(stats['behaviour_mismatch']) == 0.0
+  # Moved old log-probs (a later minibatch): the surrogate is not trivially the advantage.
+  moved = jnp.asarray(np.random.default_rng(6).normal(size=trainer_logp.shape), jnp.float32)
+  today = today._replace(old_logp_BxL=trainer_logp + 0.2 * moved)
+  corrected = corrected._replace(old_logp_BxL=trainer_logp + 0.2 * moved)
+  loss_fn = policy_loss.make_policy_loss(MODEL, loss_cfg(0.0), TEMPERATURE, 1)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  (loss_today, _), grads_today = grad_fn(params, today)
+  (loss_corrected, _), grads_corrected = grad_fn(params, corrected)
+  assert float(loss_today) == float(loss_corrected) and float(loss_today) != 0.0
+  for a, b in zip(jax.tree.leaves(grads_today), jax.tree.leaves(grads_corrected)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -82,6 +82,14 @@ def check_policy_loss(name, cfg):
   if cfg.clip_ratio_c and not cfg.clip_ratio_c > 1:
     raise ValueError(f'{name}.clip_ratio_c (dual-clip) must be > 1, or 0 for off, got '
                      f'{cfg.clip_ratio_c}')
+  mode = cfg.get('off_policy', 'none')
+  if mode not in losses.OFF_POLICY_MODES:
+    raise ValueError(f'{name}.off_policy {mode!r} is not one of {losses.OFF_POLICY_MODES}')
+  if mode == 'tis' and not cfg.is_high >= 1:
+    raise ValueError(f"{name}.is_high (the 'tis' cap) must be >= 1, got {cfg.is_high}")
+  if mode == 'mis' and not 0 <= cfg.is_low <= 1 <= cfg.is_high:
+    raise ValueError(f"{name}.is_low and is_high (the 'mis' band) must satisfy 0 <= is_low <= 1 "
+                     f'<= is_high, got {cfg.is_low} and {cfg.is_high}')
   if 'adv_eps' in cfg and not cfg.adv_eps >= 0:
     raise ValueError(f'{name}.adv_eps must be >= 0, got {cfg.adv_eps}')
 

@@ -70,8 +70,12 @@ def make(config, model, params, mesh, rng, batch_fn=group_batch):
                                              optim.planned_updates(train, batch))
 
   def make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params):
-    del state, ref_params
-    return batch_fn(rollout, rewards_B, prompt_BxT, valid_BxT, G, section)
+    del ref_params
+    batch, stats = batch_fn(rollout, rewards_B, prompt_BxT, valid_BxT, G, section)
+    batch, is_stats = policy_loss.off_policy_correction(
+        model, state['params'], batch, section, config.rollout.temperature,
+        num_micro * train.num_minibatches, train.logits_chunk)
+    return batch, dict(stats, **is_stats)
 
   loss_fn = policy_loss.make_policy_loss(model, section, config.rollout.temperature, num_micro,
                                          train.logits_chunk)

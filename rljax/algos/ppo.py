@@ -71,12 +71,6 @@ def terminal_rewards(rewards_B, mask_BxL):
   return jnp.where(at_last_BxL, jnp.asarray(rewards_B, jnp.float32)[:, None], 0.0) * mask_BxL
 
 
-def micro_map(fn, num_micro, *arrays_B):
-  """fn over `num_micro` row chunks in turn (`lax.map`), concatenated: memory of one chunk."""
-  outputs = jax.lax.map(lambda chunk: fn(*chunk), update.split_micro(arrays_B, num_micro))
-  return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outputs)
-
-
 def critic_params_of(state, share_trunk):
   """The critic's parameter tree: its own, or the policy's trunk plus the value head."""
   if share_trunk:
@@ -90,13 +84,13 @@ def ppo_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params, *, m
   """Rollout + rewards -> (PPOBatch, stats): values of the current critic, token rewards, GAE."""
   mask_BxL = rollout.mask_BxL.astype(jnp.float32)
   critic_params = critic_params_of(state, cfg.share_trunk)
-  values_BxL = micro_map(
+  values_BxL = policy_loss.micro_map(
       lambda p, v, r: critic_lib.response_values(critic, critic_params, p, v, r)[0], num_micro,
       prompt_BxT, valid_BxT, rollout.tokens_BxL) * mask_BxL
   rewards_BxL = terminal_rewards(rewards_B, mask_BxL)
   stats = {}
   if cfg.kl_reward_coef:
-    ref_logp_BxL = micro_map(
+    ref_logp_BxL = policy_loss.micro_map(
         lambda p, v, r: policy_loss.response_logprobs(model, ref_params, p, v, r, temperature)[0],
         num_micro, prompt_BxT, valid_BxT, rollout.tokens_BxL)
     kl_BxL = losses.kl_penalty(rollout.logp_BxL, ref_logp_BxL, cfg.kl_reward_estimator) * mask_BxL
@@ -218,9 +212,14 @@ def make(config, model, params, mesh, rng):
 
   # The rollout batch is the full batch; value and reference forwards go micro-batch by micro-batch.
   def make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params):
-    return ppo_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params, model=model,
-                     critic=critic, cfg=cfg, temperature=config.rollout.temperature,
-                     num_micro=num_micro * train.num_minibatches)
+    batch, stats = ppo_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params,
+                             model=model, critic=critic, cfg=cfg,
+                             temperature=config.rollout.temperature,
+                             num_micro=num_micro * train.num_minibatches)
+    policy, is_stats = policy_loss.off_policy_correction(
+        model, state['params'], batch.policy, cfg, config.rollout.temperature,
+        num_micro * train.num_minibatches, train.logits_chunk)
+    return batch._replace(policy=policy), dict(stats, **is_stats)
 
   def update_fn(state, batch, ref_params, rng):
     return update.minibatch_epochs(

@@ -49,6 +49,8 @@ def check(config, device_count=None, process_count=None):
     raise ValueError(f'rollout.top_p must be in (0, 1], got {rollout.top_p}')
   if rollout.get('slots', 0) < 0:
     raise ValueError(f'rollout.slots must be >= 0 (0: static batching), got {rollout.slots}')
+  if rollout.get('partial', False):
+    _check_partial(config)
   if rollout.top_k < 0 or rollout.max_new_tokens < 0:
     raise ValueError(f'rollout.top_k and max_new_tokens must be >= 0 (0: off / from the task), got '
                      f'{rollout.top_k} and {rollout.max_new_tokens}')
@@ -85,6 +87,24 @@ def check(config, device_count=None, process_count=None):
     step_set(config.debug.nan_steps)
   if config.get('auto_batch') and config.auto_batch.enabled:
     _check_auto_batch(config, device_count, process_count)
+
+
+def _check_partial(config):
+  """Partial rollouts decode over continuous-batching slots, at one batch, in one process."""
+  rollout = config.rollout
+  if algos.get(config.algo).BATCH_ARG != 'P':
+    raise ValueError(f'rollout.partial trains whole groups of G responses (grpo, rloo), not '
+                     f'{config.algo}')
+  if rollout.get('slots', 0) < 2:
+    raise ValueError(f'rollout.partial needs rollout.slots >= 2 (continuous batching), got '
+                     f'{rollout.get("slots", 0)}')
+  if not (isinstance(rollout.max_staleness, int) and rollout.max_staleness >= 0):
+    raise ValueError(f'rollout.max_staleness must be an integer >= 0, got {rollout.max_staleness!r}')
+  if config.get('auto_batch') and config.auto_batch.enabled:
+    raise ValueError('rollout.partial needs a fixed batch: its pool holds two batches of groups; '
+                     'turn auto_batch off (P=auto) or rollout.partial off')
+  if jax.process_count() > 1:
+    raise ValueError('rollout.partial runs in one process (its pool is not split over hosts)')
 
 
 def _check_auto_batch(config, device_count, process_count):

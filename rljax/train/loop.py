@@ -16,6 +16,7 @@ import numpy as np
 from rljax import algos
 from rljax.data import rewards
 from rljax.data import sources as data
+from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import stats
@@ -37,13 +38,9 @@ def rollout_stats(rewards_B, rollout):
 step_key = jax.jit(jax.random.fold_in)
 
 
-def rl_step(run, carry, examples, step):
-  """One rollout batch of `examples` (P prompts): sample G responses each, score them, turn them
-  into the algorithm's batch and update. Returns the new carry and the step's training row (the
-  loop adds the running totals)."""
-  state = {k: v for k, v in carry.items() if k not in ('rng', 'reference')}
-  ref_params, rng = carry.get('reference'), step_key(carry['rng'], step)
-  start = time.perf_counter()
+def sample_rollout(run, params, examples, rng):
+  """G responses to each of the P prompts of `examples`, all decoded in this step. Returns the
+  rollout, its prompt rows, its answers (group-major) and no extra stats."""
   G = run.config.rollout.G
   answers = [answer for answer in examples['answer'] for _ in range(G)]   # group-major rows
   prompt_PxT, valid_PxT = data.encode_prompts(examples['prompt'], run.task.tokenizer,
@@ -51,8 +48,64 @@ def rl_step(run, carry, examples, step):
   repeat = lambda n: sharding.put_batch((np.repeat(prompt_PxT, n, 0), np.repeat(valid_PxT, n, 0)),
                                         run.mesh)
   sampled = repeat(G // run.group)   # each sampled row makes run.group responses
-  rollout = run.sample(state['params'], *sampled, rng)
+  rollout = run.sample(params, *sampled, rng)
   prompt_BxT, valid_BxT = sampled if run.group == 1 else repeat(G)
+  return rollout, prompt_BxT, valid_BxT, answers, {}
+
+
+def encode_answers(answers, width):
+  """Answers as 0-padded utf-8 rows of `width` bytes: how the partial-rollout pool keeps them."""
+  rows = np.zeros((len(answers), width), np.uint8)
+  for i, answer in enumerate(answers):
+    raw = str(answer).encode()
+    if len(raw) > width:
+      raise ValueError(f'an answer of {len(raw)} bytes does not fit the partial-rollout pool '
+                       f'({width} bytes): {answer[:40]!r}...; train without rollout.partial')
+    rows[i, :len(raw)] = np.frombuffer(raw, np.uint8)
+  return rows
+
+
+def decode_answers(answer_PxW):
+  """The answers `encode_answers` stored."""
+  return [bytes(row).rstrip(b'\0').decode() for row in np.asarray(answer_PxW)]
+
+
+def partial_rollout(run, carry, examples, rng, step):
+  """rollout.partial: this step's P prompts join the pool (the first step also admits the next
+  batch, so the pool holds two batches of groups); decoding under the current policy runs until P
+  groups are finished, and those are this step's batch. Returns the new pool too."""
+  P, G = run.config.rollout.P, run.config.rollout.G
+  flight = carry['flight']
+  first = int(flight.admitted) == 0
+  for i, batch in enumerate([examples] + ([next(run.iterator)] if first else [])):
+    prompt_PxT, valid_PxT = data.encode_prompts(batch['prompt'], run.task.tokenizer,
+                                                run.prompt_len)
+    keys_Nx2 = sampler_lib.response_keys(step_key(rng, 100 + i), P * G)
+    caps_N = np.full(P * G, flight.tokens_RxL.shape[1], np.int32)   # the response budget
+    flight = run.partial.admit(flight, prompt_PxT, valid_PxT,
+                               encode_answers(batch['answer'], run_lib.ANSWER_BYTES), keys_Nx2,
+                               caps_N)
+  version, max_staleness = step - 1, run.config.rollout.max_staleness
+  flight, finished = run.partial.advance(carry['params'], flight, version, max_staleness)
+  answers = [answer for answer in decode_answers(finished.answer_PxW) for _ in range(G)]
+  stats = dict(partial_lib.staleness_stats(finished.version_BxL, finished.rollout.mask_BxL,
+                                           version, max_staleness), restarted=finished.restarted)
+  return flight, (finished.rollout, finished.prompt_BxT, finished.valid_BxT, answers, stats)
+
+
+def rl_step(run, carry, examples, step):
+  """One rollout batch of `examples` (P prompts): sample G responses each, score them, turn them
+  into the algorithm's batch and update. Returns the new carry and the step's training row (the
+  loop adds the running totals)."""
+  state = {k: v for k, v in carry.items() if k not in ('rng', 'reference', 'flight')}
+  ref_params, rng = carry.get('reference'), step_key(carry['rng'], step)
+  start = time.perf_counter()
+  if run.partial:
+    flight, sampled = partial_rollout(run, carry, examples, rng, step)
+    carry = dict(carry, flight=flight)
+  else:
+    sampled = sample_rollout(run, state['params'], examples, rng)
+  rollout, prompt_BxT, valid_BxT, answers, partial_stats = sampled
   response_tokens = evaluation.to_host(rollout.tokens_BxL, run.mesh)   # the verifier needs text
   times = dict(rollout_time_s=time.perf_counter() - start)
 
@@ -72,7 +125,8 @@ def rl_step(run, carry, examples, step):
   update_metrics = jax.device_get(update_metrics)
   times['update_time_s'] = time.perf_counter() - update_start
   times['step_time_s'] = time.perf_counter() - start
-  batch_stats, rollout_numbers = jax.device_get((batch_stats, rollout_stats(rewards_B, rollout)))
+  batch_stats, rollout_numbers = jax.device_get((dict(batch_stats, **partial_stats),
+                                                 rollout_stats(rewards_B, rollout)))
   row = training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
   row.update(reward_failures=reward_failures, data_skipped=run.iterator.skipped)
   return dict(carry, **state), row

@@ -17,6 +17,7 @@ from rljax import algos
 from rljax.data import sources as data
 from rljax.hf import checkpoint as hf
 from rljax.model import transformer as model_lib
+from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import tasks
@@ -42,6 +43,28 @@ class Run(NamedTuple):
   writer: metrics_lib.MetricsWriter
   ckpt: checkpoint.Checkpointer
   nan_steps: frozenset  # fault injection (debug.nan_steps): steps whose batch is made NaN
+  partial: Any = None   # PartialRollouts when rollout.partial, else None
+
+
+class PartialRollouts(NamedTuple):
+  """rollout.partial's jitted programs (rljax.rollout.partial); the pool rides in the carry."""
+  admit: Callable     # (flight, prompt_PxT, valid_PxT, answer_PxW, keys_Nx2, caps_N) -> flight
+  advance: Callable   # (params, flight, version, max_staleness) -> (flight, Finished)
+
+
+ANSWER_BYTES = 256   # an answer's room in the pool (utf-8); a longer one stops the run clearly
+
+
+def make_partial(config, model, sampling, prompt_len, mesh):
+  """The programs and the empty pool (two batches of groups) of rollout.partial."""
+  rollout = config.rollout
+  flight = partial_lib.empty(model.cfg, 2 * rollout.P, rollout.G, rollout.slots, prompt_len,
+                             sampling.max_new_tokens, ANSWER_BYTES, sampling.pad_id)
+  admit = jax.jit(functools.partial(partial_lib.admit, pad_id=sampling.pad_id), donate_argnums=0)
+  advance = jax.jit(functools.partial(partial_lib.advance, model, cfg=sampling,
+                                      num_groups=rollout.P), donate_argnums=1)
+  programs = PartialRollouts(sharding.on_mesh(admit, mesh), sharding.on_mesh(advance, mesh))
+  return programs, sharding.place(flight, mesh)
 
 
 def check(config):
@@ -160,13 +183,17 @@ def setup(config, workdir):
             sharding.init_params(functools.partial(model_lib.init_params, model.cfg), init_rng,
                                  mesh)[0])   # a template: the checkpoint's values replace it
   group = sampler_group(config, mesh)
-  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
+  sampling = sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id,
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
-      top_p=config.rollout.top_p, slots=config.rollout.slots, group=group)), mesh)
+      top_p=config.rollout.top_p, slots=config.rollout.slots, group=group)
+  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampling), mesh)
   algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(init_rng, 1))
   algo = jit_schedules(algo)
   carry = dict(algo.state, rng=sharding.place(rollout_rng, mesh))
+  partial = None
+  if config.rollout.get('partial', False):
+    partial, carry['flight'] = make_partial(config, model, sampling, prompt_len, mesh)
   if algo.needs_reference:   # a copy: the update donates the policy's buffers
     carry['reference'] = jax.tree.map(jnp.copy, params)
   writer = metrics_lib.writer_from_config(config, workdir, jax.process_index() == 0)
@@ -184,5 +211,5 @@ def setup(config, workdir):
   iterator = make_iterator(config, task, meta['data'], meta.get('auto_batch', {}).get('P'))
   nan_steps = config_checks.step_set(config.debug.nan_steps) if 'debug' in config else set()
   run = Run(config, mesh, algo, sample, group, evaluate, task, prompt_len, iterator, writer, ckpt,
-            frozenset(nan_steps))
+            frozenset(nan_steps), partial)
   return run, carry, meta

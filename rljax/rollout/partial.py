@@ -1,0 +1,256 @@
+"""Partial rollouts: continuous batching whose unfinished responses outlive the step.
+
+The sampler holds a pool of Q GRPO groups (Q x G response records) and S decode slots. Each call
+(`advance`) decodes until P groups have all G responses finished, returns those P (the oldest
+finished first) and keeps the rest where they are: responses still in a slot keep their tokens,
+KV cache and slot, and continue at the next call under that call's parameters; responses not yet
+started wait. A step therefore never waits for the longest response of its own batch. `admit`
+puts the next P prompts' groups into the pool's free places.
+
+Every sampled token records the policy version that drew it (`version_RxL`) and its log-prob
+under that policy (the behaviour log-prob the off-policy correction reweights, rljax.policy_loss).
+Staleness rule: at the start of a call under version v, a response holding a token older than
+v - max_staleness is dropped and resampled from its prompt (same key) under the new policy; its
+group waits for it, so groups stay whole and no response is lost or trained twice.
+"""
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rljax.model import transformer as model_lib
+from rljax.rollout import sampler as sampler_lib
+
+EMPTY, PENDING, DECODING, DONE = 0, 1, 2, 3
+NEVER = jnp.iinfo(jnp.int32).max   # sorts after every real priority
+
+
+class Flight(NamedTuple):
+  """The pool between calls: R = Q x G records (group q's in rows q*G .. q*G+G-1), S slots."""
+  prompt_RxT: jax.Array
+  valid_RxT: jax.Array
+  answer_QxW: jax.Array     # each group's answer, utf-8 bytes, 0-padded (the verifier's input)
+  key_Rx2: jax.Array        # per-response key: token t draws with fold_in(key, t)
+  cap_R: jax.Array          # response budget
+  serial_Q: jax.Array       # admission order of the group (-1: free place)
+  status_R: jax.Array       # EMPTY, PENDING, DECODING or DONE
+  tokens_RxL: jax.Array
+  logp_RxL: jax.Array       # behaviour log-probs
+  mask_RxL: jax.Array
+  version_RxL: jax.Array    # the policy version that sampled each token
+  slots: sampler_lib.Slots  # response_S: record index, or R when idle
+  cache: model_lib.KVCache  # one row per slot, laid out as generate_continuous's
+  kv_valid_SxC: jax.Array
+  admitted: jax.Array       # groups admitted so far
+
+
+def empty(model_cfg, groups, group, slots, prompt_len, max_len, answer_width, pad_id=0):
+  """A pool of `groups` free groups of `group` responses and `slots` idle decode slots."""
+  num = groups * group
+  zeros = lambda *shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
+  return Flight(
+      prompt_RxT=jnp.full((num, prompt_len), pad_id, jnp.int32),
+      valid_RxT=zeros(num, prompt_len, dtype=bool), answer_QxW=zeros(groups, answer_width,
+                                                                     dtype=jnp.uint8),
+      key_Rx2=zeros(num, 2, dtype=jnp.uint32), cap_R=zeros(num),
+      serial_Q=jnp.full((groups,), -1, jnp.int32), status_R=zeros(num),
+      tokens_RxL=jnp.full((num, max_len), pad_id, jnp.int32),
+      logp_RxL=zeros(num, max_len, dtype=jnp.float32), mask_RxL=zeros(num, max_len, dtype=bool),
+      version_RxL=zeros(num, max_len),
+      slots=sampler_lib.Slots(jnp.full((slots,), num, jnp.int32), zeros(slots),
+                              jnp.full((slots,), pad_id, jnp.int32), zeros(slots, dtype=bool)),
+      cache=sampler_lib.shard_cache(model_lib.KVCache.zeros(model_cfg, slots,
+                                                            prompt_len + max_len)),
+      kv_valid_SxC=jnp.ones((slots, prompt_len + max_len), bool), admitted=jnp.int32(0))
+
+
+def _reset(flight, records_K, status, pad_id):
+  """`flight` with the records `records_K` (R: none) cleared to `status`, no token sampled."""
+  at = lambda x, value: x.at[records_K].set(value, mode='drop')
+  return flight._replace(status_R=at(flight.status_R, status),
+                         tokens_RxL=at(flight.tokens_RxL, pad_id),
+                         logp_RxL=at(flight.logp_RxL, 0.0), mask_RxL=at(flight.mask_RxL, False),
+                         version_RxL=at(flight.version_RxL, 0))
+
+
+def admit(flight, prompt_PxT, valid_PxT, answer_PxW, keys_Nx2, caps_N, pad_id=0):
+  """The P groups of these prompts (N = P x G responses, group-major) in the first P free places;
+  the pool must have them (after `advance` it has exactly the P places it returned)."""
+  groups, P = flight.serial_Q.shape[0], prompt_PxT.shape[0]
+  group = flight.status_R.shape[0] // groups
+  place_P = jnp.argsort(flight.serial_Q >= 0, stable=True)[:P]   # free places first
+  rows_N = (place_P[:, None] * group + jnp.arange(group)).reshape(-1)
+  repeat = lambda x: jnp.repeat(x, group, axis=0)
+  flight = flight._replace(
+      prompt_RxT=flight.prompt_RxT.at[rows_N].set(repeat(prompt_PxT)),
+      valid_RxT=flight.valid_RxT.at[rows_N].set(repeat(valid_PxT)),
+      answer_QxW=flight.answer_QxW.at[place_P].set(answer_PxW),
+      key_Rx2=flight.key_Rx2.at[rows_N].set(keys_Nx2), cap_R=flight.cap_R.at[rows_N].set(caps_N),
+      serial_Q=flight.serial_Q.at[place_P].set(flight.admitted + jnp.arange(P)),
+      admitted=flight.admitted + P)
+  return _reset(flight, rows_N, PENDING, pad_id)
+
+
+def restart_stale(flight, version, max_staleness, pad_id=0):
+  """Drops every started response holding a token older than version - max_staleness: it is
+  resampled from its prompt (its slot, if it had one, is freed). Returns (flight, count)."""
+  num = flight.status_R.shape[0]
+  oldest_R = jnp.min(jnp.where(flight.mask_RxL, flight.version_RxL, NEVER), axis=1)
+  stale_R = (flight.status_R >= DECODING) & (oldest_R < version - max_staleness)
+  slots = flight.slots
+  held_S = stale_R[jnp.minimum(slots.response_S, num - 1)] & slots.active_S
+  flight = flight._replace(slots=slots._replace(active_S=slots.active_S & ~held_S))
+  return _reset(flight, jnp.where(stale_R, jnp.arange(num), num), PENDING, pad_id), jnp.sum(stale_R)
+
+
+def complete_groups(status_R, groups):
+  """Groups whose every response is finished."""
+  return jnp.all(status_R.reshape(groups, -1) == DONE, axis=1)
+
+
+def refill(prompt_kv, flight, rows):
+  """The `rows` pending responses of the oldest groups (then by index in the group) into the first
+  free slots (fewer when fewer are free or pending), each with its group's prompt cache rows from
+  `prompt_kv` (sampler.prompt_rows over the pool's groups)."""
+  num, prompt_len = flight.prompt_RxT.shape
+  group = num // flight.serial_Q.shape[0]
+  slots, num_slots = flight.slots, flight.slots.active_S.shape[0]
+  pending_R = flight.status_R == PENDING
+  priority_R = jnp.where(pending_R, jnp.repeat(flight.serial_Q, group) * group
+                         + jnp.arange(num) % group, NEVER)
+  pick_K = jax.lax.top_k(-priority_R, rows)[1]   # the first `rows` by priority, without a sort
+  free_K = jnp.argsort(slots.active_S, stable=True)[:rows]
+  count = jnp.minimum(jnp.minimum(jnp.sum(~slots.active_S), jnp.sum(pending_R)), rows)
+  taken_K = jnp.arange(rows) < count
+  target_K = jnp.where(taken_K, free_K, num_slots)   # out of range: dropped
+  prompt_KxT, valid_KxT = flight.prompt_RxT[pick_K], flight.valid_RxT[pick_K]
+  cache = flight.cache
+  if prompt_len > 1:
+    put = lambda big, small: big.at[target_K, :, :prompt_len - 1].set(
+        small.reshape(rows, *small.shape[-3:]), mode='drop')
+    cache = jax.tree.map(put, cache, prompt_kv(pick_K // group))
+  set_at = lambda x, value: x.at[target_K].set(value, mode='drop')
+  return flight._replace(
+      cache=cache, kv_valid_SxC=flight.kv_valid_SxC.at[target_K, :prompt_len].set(
+          valid_KxT, mode='drop'),
+      slots=sampler_lib.Slots(set_at(slots.response_S, pick_K), set_at(slots.t_S, 0),
+                              set_at(slots.token_S, prompt_KxT[:, -1]),
+                              set_at(slots.active_S, True)),
+      status_R=flight.status_R.at[jnp.where(taken_K, pick_K, num)].set(DECODING, mode='drop'))
+
+
+class Finished(NamedTuple):
+  """The P groups a call returns (B = P x G rows, group-major)."""
+  rollout: sampler_lib.Rollout
+  version_BxL: jax.Array
+  prompt_BxT: jax.Array
+  valid_BxT: jax.Array
+  answer_PxW: jax.Array
+  restarted: jax.Array   # responses dropped for staleness at the start of the call
+
+
+def advance(model, params, flight, version, max_staleness, cfg: sampler_lib.SamplingConfig,
+            num_groups):
+  """Decodes under `params` (policy `version`) until `num_groups` groups are finished; returns
+  (flight without them, Finished). Jit with model, cfg and num_groups static."""
+  flight, restarted = restart_stale(flight, version, max_staleness, cfg.pad_id)
+  num, prompt_len = flight.prompt_RxT.shape
+  groups, max_len = flight.serial_Q.shape[0], flight.tokens_RxL.shape[1]
+  group, num_slots = num // groups, flight.slots.active_S.shape[0]
+  decoder = model_lib.Transformer(model.cfg, unrolled=True)
+  variables = {'params': model_lib.decoding_params(params, model.cfg)}
+  position0_R = model_lib.positions_from_valid(flight.valid_RxT)[:, -1]
+  rows = sampler_lib.refill_rows(num_slots)
+  # Every group's prompt prefilled once per call, under this call's parameters (a carried
+  # response keeps the cache it has).
+  first_Q = jnp.arange(groups) * group
+  prompt_kv = (sampler_lib.prompt_rows(decoder, variables, flight.prompt_RxT[first_Q],
+                                       flight.valid_RxT[first_Q], group)
+               if prompt_len > 1 else None)
+
+  def can_fill(flight):   # a whole chunk of free slots (or of the pending responses)
+    free, left = jnp.sum(~flight.slots.active_S), jnp.sum(flight.status_R == PENDING)
+    return (left > 0) & (free >= jnp.minimum(rows, left))
+
+  fixed = flight   # the fields no decoding step changes ride outside the loops
+  whole = lambda fields: fixed._replace(**fields)
+  def body(state):
+    steps, decoded, fields = state
+    refilled = jax.lax.while_loop(
+        lambda f: can_fill(whole(dict(fields, **f))),
+        lambda f: changing(refill(prompt_kv, whole(dict(fields, **f)), rows), REFILLED),
+        {name: fields[name] for name in REFILLED})
+    flight = whole(dict(fields, **refilled))
+    decoded += jnp.sum(flight.slots.active_S)
+    flight = decode_step(decoder, variables, flight, position0_R, version, cfg)
+    return steps + 1, decoded, changing(flight, DECODED)
+
+  def cond(state):
+    flight = whole(state[2])
+    busy = jnp.any(flight.slots.active_S) | jnp.any(flight.status_R == PENDING)
+    return (jnp.sum(complete_groups(flight.status_R, groups)) < num_groups) & busy
+
+  steps, decoded, fields = jax.lax.while_loop(
+      cond, body, (jnp.int32(0), jnp.int32(0), changing(flight, DECODED)))
+  return take_finished(whole(fields), steps, decoded, num_groups, restarted)
+
+
+def decode_step(decoder, variables, flight, position0_R, version, cfg):
+  """One token for every busy slot, written to its response with the policy version; a response
+  that samples the stop token or reaches its cap is done and frees its slot."""
+  num, prompt_len = flight.prompt_RxT.shape
+  slots, max_len = flight.slots, flight.tokens_RxL.shape[1]
+  response_S = jnp.minimum(slots.response_S, num - 1)
+  t_S = jnp.minimum(slots.t_S, max_len - 1)
+  logits_Sx1xV, cache, _ = decoder.apply(
+      variables, slots.token_S[:, None], flight.kv_valid_SxC, flight.cache,
+      prompt_len - 1 + t_S, (position0_R[response_S] + t_S)[:, None])
+  token_S, logp_S = sampler_lib.sample_token(
+      logits_Sx1xV[:, 0], sampler_lib.token_keys(flight.key_Rx2[response_S], t_S), cfg)
+  row_S = jnp.where(slots.active_S, response_S, num)   # idle slots write nothing
+  stop_S = (token_S == cfg.eos_id) | (slots.t_S + 1 >= flight.cap_R[response_S])
+  at = lambda x, value: x.at[row_S, t_S].set(value, mode='drop')
+  return flight._replace(
+      cache=cache, tokens_RxL=at(flight.tokens_RxL, token_S), logp_RxL=at(flight.logp_RxL, logp_S),
+      mask_RxL=at(flight.mask_RxL, True), version_RxL=at(flight.version_RxL, version),
+      status_R=flight.status_R.at[jnp.where(stop_S, row_S, num)].set(DONE, mode='drop'),
+      slots=sampler_lib.Slots(slots.response_S, slots.t_S + 1, token_S, slots.active_S & ~stop_S))
+
+
+# What a refill changes, and what a decoding step changes: only these ride in the loops' carries.
+REFILLED = ('cache', 'kv_valid_SxC', 'slots', 'status_R')
+DECODED = REFILLED + ('tokens_RxL', 'logp_RxL', 'mask_RxL', 'version_RxL')
+
+
+def changing(flight, names):
+  return {name: getattr(flight, name) for name in names}
+
+
+def take_finished(flight, steps, decoded, num_groups, restarted):
+  """The `num_groups` oldest finished groups out of the pool, their places freed."""
+  num, groups = flight.status_R.shape[0], flight.serial_Q.shape[0]
+  group, num_slots = num // groups, flight.slots.active_S.shape[0]
+  order = jnp.where(complete_groups(flight.status_R, groups), flight.serial_Q, NEVER)
+  place_P = jnp.argsort(order, stable=True)[:num_groups]
+  rows_B = (place_P[:, None] * group + jnp.arange(group)).reshape(-1)
+  mask_BxL = flight.mask_RxL[rows_B]
+  rollout = sampler_lib.Rollout(
+      flight.tokens_RxL[rows_B], flight.logp_RxL[rows_B], mask_BxL, jnp.sum(mask_BxL, axis=1),
+      steps, decoded.astype(jnp.float32) / jnp.maximum(steps * num_slots, 1).astype(jnp.float32))
+  finished = Finished(rollout, flight.version_RxL[rows_B], flight.prompt_RxT[rows_B],
+                      flight.valid_RxT[rows_B], flight.answer_QxW[place_P], restarted)
+  flight = flight._replace(status_R=flight.status_R.at[rows_B].set(EMPTY),
+                           serial_Q=flight.serial_Q.at[place_P].set(-1))
+  return flight, finished
+
+
+def staleness_stats(version_BxL, mask_BxL, version, max_staleness):
+  """Per-token staleness (versions between the sampling policy and the trained one) of a batch:
+  mean, max and the fraction at each value 0 .. max_staleness."""
+  stale_BxL = version - version_BxL
+  stats = dict(staleness_mean=jnp.sum(stale_BxL * mask_BxL) / jnp.maximum(jnp.sum(mask_BxL), 1),
+               staleness_max=jnp.max(jnp.where(mask_BxL, stale_BxL, 0)))
+  for k in range(max_staleness + 1):
+    stats[f'staleness_frac_{k}'] = (jnp.sum((stale_BxL == k) & mask_BxL)
+                                    / jnp.maximum(jnp.sum(mask_BxL), 1))
+  return stats
