@@ -88,9 +88,10 @@ def base_config(P, G, runlocal, seed, model=''):
   # Rollouts: P prompts x G responses = the batch unit of the lr rule. max_new_tokens=0: from the task.
   # slots: continuous-batching decode slots (0: static batching; docs/guide/rollouts.md).
   # partial: unfinished responses carry over to the next step (needs slots); a response holding a
-  # token more than max_staleness policy versions old is resampled.
+  # token more than max_staleness policy versions old is resampled. devices: the last that many
+  # devices sample, one policy version behind, while the others train (0: one mesh for both).
   config.rollout = dict(P=P, G=G, max_new_tokens=0, temperature=1.0, top_k=0, top_p=1.0, slots=0,
-                        partial=False, max_staleness=1)
+                        partial=False, max_staleness=1, devices=0)
 
   # lr = lr * f(P*G / base_batch), f = sqrt | linear | constant (lr_rule). decay: the lr after
   # warmup, held ('constant') or annealed to 0 at the budget's end ('linear', 'cosine').

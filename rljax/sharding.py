@@ -61,6 +61,17 @@ def make_mesh(mesh_cfg, devices=None):
                        axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
+def make_meshes(mesh_cfg, rollout_devices=0, devices=None):
+  """(training mesh, sampler's mesh): one mesh for both, or with `rollout_devices` > 0 the last
+  that many devices for the sampler and the rest for training, each laid out by `mesh_cfg`."""
+  devices = jax.devices() if devices is None else devices
+  if not rollout_devices:
+    mesh = make_mesh(mesh_cfg, devices)
+    return mesh, mesh
+  split = len(devices) - rollout_devices
+  return make_mesh(mesh_cfg, devices[:split]), make_mesh(mesh_cfg, devices[split:])
+
+
 def data_parallel_size(mesh):
   return math.prod(mesh.shape[axis] for axis in BATCH_AXES)
 

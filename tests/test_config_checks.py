@@ -151,6 +151,25 @@ def test_partial_rollouts_refuse_ppo():
     config_checks.check(config, device_count=1, process_count=1)
 
 
+@pytest.mark.parametrize('edit, processes, message', [
+    (dict(devices=8), 1, r'rollout.devices must be an integer in \[0, 8\) \(0: the sampler shares'),
+    (dict(devices=-2), 1, r'rollout.devices must be an integer in \[0, 8\)'),
+    (dict(devices=4, partial=True, slots=8), 1, r'rollout.partial and rollout.devices cannot be'),
+    (dict(devices=4), 2, r'rollout.devices runs in one process'),
+    (dict(devices=6), 1, r"P\*G \(16\) is not divisible by the sampler mesh's data-parallel size 6"),
+])
+def test_bad_sampler_devices(edit, processes, message):
+  config = _tiny()   # P x G = 16, micro-batches of 8, on 8 devices: 4 train and 4 sample
+  config.rollout.update(**edit)
+  with pytest.raises(ValueError, match=message):
+    config_checks.check(config, device_count=8, process_count=processes)
+  config.rollout.update(devices=4, partial=False)
+  config_checks.check(config, device_count=8, process_count=1)
+  config.auto_batch.enabled = True
+  with pytest.raises(ValueError, match=r'rollout.devices needs a fixed batch'):
+    config_checks.check(config, device_count=8, process_count=1)
+
+
 def test_lengths_and_vocabulary():
   model = grpo.get_config('runlocal').model
   config_checks.check_lengths(8, 5, model, 16)

@@ -359,6 +359,41 @@ def test_the_plan_and_the_preflight_size_the_task_that_trains():
       planner.decode_rows(s) * (prompt_len + new_tokens) + prompts * (prompt_len - 1))
 
 
+def test_a_sampler_on_chips_of_its_own_is_planned_on_them():
+  """rollout.devices=4 of a v5e-8: the training chips hold the params and optimizer state, the
+  sampler's chips their own copy of the params and the KV cache of a 4-chip mesh; each step moves
+  the whole policy (its bytes summed here in numpy), and the step is bound by the longer of
+  (weights + rollout) and the update, not by their sum."""
+  target = targets.parse_target('tpu:v5e-8')
+  config = grpo_config.get_config('runlocal,P=32')
+  config.rollout.devices = 4
+  report = planner.plan(config, target, {}, compile_programs_too=False)
+  assert report['mesh']['fsdp'] == report['sampler_mesh']['fsdp'] == 4
+  memory = report['memory']
+  assert set(memory['resident']) == {'params', 'optimizer'}
+  assert set(memory['sampler_resident']) == {'params', 'kv_cache'}
+  together = run_lib.abstract_setup(config, sharding.make_mesh(dict(fsdp=4), target.devices()[:4]))
+  assert memory['sampler_resident']['kv_cache'] == planner.resident_bytes(together)['kv_cache']
+  shapes = jax.eval_shape(lambda: model_lib.init_params(together.model.cfg,
+                                                        jax.random.PRNGKey(0)))
+  total = sum(int(np.prod(x.value.shape if hasattr(x, 'value') else x.shape))
+              * np.dtype(x.value.dtype if hasattr(x, 'value') else x.dtype).itemsize
+              for x in jax.tree.leaves(shapes, is_leaf=lambda x: hasattr(x, 'value')))
+  assert report['weight_transfer']['total'] == total
+  assert total / 4 <= report['weight_transfer']['per_sampler_chip'] <= total
+  assert 'sampler mesh fsdp=4 on chips of its own' in planner.format_report(report)
+
+  s = run_lib.abstract_setup(config, *sharding.make_meshes(dict(fsdp=-1), 4, target.devices()))
+  costs = dict(decode=dict(flops=3e9, bytes_accessed=4e6), micro=dict(flops=1e12, bytes_accessed=0))
+  no_collectives = dict(collectives=dict(loop=dict(bytes=0)))
+  roof = planner.roofline(s, target.chip, dict(sampler=no_collectives, update=no_collectives),
+                          costs)
+  transfer_s = report['weight_transfer']['per_sampler_chip'] / target.chip.ici_bandwidth
+  assert roof['transfer_s'] == pytest.approx(transfer_s)
+  assert roof['rl_step_s'] == pytest.approx(max(transfer_s + roof['rollout_s'],
+                                                roof['update']['bound_s']))
+
+
 def test_a_bad_task_name_is_its_own_error_not_no_mesh_fits():
   config = grpo_config.get_config('runlocal')
   config.data.name = 'bogus'

@@ -42,28 +42,44 @@ def decode_rows(s):
 
 
 def kv_cache_bytes(s, group):
-  """Bytes per chip of the sampler's KV cache at `group` responses per prefilled prompt: a row per
+  """Bytes per sampler chip of the KV cache at `group` responses per prefilled prompt: a row per
   response, or per decode slot with continuous batching, next to one prompt-only row per prompt
   there when a group shares it."""
-  cfg = s.model.cfg
-  kv_heads = cfg.num_kv_heads // (s.mesh.shape['tensor'] if cfg.num_kv_heads % s.mesh.shape[
+  cfg, mesh = s.model.cfg, s.rollout_mesh
+  kv_heads = cfg.num_kv_heads // (mesh.shape['tensor'] if cfg.num_kv_heads % mesh.shape[
       'tensor'] == 0 else 1)
-  rows, prompts = (n // sharding.data_parallel_size(s.mesh) for n in (
+  rows, prompts = (n // sharding.data_parallel_size(mesh) for n in (
       decode_rows(s), sampler.prompt_cache_rows(s.batch // group, group, s.config.rollout.slots)))
   return (2 * cfg.num_layers * kv_heads * cfg.head_dim * _itemsize(cfg.dtype)
           * (rows * (s.prompt_len + s.new_tokens) + prompts * (s.prompt_len - 1)))
 
 
+def sampler_apart(s):
+  """Whether the sampler has chips of its own (rollout.devices)."""
+  return s.rollout_mesh is not s.mesh
+
+
 def resident_bytes(s):
-  """Bytes per chip of the state every phase holds: params, optimizer state, the critic where the
-  algorithm has one, KV cache (`kv_cache_bytes` of the sampler a run builds)."""
+  """Bytes per training chip of the state every phase holds: params, optimizer state, the critic
+  where the algorithm has one, and the KV cache (`kv_cache_bytes` of the sampler a run builds)
+  when the sampler shares the chips."""
   state = s.algo.state
   memory = dict(params=sharding.bytes_per_device(state['params']),
                 optimizer=sharding.bytes_per_device([v for k, v in state.items()
                                                      if k.endswith('opt_state')]))
   if 'critic_params' in state:
     memory['critic'] = sharding.bytes_per_device(state['critic_params'])
-  return dict(memory, kv_cache=kv_cache_bytes(s, run_lib.sampler_group(s.config, s.mesh)))
+  return memory if sampler_apart(s) else dict(memory, kv_cache=sampler_kv_bytes(s))
+
+
+def sampler_kv_bytes(s):
+  return kv_cache_bytes(s, run_lib.sampler_group(s.config, s.rollout_mesh))
+
+
+def sampler_resident_bytes(s):
+  """Bytes per sampler chip held throughout when the sampler has chips of its own: its copy of
+  the params and the KV cache."""
+  return dict(params=sharding.bytes_per_device(s.sampler_params), kv_cache=sampler_kv_bytes(s))
 
 
 def _itemsize(dtype):
@@ -77,17 +93,27 @@ def memory_line(memory, hbm, where='per chip, HBM'):
 
 
 def check_resident(s, chip, target_name):
-  """ValueError('... does not fit ...') when params + optimizer state + KV cache alone exceed
-  HBM: no compile needed to know."""
-  resident = resident_bytes(s)
-  if sum(resident.values()) > chip.hbm_bytes:
-    raise ValueError(f'{_model_name(s)} does not fit {target_name} on mesh {_mesh_text(s.mesh)}: '
-                     f'{memory_line(resident, chip.hbm_bytes)}')
-  return resident
+  """What stays resident per chip ({'resident': ...} and, with a sampler on chips of its own,
+  'sampler_resident'); ValueError('... does not fit ...') when params + optimizer state + KV
+  cache alone exceed HBM: no compile needed to know."""
+  phases = dict(resident=resident_bytes(s))
+  if sampler_apart(s):
+    phases['sampler_resident'] = sampler_resident_bytes(s)
+  for phase, memory in phases.items():
+    if sum(memory.values()) > chip.hbm_bytes:
+      where = 'the sampler chips hold ' if phase == 'sampler_resident' else ''
+      raise ValueError(f'{_model_name(s)} does not fit {target_name} on mesh {_mesh_text(s)}: '
+                       f'{where}{memory_line(memory, chip.hbm_bytes)}')
+  return phases
 
 
-def _mesh_text(mesh):
-  sizes = {k: v for k, v in mesh.shape.items() if v > 1}
+def _mesh_text(s):
+  text = _sizes_text(s.mesh.shape)
+  return f'{text} + sampler {_sizes_text(s.rollout_mesh.shape)}' if sampler_apart(s) else text
+
+
+def _sizes_text(shape):
+  sizes = {k: v for k, v in shape.items() if v > 1}
   return ','.join(f'{k}={v}' for k, v in sizes.items()) or 'one device'
 
 
@@ -99,12 +125,14 @@ def _model_name(s):
 
 def compile_programs(s, chip, target_name):
   """Compiles the sampler and the update; returns their reports and the memory breakdown of each
-  phase (what is resident together), raising ValueError('does not fit') past HBM."""
-  resident = check_resident(s, chip, target_name)
+  phase (what is resident together), raising ValueError('does not fit') past HBM. A sampler on
+  chips of its own holds its params, not the optimizer state."""
+  phases = check_resident(s, chip, target_name)
+  resident = phases['resident']
   programs = {}
-  group = run_lib.sampler_group(s.config, s.mesh)
+  group = run_lib.sampler_group(s.config, s.rollout_mesh)
   for name, build in (('sampler', lambda: compiled.sampler(
-      s.model, s.algo.state['params'], s.mesh, s.batch // group, s.prompt_len, s.new_tokens,
+      s.model, s.sampler_params, s.rollout_mesh, s.batch // group, s.prompt_len, s.new_tokens,
       slots=s.config.rollout.slots, group=group)),
                       ('update', lambda: compiled.update(s.algo, s.mesh, s.batch, s.prompt_len,
                                                          s.new_tokens))):
@@ -112,12 +140,13 @@ def compile_programs(s, chip, target_name):
       programs[name] = build()
     except MemoryError as error:
       raise ValueError(f'{_model_name(s)} does not fit {target_name} on mesh '
-                       f'{_mesh_text(s.mesh)}: the {name} runs out of device memory ({error}); '
+                       f'{_mesh_text(s)}: the {name} runs out of device memory ({error}); '
                        f'resident {memory_line(resident, chip.hbm_bytes)}') from None
   sampler_mem, update_mem = programs['sampler']['memory'], programs['update']['memory']
-  rollout = dict(params=resident['params'], optimizer=resident['optimizer'],
+  held = phases.get('sampler_resident', resident)
+  rollout = dict(params=held['params'], **({} if sampler_apart(s) else dict(optimizer=held['optimizer'])),
                  kv_cache_and_temporaries=sampler_mem['temporaries'],
-                 rollout_inputs_and_outputs=sampler_mem['arguments'] - resident['params']
+                 rollout_inputs_and_outputs=sampler_mem['arguments'] - held['params']
                  + sampler_mem['outputs'])
   update = dict(params=resident['params'], optimizer=resident['optimizer'],
                 gradients_and_temporaries=update_mem['temporaries'],
@@ -125,9 +154,9 @@ def compile_programs(s, chip, target_name):
   for phase, memory in (('rollout', rollout), ('update', update)):
     if sum(memory.values()) > chip.hbm_bytes:
       raise ValueError(f'{_model_name(s)} does not fit {target_name} on mesh '
-                       f'{_mesh_text(s.mesh)}: the {phase} holds '
+                       f'{_mesh_text(s)}: the {phase} holds '
                        f'{memory_line(memory, chip.hbm_bytes)}')
-  return programs, dict(resident=resident, rollout=rollout, update=update)
+  return programs, dict(phases, rollout=rollout, update=update)
 
 
 def active_params(cfg):
@@ -159,10 +188,22 @@ def roofline(s, chip, programs, costs):
   model_flops = 6 * active_params(s.model.cfg) * tokens
   rows = decode_rows(s)   # with continuous batching: every response at full length, in waves
   rollout_s = s.new_tokens * -(-s.batch // rows) * decode['bound_s']
-  return dict(decode_step=decode, micro_batch=micro, update=update,
-              mfu_ceiling=model_flops / (chip.peak_flops * update['bound_s']),
-              rollout_s=rollout_s, rl_step_s=rollout_s + update['bound_s'],
-              decode_rows_per_chip=rows // sharding.data_parallel_size(s.mesh))
+  bounds = dict(decode_step=decode, micro_batch=micro, update=update,
+                mfu_ceiling=model_flops / (chip.peak_flops * update['bound_s']),
+                rollout_s=rollout_s, rl_step_s=rollout_s + update['bound_s'],
+                decode_rows_per_chip=rows // sharding.data_parallel_size(s.rollout_mesh))
+  if sampler_apart(s):   # the next rollout runs during this update, after the weights move
+    bounds['transfer_s'] = weight_transfer(s)['per_sampler_chip'] / chip.ici_bandwidth
+    bounds['rl_step_s'] = max(bounds['transfer_s'] + rollout_s, update['bound_s'])
+  return bounds
+
+
+def weight_transfer(s):
+  """Bytes of the policy moved once per step onto a sampler with chips of its own: in all, and
+  received by each sampler chip (its shard in the sampler's layout)."""
+  params = s.sampler_params
+  return dict(total=sum(math.prod(x.shape) * _itemsize(x.dtype) for x in jax.tree.leaves(params)),
+              per_sampler_chip=sharding.bytes_per_device(params))
 
 
 def check_decode_batches(batches, mesh):
@@ -197,18 +238,20 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
   config = _with_mesh(config, mesh_cfg)
   config_checks.check(config, device_count=len(devices), process_count=1)
   start = time.perf_counter()
-  mesh = sharding.make_mesh(config.mesh, devices)
-  check_decode_batches(decode_batches, mesh)
+  mesh, rollout_mesh = sharding.make_meshes(config.mesh, config.rollout.get('devices', 0), devices)
+  check_decode_batches(decode_batches, rollout_mesh)
   check_covered(config)
-  s = run_lib.abstract_setup(config, mesh)
+  s = run_lib.abstract_setup(config, mesh, rollout_mesh)
   report = dict(target=target.name, chip=target.chip.name, chips=len(devices),
                 mesh=dict(mesh.shape), batch=s.batch, micro_batch=s.micro,
                 prompt_len=s.prompt_len, new_tokens=s.new_tokens,
                 params=int(sum(math.prod(x.shape) for x in jax.tree.leaves(s.algo.state['params']))),
                 active_params=active_params(s.model.cfg), hbm=target.chip.hbm_bytes)
+  if sampler_apart(s):
+    report.update(sampler_mesh=dict(rollout_mesh.shape), weight_transfer=weight_transfer(s))
   if not compile_programs_too:
-    report['memory'] = dict(resident=check_resident(s, target.chip, target.name))
-    report['peak'] = sum(report['memory']['resident'].values())
+    report['memory'] = check_resident(s, target.chip, target.name)
+    report['peak'] = max(sum(memory.values()) for memory in report['memory'].values())
     report['headroom'] = target.chip.hbm_bytes - report['peak']
     return report
   programs, memory = compile_programs(s, target.chip, target.name)
@@ -218,12 +261,13 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
   if costs:
     per_step = compiled.per_step_costs(
         s.model, lambda cfg: _abstract_params(cfg, mesh), mesh, config.grpo,
-        decode_rows(s), s.prompt_len + s.new_tokens, s.micro, s.prompt_len, s.new_tokens)
+        decode_rows(s), s.prompt_len + s.new_tokens, s.micro, s.prompt_len, s.new_tokens,
+        decode_mesh=rollout_mesh)
     report['per_step'] = per_step
     report['roofline'] = roofline(s, target.chip, programs, per_step)
   if decode_batches:
-    report['decode_bounds'] = decode_bounds(s.model.cfg, mesh, target.chip, decode_batches,
-                                            s.prompt_len + s.new_tokens)
+    report['decode_bounds'] = decode_bounds(s.model.cfg, rollout_mesh, target.chip,
+                                            decode_batches, s.prompt_len + s.new_tokens)
   report['wall_s'] = time.perf_counter() - start
   return report
 
@@ -243,7 +287,10 @@ def _with_mesh(config, mesh_cfg):
 
 def candidate_meshes(config, chips):
   """Meshes to try, in order: fsdp over every chip, then ever more expert parallelism (MoE),
-  then tensor parallelism."""
+  then tensor parallelism. With a sampler on chips of its own (rollout.devices), counted over the
+  training chips, and fsdp takes what is left on each of the two meshes."""
+  apart = config.rollout.get('devices', 0)
+  chips -= apart
   meshes = [dict(fsdp=chips)]
   experts = config.model.num_experts
   split = 2
@@ -253,7 +300,8 @@ def candidate_meshes(config, chips):
   for tensor in (2, 4, 8):
     if chips % tensor == 0 and config.model.num_kv_heads % tensor == 0:
       meshes.append(dict(fsdp=chips // tensor, tensor=tensor))
-  return [{k: v for k, v in mesh.items() if v > 1} or dict(fsdp=1) for mesh in meshes]
+  meshes = [{k: v for k, v in mesh.items() if v > 1} or dict(fsdp=1) for mesh in meshes]
+  return [dict(mesh, fsdp=-1) for mesh in meshes] if apart else meshes
 
 
 def check_covered(config):
@@ -298,16 +346,23 @@ def _collectives_text(part):
 
 def format_report(r):
   """The report as an aligned plain-text table."""
-  mesh = ','.join(f'{k}={v}' for k, v in r['mesh'].items() if v > 1) or 'one device'
+  mesh = _sizes_text(r['mesh'])
   rows = [('target', f'{r["target"]}: {r["chips"]} x {r["chip"]}, mesh {mesh}'
+                     + (f' + sampler mesh {_sizes_text(r["sampler_mesh"])} on chips of its own'
+                        if 'sampler_mesh' in r else '')
                      + (' (proposed)' if r.get('proposed_mesh') else '')),
           ('model', f'{r["params"] / 1e9:.2f}B parameters, {r["active_params"] / 1e9:.2f}B '
                     'active per token'),
           ('step', f'{r["batch"]} responses x ({r["prompt_len"]} prompt + {r["new_tokens"]} new '
                    f'tokens), micro-batch {r["micro_batch"]}')]
-  for phase in ('resident', 'rollout', 'update'):
+  for phase in ('resident', 'sampler_resident', 'rollout', 'update'):
     if phase in r['memory']:
-      rows.append((f'{phase} memory / chip', memory_line(r['memory'][phase], r['hbm'])))
+      rows.append((f'{phase.replace("_", " ")} memory / chip',
+                   memory_line(r['memory'][phase], r['hbm'])))
+  if 'weight_transfer' in r:
+    moved = r['weight_transfer']
+    rows.append(('weights to the sampler', f'{_gib(moved["total"])} per step, '
+                 f'{_gib(moved["per_sampler_chip"])} into each sampler chip'))
   rows.append(('peak / headroom', f'{_gib(r["peak"])} / {_gib(r["headroom"])}'))
   if 'programs' not in r:
     return _aligned(rows)
@@ -338,8 +393,13 @@ def format_report(r):
     ratio = per_token / (6 * r['active_params'])
     rows.append(('update FLOPs per token', f'{per_token:.3g} = {ratio:.2f} x (6 x active params)'))
     rows.append(('update MFU ceiling', f'{100 * roof["mfu_ceiling"]:.0f}%'))
-    rows.append(('RL step bound', f'rollout {roof["rollout_s"]:.2f} s + update '
-                                  f'{roof["update"]["bound_s"]:.2f} s = {roof["rl_step_s"]:.2f} s'))
+    if 'transfer_s' in roof:   # the sampler's chips roll out during the update
+      rows.append(('RL step bound', f'max(weights {roof["transfer_s"]:.2f} s + rollout '
+                   f'{roof["rollout_s"]:.2f} s, update {roof["update"]["bound_s"]:.2f} s) = '
+                   f'{roof["rl_step_s"]:.2f} s'))
+    else:
+      rows.append(('RL step bound', f'rollout {roof["rollout_s"]:.2f} s + update '
+                   f'{roof["update"]["bound_s"]:.2f} s = {roof["rl_step_s"]:.2f} s'))
   for b in r.get('decode_bounds', ()):
     ms = {k: f'{v * 1e3:.3f}' for k, v in b.items() if k.endswith('_s')}
     rows.append((f'decode step bound, batch {b["batch"]}',
@@ -361,13 +421,16 @@ def preflight(config, devices=None):
   run_lib.check(config)
   if config.get('auto_batch') and config.auto_batch.enabled:   # sized at the largest it may run
     config = algos.with_batch(config, config.auto_batch.max)
-  s = run_lib.abstract_setup(config, sharding.make_mesh(config.mesh, devices))
+  s = run_lib.abstract_setup(config, *sharding.make_meshes(
+      config.mesh, config.rollout.get('devices', 0), devices))
   memory = resident_bytes(s)
+  if sampler_apart(s):   # the larger of a training and a sampler device's
+    memory = max(memory, sampler_resident_bytes(s), key=lambda m: sum(m.values()))
   local = [d for d in devices if d.process_index == jax.process_index()] or devices
   limit = _device_memory(local[0])   # memory stats exist only for this process's devices
   count = sum(math.prod(x.shape) for x in jax.tree.leaves(s.algo.state['params']))
   line = (f'rljax: {count / 1e6:,.1f}M parameters on {len(devices)} {devices[0].device_kind} '
-          f'device(s), mesh {_mesh_text(s.mesh)}; '
+          f'device(s), mesh {_mesh_text(s)}; '
           f'{memory_line(memory, limit, "per device, device memory")}')
   if sum(memory.values()) > limit:
     raise ValueError(f'{_model_name(s)} does not fit: {line[len("rljax: "):]}')

@@ -197,10 +197,11 @@ def decode_costs(cfg, mesh, batch, cache_len):
 
 
 def per_step_costs(model, params_fn, mesh, loss_cfg, decode_batch, slots, micro, prompt_len,
-                   new_tokens):
-  """FLOPs and bytes per device of one decode step and one micro-batch gradient, at full depth."""
+                   new_tokens, decode_mesh=None):
+  """FLOPs and bytes per device of one decode step (on `decode_mesh`, default `mesh`) and one
+  micro-batch gradient, at full depth."""
   cfg = model.cfg
-  step = decode_costs(cfg, mesh, decode_batch, slots)
+  step = decode_costs(cfg, decode_mesh or mesh, decode_batch, slots)
   keys = ('flops', 'bytes_accessed')
   decode = {k: step[k] for k in keys}
   shallow = scaled(cfg, num_layers=1)

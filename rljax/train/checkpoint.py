@@ -61,12 +61,29 @@ def _bits(x):
   return x.astype(jnp.uint32)
 
 
-@jax.jit
 def fingerprint(state):
-  """(a checksum per array, whether every float is finite), on device. Each element's bits, mixed
-  with its position, go through murmur3's finalizer (a bijection of uint32) and are summed mod
-  2^32: any one changed element changes the sum, round numbers do not collide, and an integer sum
-  depends on neither the sharding nor the reduction order."""
+  """(a checksum per array, whether every float is finite): `device_fingerprint` once per set of
+  devices the state lives on (the sampler may have devices of its own, rollout.devices)."""
+  leaves, treedef = jax.tree.flatten(state)
+  by_devices = {}
+  for i, leaf in enumerate(leaves):
+    where = getattr(leaf, 'sharding', None)   # None: a host array
+    by_devices.setdefault(where and frozenset(where.device_set), []).append(i)
+  sums, finite = [None] * len(leaves), True
+  for indices in by_devices.values():
+    group_sums, group_finite = device_fingerprint([leaves[i] for i in indices])
+    for i, checksum in zip(indices, group_sums):
+      sums[i] = checksum
+    finite = finite and bool(group_finite)
+  return jax.tree.unflatten(treedef, sums), finite
+
+
+@jax.jit
+def device_fingerprint(state):
+  """`fingerprint` on device. Each element's bits, mixed with its position, go through murmur3's
+  finalizer (a bijection of uint32) and are summed mod 2^32: any one changed element changes the
+  sum, round numbers do not collide, and an integer sum depends on neither the sharding nor the
+  reduction order."""
   def checksum(x):
     h = _bits(x) ^ (jnp.arange(x.size, dtype=jnp.uint32).reshape(x.shape) * jnp.uint32(0x9E3779B9))
     h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)

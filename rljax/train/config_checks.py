@@ -51,6 +51,9 @@ def check(config, device_count=None, process_count=None):
     raise ValueError(f'rollout.slots must be >= 0 (0: static batching), got {rollout.slots}')
   if rollout.get('partial', False):
     _check_partial(config)
+  if rollout.get('devices', 0):
+    _check_split(config, jax.device_count() if device_count is None else device_count,
+                 jax.process_count() if process_count is None else process_count)
   if rollout.top_k < 0 or rollout.max_new_tokens < 0:
     raise ValueError(f'rollout.top_k and max_new_tokens must be >= 0 (0: off / from the task), got '
                      f'{rollout.top_k} and {rollout.max_new_tokens}')
@@ -81,7 +84,8 @@ def check(config, device_count=None, process_count=None):
                      f'num_kv_heads ({config.model.num_kv_heads})')
   if 'mesh' in config:
     _check_mesh(config, batch, minibatch,
-                jax.device_count() if device_count is None else device_count,
+                (jax.device_count() if device_count is None else device_count)
+                - rollout.get('devices', 0),
                 jax.process_count() if process_count is None else process_count)
   if 'debug' in config:
     step_set(config.debug.nan_steps)
@@ -105,6 +109,27 @@ def _check_partial(config):
                      'turn auto_batch off (P=auto) or rollout.partial off')
   if jax.process_count() > 1:
     raise ValueError('rollout.partial runs in one process (its pool is not split over hosts)')
+
+
+def _check_split(config, device_count, process_count):
+  """rollout.devices: the sampler on devices of its own, one step behind, in one process."""
+  rollout = config.rollout
+  if not (isinstance(rollout.devices, int) and 0 < rollout.devices < device_count):
+    raise ValueError(f'rollout.devices must be an integer in [0, {device_count}) (0: the sampler '
+                     f'shares the training devices), got {rollout.devices!r}')
+  if rollout.get('partial', False):
+    raise ValueError('rollout.partial and rollout.devices cannot be combined; choose one')
+  if config.get('auto_batch') and config.auto_batch.enabled:
+    raise ValueError('rollout.devices needs a fixed batch: the batch drawn ahead has its size; '
+                     'turn auto_batch off (P=auto) or set rollout.devices=0')
+  if process_count > 1:
+    raise ValueError('rollout.devices runs in one process (its two meshes are not split over hosts)')
+  sizes = sharding.mesh_shape(config.mesh, rollout.devices)
+  data_parallel = math.prod(sizes[axis] for axis in sharding.BATCH_AXES)
+  if rollout.P * rollout.G % data_parallel:
+    raise ValueError(f'the batch P*G ({rollout.P * rollout.G}) is not divisible by the sampler '
+                     f'mesh\'s data-parallel size {data_parallel} (rollout.devices '
+                     f'{rollout.devices}, mesh {sizes})')
 
 
 def _check_auto_batch(config, device_count, process_count):

@@ -46,21 +46,23 @@ def sample_rollout(run, params, examples, rng):
   prompt_PxT, valid_PxT = data.encode_prompts(examples['prompt'], run.task.tokenizer,
                                               run.prompt_len)
   repeat = lambda n: sharding.put_batch((np.repeat(prompt_PxT, n, 0), np.repeat(valid_PxT, n, 0)),
-                                        run.mesh)
+                                        run.rollout_mesh)
   sampled = repeat(G // run.group)   # each sampled row makes run.group responses
-  rollout = run.sample(params, *sampled, rng)
+  rollout = run.sample(params, *sampled, sharding.place(rng, run.rollout_mesh))
   prompt_BxT, valid_BxT = sampled if run.group == 1 else repeat(G)
   return rollout, prompt_BxT, valid_BxT, answers, {}
 
 
 def encode_answers(answers, width):
-  """Answers as 0-padded utf-8 rows of `width` bytes: how the partial-rollout pool keeps them."""
+  """Answers as 0-padded utf-8 rows of `width` bytes: how a batch carried between steps (the
+  partial-rollout pool, the batch drawn ahead) keeps them."""
   rows = np.zeros((len(answers), width), np.uint8)
   for i, answer in enumerate(answers):
     raw = str(answer).encode()
     if len(raw) > width:
-      raise ValueError(f'an answer of {len(raw)} bytes does not fit the partial-rollout pool '
-                       f'({width} bytes): {answer[:40]!r}...; train without rollout.partial')
+      raise ValueError(f'an answer of {len(raw)} bytes does not fit the {width} bytes a batch '
+                       f'carried between steps keeps: {answer[:40]!r}...; train without '
+                       'rollout.partial and rollout.devices')
     rows[i, :len(raw)] = np.frombuffer(raw, np.uint8)
   return rows
 
@@ -93,16 +95,45 @@ def partial_rollout(run, carry, examples, rng, step):
   return flight, (finished.rollout, finished.prompt_BxT, finished.valid_BxT, answers, stats)
 
 
+def overlapped_rollout(run, carry, examples, rng, step):
+  """rollout.devices: the sampler's devices draw the next batch (of `examples`) from the policy
+  before this step's update, while the training devices update on the batch drawn one step
+  earlier: every batch is one policy version old (the first two come from the initial policy).
+  Returns the batch drawn ahead, for the carry, and this step's batch on the training mesh."""
+  params = run.to_sampler(carry['params'])
+  pending = carry['pending']
+  if step == 1:   # nothing drawn ahead yet: the first batch is drawn now, from the same policy
+    pending = draw_ahead(run, params, examples, step_key(rng, 100))
+    examples = next(run.iterator)
+  drawn = draw_ahead(run, params, examples, rng)   # runs on while this step scores and updates
+  layouts = jax.tree.map(lambda x: sharding.batch_sharding(run.mesh, x.ndim) if x.ndim else
+                         sharding.replicated(run.mesh), pending)
+  pending = jax.device_put(pending, layouts)
+  answers = [a for a in decode_answers(pending['answer_PxW']) for _ in range(run.config.rollout.G)]
+  return drawn, (pending['rollout'], pending['prompt_BxT'], pending['valid_BxT'], answers, {})
+
+
+def draw_ahead(run, params, examples, rng):
+  """`sample_rollout` kept as arrays on the sampler's mesh, its answers encoded alongside."""
+  rollout, prompt_BxT, valid_BxT, _, _ = sample_rollout(run, params, examples, rng)
+  answer_PxW = sharding.place(encode_answers(examples['answer'], run_lib.ANSWER_BYTES),
+                              run.rollout_mesh)
+  return dict(rollout=rollout, prompt_BxT=prompt_BxT, valid_BxT=valid_BxT, answer_PxW=answer_PxW)
+
+
 def rl_step(run, carry, examples, step):
   """One rollout batch of `examples` (P prompts): sample G responses each, score them, turn them
   into the algorithm's batch and update. Returns the new carry and the step's training row (the
   loop adds the running totals)."""
-  state = {k: v for k, v in carry.items() if k not in ('rng', 'reference', 'flight')}
+  state = {k: v for k, v in carry.items() if k not in ('rng', 'reference', 'flight', 'pending')}
   ref_params, rng = carry.get('reference'), step_key(carry['rng'], step)
   start = time.perf_counter()
   if run.partial:
     flight, sampled = partial_rollout(run, carry, examples, rng, step)
     carry = dict(carry, flight=flight)
+  elif 'pending' in carry:
+    pending, sampled = overlapped_rollout(run, carry, examples, rng, step)
+    carry = dict(carry, pending=pending)
   else:
     sampled = sample_rollout(run, state['params'], examples, rng)
   rollout, prompt_BxT, valid_BxT, answers, partial_stats = sampled

@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple
 from absl import logging
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rljax import algos
 from rljax.data import sources as data
@@ -44,6 +45,8 @@ class Run(NamedTuple):
   ckpt: checkpoint.Checkpointer
   nan_steps: frozenset  # fault injection (debug.nan_steps): steps whose batch is made NaN
   partial: Any = None   # PartialRollouts when rollout.partial, else None
+  rollout_mesh: Any = None   # the sampler's mesh: `mesh`, or its own devices (rollout.devices)
+  to_sampler: Callable = None   # params -> the same params laid out on `rollout_mesh`
 
 
 class PartialRollouts(NamedTuple):
@@ -67,6 +70,23 @@ def make_partial(config, model, sampling, prompt_len, mesh):
   return programs, sharding.place(flight, mesh)
 
 
+def empty_pending(sample, params, P, group, G, prompt_len, rollout_mesh):
+  """rollout.devices: the batch drawn one step ahead (`rljax.train.loop.overlapped_rollout`), as
+  zeros laid out where the sampler leaves it: what a checkpoint restores it into."""
+  prompt = jax.ShapeDtypeStruct((P * G // group, prompt_len), jnp.int32)
+  valid = jax.ShapeDtypeStruct(prompt.shape, jnp.bool_)
+  with jax.set_mesh(rollout_mesh):
+    rollout = jax.eval_shape(sample, params, prompt, valid, jax.random.PRNGKey(0))
+  pending = dict(rollout=rollout, prompt_BxT=jax.ShapeDtypeStruct((P * G, prompt_len), jnp.int32),
+                 valid_BxT=jax.ShapeDtypeStruct((P * G, prompt_len), jnp.bool_),
+                 answer_PxW=jax.ShapeDtypeStruct((P, ANSWER_BYTES), jnp.uint8))
+  def zeros(x):
+    layout = (sharding.batch_sharding(rollout_mesh, x.ndim) if x.ndim else
+              sharding.replicated(rollout_mesh))
+    return jax.device_put(np.zeros(x.shape, x.dtype), layout)
+  return jax.tree.map(zeros, pending)
+
+
 def check(config):
   """ValueError naming the first bad field of a config about to be trained."""
   config_checks.check(config)
@@ -84,6 +104,8 @@ class Shape(NamedTuple):
   new_tokens: int
   batch: int              # responses per rollout batch
   micro: int              # responses per micro-batch of the update
+  rollout_mesh: jax.sharding.Mesh = None   # the sampler's: `mesh`, or devices of its own
+  sampler_params: Any = None   # the policy as the sampler holds it (abstract)
 
 
 def sampler_group(config, mesh):
@@ -94,17 +116,22 @@ def sampler_group(config, mesh):
   return config.rollout.G
 
 
-def abstract_setup(config, mesh):
-  """`config` (already checked) on `mesh`, allocating nothing: the model (a Hugging Face config
-  or a preset), the task's lengths, the batch and the algorithm's state and shardings."""
+def abstract_setup(config, mesh, rollout_mesh=None):
+  """`config` (already checked) on `mesh` (and the sampler on `rollout_mesh`, default `mesh`),
+  allocating nothing: the model (a Hugging Face config or a preset), the task's lengths, the
+  batch and the algorithm's state and shardings."""
   model, prompt_len, new_tokens = _model_and_task(config)
   rng = jax.random.PRNGKey(config.seed)
-  params, _ = sharding.init_params(functools.partial(model_lib.init_params, model.cfg), rng, mesh,
-                                   abstract_only=True)
+  init_fn = functools.partial(model_lib.init_params, model.cfg)
+  params, _ = sharding.init_params(init_fn, rng, mesh, abstract_only=True)
   algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(rng, 1))
   batch = algos.batch_size(config)
   micro = config.train.micro_batch or batch // config.train.num_minibatches
-  return Shape(config, model, mesh, algo, prompt_len, new_tokens, batch, micro)
+  rollout_mesh = rollout_mesh or mesh
+  sampler_params = (params if rollout_mesh is mesh else
+                    sharding.init_params(init_fn, rng, rollout_mesh, abstract_only=True)[0])
+  return Shape(config, model, mesh, algo, prompt_len, new_tokens, batch, micro, rollout_mesh,
+               sampler_params)
 
 
 def _model_and_task(config):
@@ -164,8 +191,8 @@ def setup(config, workdir):
   before anything is compiled.
   """
   check(config)
-  mesh = sharding.make_mesh(config.mesh)
-  shape = abstract_setup(config, mesh)   # what the pre-flight sized
+  mesh, rollout_mesh = sharding.make_meshes(config.mesh, config.rollout.get('devices', 0))
+  shape = abstract_setup(config, mesh, rollout_mesh)   # what the pre-flight sized
   model, prompt_len, max_new_tokens = shape.model, shape.prompt_len, shape.new_tokens
   meta = workdir_lib.prepare(workdir, config)   # None: a fresh run
   try:
@@ -182,18 +209,25 @@ def setup(config, workdir):
                             (prompt_len, prompt_len + max_new_tokens)) if meta is None else
             sharding.init_params(functools.partial(model_lib.init_params, model.cfg), init_rng,
                                  mesh)[0])   # a template: the checkpoint's values replace it
-  group = sampler_group(config, mesh)
+  group = sampler_group(config, rollout_mesh)
   sampling = sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id,
       temperature=config.rollout.temperature, top_k=config.rollout.top_k,
       top_p=config.rollout.top_p, slots=config.rollout.slots, group=group)
-  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampling), mesh)
+  sampler = sampler_lib.make_sampler(model, sampling)
+  sample = sharding.on_mesh(sampler, rollout_mesh)
   algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(init_rng, 1))
   algo = jit_schedules(algo)
   carry = dict(algo.state, rng=sharding.place(rollout_rng, mesh))
   partial = None
   if config.rollout.get('partial', False):
     partial, carry['flight'] = make_partial(config, model, sampling, prompt_len, mesh)
+  to_sampler = lambda params: params
+  if rollout_mesh is not mesh:
+    to_sampler = functools.partial(  # once per step: the policy in the sampler's layout
+        jax.device_put, device=jax.tree.map(lambda x: x.sharding, shape.sampler_params))
+    carry['pending'] = empty_pending(sampler, shape.sampler_params, config.rollout.P, group,
+                                     config.rollout.G, prompt_len, rollout_mesh)
   if algo.needs_reference:   # a copy: the update donates the policy's buffers
     carry['reference'] = jax.tree.map(jnp.copy, params)
   writer = metrics_lib.writer_from_config(config, workdir, jax.process_index() == 0)
@@ -211,5 +245,5 @@ def setup(config, workdir):
   iterator = make_iterator(config, task, meta['data'], meta.get('auto_batch', {}).get('P'))
   nan_steps = config_checks.step_set(config.debug.nan_steps) if 'debug' in config else set()
   run = Run(config, mesh, algo, sample, group, evaluate, task, prompt_len, iterator, writer, ckpt,
-            frozenset(nan_steps), partial)
+            frozenset(nan_steps), partial, rollout_mesh, to_sampler)
   return run, carry, meta
