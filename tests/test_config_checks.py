@@ -156,7 +156,8 @@ def test_partial_rollouts_refuse_ppo():
     (dict(devices=-2), 1, r'rollout.devices must be an integer in \[0, 8\)'),
     (dict(devices=4, partial=True, slots=8), 1, r'rollout.partial and rollout.devices cannot be'),
     (dict(devices=4), 2, r'rollout.devices runs in one process'),
-    (dict(devices=6), 1, r"P\*G \(16\) is not divisible by the sampler mesh's data-parallel size 6"),
+    (dict(devices=6), 1, r"P\*G \(16\) is not divisible by the sampler mesh's data-parallel "
+                         r'size 6'),
 ])
 def test_bad_sampler_devices(edit, processes, message):
   config = _tiny()   # P x G = 16, micro-batches of 8, on 8 devices: 4 train and 4 sample

@@ -144,7 +144,8 @@ def compile_programs(s, chip, target_name):
                        f'resident {memory_line(resident, chip.hbm_bytes)}') from None
   sampler_mem, update_mem = programs['sampler']['memory'], programs['update']['memory']
   held = phases.get('sampler_resident', resident)
-  rollout = dict(params=held['params'], **({} if sampler_apart(s) else dict(optimizer=held['optimizer'])),
+  optimizer = {} if sampler_apart(s) else dict(optimizer=held['optimizer'])
+  rollout = dict(params=held['params'], **optimizer,
                  kv_cache_and_temporaries=sampler_mem['temporaries'],
                  rollout_inputs_and_outputs=sampler_mem['arguments'] - held['params']
                  + sampler_mem['outputs'])

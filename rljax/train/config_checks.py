@@ -123,7 +123,8 @@ def _check_split(config, device_count, process_count):
     raise ValueError('rollout.devices needs a fixed batch: the batch drawn ahead has its size; '
                      'turn auto_batch off (P=auto) or set rollout.devices=0')
   if process_count > 1:
-    raise ValueError('rollout.devices runs in one process (its two meshes are not split over hosts)')
+    raise ValueError('rollout.devices runs in one process (its two meshes are not split over '
+                     'hosts)')
   sizes = sharding.mesh_shape(config.mesh, rollout.devices)
   data_parallel = math.prod(sizes[axis] for axis in sharding.BATCH_AXES)
   if rollout.P * rollout.G % data_parallel:
