@@ -26,26 +26,11 @@ import numpy as np
 
 from bench import common
 from bench import presets
+from bench import rollout_lengths
 from rljax.data.builders import sums
-from rljax.data import sources as data
-from rljax.data import tokenizer as tokenizer_lib
 from rljax.model import transformer as model_lib
 from rljax.rollout import partial
 from rljax.rollout import sampler as sampler_lib
-
-
-def sums_problems(data_dir, count, seed):
-  """`count` sums prompts (encoded, left-padded) of the train split and their reference response
-  lengths in tokens (the end token included)."""
-  config = sums.make_config()
-  source = data.load_tfds_split(sums.Sums, config, data_dir, 'train')
-  rows = np.random.default_rng(seed).choice(len(source), count, replace=False)
-  records = data.read_records(source, rows)
-  tokenizer = tokenizer_lib.ArithmeticTokenizer()
-  prompt_len, _ = sums.lengths(config.max_operands, config.digits)
-  prompts = data.encode_prompts([data.text(r['prompt']) for r in records], tokenizer, prompt_len)
-  lengths = [len(tokenizer.encode(data.text(r['answer']))) + 1 for r in records]
-  return prompts, np.asarray(lengths, np.int32)
 
 
 def schedules(args, model, params, prompts, caps_N):
@@ -93,7 +78,7 @@ def measure(args):
   model = model_lib.Transformer(cfg)
   params = model_lib.init_params(cfg, jax.random.PRNGKey(0))
   calls = args.warmup + args.rounds + 2
-  prompts, caps_N = sums_problems(args.data_dir, args.P * calls, seed=0)
+  prompts, caps_N = rollout_lengths.sums_problems(args.data_dir, args.P * calls, seed=0)
   fns = schedules(args, model, params, prompts, caps_N)
   for _ in range(args.warmup):   # compiles; fills partial's pool to its steady state
     for fn in fns.values():

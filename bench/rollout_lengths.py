@@ -50,11 +50,11 @@ def sums_problems(data_dir, count, seed):
   config = sums.make_config()
   source = data.load_tfds_split(sums.Sums, config, data_dir, 'train')
   rows = np.random.default_rng(seed).choice(len(source), count, replace=False)
-  records = data._read(source, rows)  # pylint: disable=protected-access
+  records = data.read_records(source, rows)
   tokenizer = tokenizer_lib.ArithmeticTokenizer()
   prompt_len, _ = sums.lengths(config.max_operands, config.digits)
-  prompts = data.encode_prompts([data._text(r['prompt']) for r in records], tokenizer, prompt_len)  # pylint: disable=protected-access
-  lengths = [len(tokenizer.encode(data._text(r['answer']))) + 1 for r in records]  # pylint: disable=protected-access
+  prompts = data.encode_prompts([data.text(r['prompt']) for r in records], tokenizer, prompt_len)
+  lengths = [len(tokenizer.encode(data.text(r['answer']))) + 1 for r in records]
   return prompts, np.asarray(lengths, np.int32)
 
 
