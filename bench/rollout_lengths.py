@@ -44,10 +44,10 @@ COLUMNS = ('dist', 'batch', 'schedule', 'wall_s', 'spread', 'steps', 'utilizatio
            'len_max', 'load_1min')
 
 
-def sums_problems(data_dir, count, seed):
+def sums_problems(data_dir, count, seed, config=None):
   """`count` sums prompts (encoded, left-padded) and their reference response lengths (EOS
-  included), drawn from the train split."""
-  config = sums.make_config()
+  included), drawn from the train split of `config` (default: the task's)."""
+  config = config or sums.make_config()
   source = data.load_tfds_split(sums.Sums, config, data_dir, 'train')
   rows = np.random.default_rng(seed).choice(len(source), count, replace=False)
   records = data.read_records(source, rows)

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from bench import rollout_lengths
+from rljax.data.builders import sums
+from rljax.data import tokenizer as tokenizer_lib
 
 
 @pytest.mark.parametrize('args', [['--slots=1'], ['--slots=0'], ['--dists=sums,nope'],
@@ -39,3 +41,16 @@ def test_small_sweep_compares_the_same_tokens(capsys):
   assert table['uniform', 'static/8']['steps'] == '24'   # two chunks of 12 steps
   lognormal = lambda s: float(table['lognormal', s]['utilization'])
   assert lognormal('slots=8') > lognormal('static')
+
+
+def test_sums_lengths_are_the_reference_responses(tmp_path):
+  """The forced lengths of the sums distribution: each prompt's running-sums response, written
+  here from its operands, plus the stop token."""
+  config = sums.make_config(num_train=64, num_test=8)
+  (prompt_NxT, valid_NxT), lengths_N = rollout_lengths.sums_problems(str(tmp_path), 16, 0, config)
+  tokenizer = tokenizer_lib.ArithmeticTokenizer()
+  for row, valid, length in zip(prompt_NxT, valid_NxT, lengths_N):
+    operands = [int(x) for x in tokenizer.decode(row[valid].tolist()).rstrip('=').split('+')]
+    sums_so_far = np.cumsum(operands)
+    response = '+'.join(f'{o}={s}' for o, s in zip(operands[1:], sums_so_far[1:]))
+    assert length == len(tokenizer.encode(response)) + 1
