@@ -177,7 +177,10 @@ def place(tree, mesh):
 
 
 def batch_sharding(mesh, ndim):
-  """Leading (batch) dimension split over the data-parallel axes."""
+  """Leading (batch) dimension split over the data-parallel axes; a scalar (no batch dimension,
+  e.g. a rollout's step count) is replicated."""
+  if ndim == 0:
+    return replicated(mesh)
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
 
 

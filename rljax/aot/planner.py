@@ -394,13 +394,11 @@ def format_report(r):
     ratio = per_token / (6 * r['active_params'])
     rows.append(('update FLOPs per token', f'{per_token:.3g} = {ratio:.2f} x (6 x active params)'))
     rows.append(('update MFU ceiling', f'{100 * roof["mfu_ceiling"]:.0f}%'))
-    if 'transfer_s' in roof:   # the sampler's chips roll out during the update
-      rows.append(('RL step bound', f'max(weights {roof["transfer_s"]:.2f} s + rollout '
-                   f'{roof["rollout_s"]:.2f} s, update {roof["update"]["bound_s"]:.2f} s) = '
-                   f'{roof["rl_step_s"]:.2f} s'))
-    else:
-      rows.append(('RL step bound', f'rollout {roof["rollout_s"]:.2f} s + update '
-                   f'{roof["update"]["bound_s"]:.2f} s = {roof["rl_step_s"]:.2f} s'))
+    rollout = f'rollout {roof["rollout_s"]:.2f} s'
+    update = f'update {roof["update"]["bound_s"]:.2f} s'
+    phases = (f'max(weights {roof["transfer_s"]:.2f} s + {rollout}, {update})'   # overlapped
+              if 'transfer_s' in roof else f'{rollout} + {update}')
+    rows.append(('RL step bound', f'{phases} = {roof["rl_step_s"]:.2f} s'))
   for b in r.get('decode_bounds', ()):
     ms = {k: f'{v * 1e3:.3f}' for k, v in b.items() if k.endswith('_s')}
     rows.append((f'decode step bound, batch {b["batch"]}',

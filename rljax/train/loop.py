@@ -106,9 +106,8 @@ def overlapped_rollout(run, carry, examples, rng, step):
     pending = draw_ahead(run, params, examples, step_key(rng, 100))
     examples = next(run.iterator)
   drawn = draw_ahead(run, params, examples, rng)   # runs on while this step scores and updates
-  layouts = jax.tree.map(lambda x: sharding.batch_sharding(run.mesh, x.ndim) if x.ndim else
-                         sharding.replicated(run.mesh), pending)
-  pending = jax.device_put(pending, layouts)
+  pending = jax.device_put(pending, jax.tree.map(
+      lambda x: sharding.batch_sharding(run.mesh, x.ndim), pending))
   answers = [a for a in decode_answers(pending['answer_PxW']) for _ in range(run.config.rollout.G)]
   return drawn, (pending['rollout'], pending['prompt_BxT'], pending['valid_BxT'], answers, {})
 

@@ -80,10 +80,8 @@ def empty_pending(sample, params, P, group, G, prompt_len, rollout_mesh):
   pending = dict(rollout=rollout, prompt_BxT=jax.ShapeDtypeStruct((P * G, prompt_len), jnp.int32),
                  valid_BxT=jax.ShapeDtypeStruct((P * G, prompt_len), jnp.bool_),
                  answer_PxW=jax.ShapeDtypeStruct((P, ANSWER_BYTES), jnp.uint8))
-  def zeros(x):
-    layout = (sharding.batch_sharding(rollout_mesh, x.ndim) if x.ndim else
-              sharding.replicated(rollout_mesh))
-    return jax.device_put(np.zeros(x.shape, x.dtype), layout)
+  zeros = lambda x: jax.device_put(np.zeros(x.shape, x.dtype),
+                                   sharding.batch_sharding(rollout_mesh, x.ndim))
   return jax.tree.map(zeros, pending)
 
 
@@ -127,7 +125,7 @@ def abstract_setup(config, mesh, rollout_mesh=None):
   algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(rng, 1))
   batch = algos.batch_size(config)
   micro = config.train.micro_batch or batch // config.train.num_minibatches
-  rollout_mesh = rollout_mesh or mesh
+  rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
   sampler_params = (params if rollout_mesh is mesh else
                     sharding.init_params(init_fn, rng, rollout_mesh, abstract_only=True)[0])
   return Shape(config, model, mesh, algo, prompt_len, new_tokens, batch, micro, rollout_mesh,
