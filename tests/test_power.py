@@ -1,6 +1,6 @@
 """The decision's error rates and power, measured on synthetic sweeps (tests/synthetic_protocol.py:
 logs in the workdir format with the committed runs' noise) passed through the real report code
-and rljax.protocol.driver's adaptive seeds. docs/guide/protocol.md quotes these numbers."""
+and rljax.protocol.driver's adaptive seeds. docs/guide/protocol_results.md quotes these numbers."""
 import numpy as np
 import pytest
 
@@ -51,7 +51,7 @@ def calibration_bins(results, truth_fastest, edges=(0, 0.2, 0.4, 0.6, 0.8, 1.000
 def test_power_against_cost(tmp_path):
   """Power (the truly fastest batch, 1024, recommended) at the paper's truth, against the align
   runs' training samples, for more seeds, throughput rounds and eval prompts. Prints the table
-  docs/guide/protocol.md quotes; the cheapest design with >= 80% power also keeps the error
+  docs/guide/protocol_results.md quotes; the cheapest design with >= 80% power also keeps the error
   rates (null false 'faster' <= 5%, truly slower recommended <= 1%) and P(fastest) calibrated."""
   n, rows = 80, []
   for i, (seeds, rounds, prompts) in enumerate(DESIGNS):
