@@ -48,7 +48,7 @@ def sample_rollout(run, params, examples, rng):
   repeat = lambda n: sharding.put_batch((np.repeat(prompt_PxT, n, 0), np.repeat(valid_PxT, n, 0)),
                                         run.rollout_mesh)
   sampled = repeat(G // run.group)   # each sampled row makes run.group responses
-  rollout = run.sample(params, *sampled, sharding.place(rng, run.rollout_mesh))
+  rollout = run.sample(params, *sampled, jax.device_put(rng, sharding.replicated(run.rollout_mesh)))
   prompt_BxT, valid_BxT = sampled if run.group == 1 else repeat(G)
   return rollout, prompt_BxT, valid_BxT, answers, {}
 
