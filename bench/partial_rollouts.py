@@ -44,7 +44,7 @@ def schedules(args, model, params, prompts, caps_N):
   admit = jax.jit(partial.admit, donate_argnums=0)
   advance = jax.jit(functools.partial(partial.advance, model, cfg=sampling, num_groups=P),
                     donate_argnums=1)
-  key = jax.random.PRNGKey(1)
+  key, fold_in = jax.random.PRNGKey(1), jax.jit(jax.random.fold_in)   # as the training loop's
   batch = lambda i: (prompt_NxT[i * P:(i + 1) * P], valid_NxT[i * P:(i + 1) * P],
                      np.repeat(caps_N[i * P:(i + 1) * P], G))
   state = dict(continuous=0, partial=0, version=0,
@@ -60,9 +60,8 @@ def schedules(args, model, params, prompts, caps_N):
   def run_partial():
     for _ in range(2 if state['partial'] == 0 else 1):
       prompt, valid, caps = batch(state['partial'])
-      keys = sampler_lib.response_keys(jax.random.fold_in(key, state['partial']), P * G)
-      state['flight'] = admit(state['flight'], prompt, valid, np.zeros((P, 1), np.uint8), keys,
-                              caps)
+      state['flight'] = admit(state['flight'], prompt, valid, np.zeros((P, 1), np.uint8),
+                              fold_in(key, state['partial']), caps)
       state['partial'] += 1
     state['flight'], out = advance(params, state['flight'], state['version'], args.max_staleness)
     state['version'] += 1

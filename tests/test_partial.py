@@ -100,7 +100,8 @@ def test_no_response_lost_or_duplicated_and_carried_tokens_equal_static(max_stal
   calls = 6
   num = (calls + 1) * P * G   # responses admitted over the calls
   caps_N = np.random.default_rng(1).integers(1, L + 1, num).astype(np.int32)
-  keys_Nx2 = sampler_lib.response_keys(jax.random.PRNGKey(2), num)
+  batch_keys = [jax.random.fold_in(jax.random.PRNGKey(2), i) for i in range(calls + 1)]
+  keys_Nx2 = np.concatenate([sampler_lib.response_keys(k, P * G) for k in batch_keys])
   prompt_NxT, valid_NxT = group_prompts(np.arange(num) // G)
   expected = simulate(caps_N, calls, max_staleness)
   reference = jax.device_get(static(params, prompt_NxT, valid_NxT, keys_Nx2, caps_N))
@@ -111,8 +112,8 @@ def test_no_response_lost_or_duplicated_and_carried_tokens_equal_static(max_stal
     for _ in range(2 if version == 0 else 1):
       n = slice(admitted * G, (admitted + P) * G)
       answers = np.tile(np.arange(admitted, admitted + P, dtype=np.uint8)[:, None], (1, 4))
-      flight = admit(flight, prompt_NxT[n][::G], valid_NxT[n][::G], answers, keys_Nx2[n],
-                     caps_N[n])
+      flight = admit(flight, prompt_NxT[n][::G], valid_NxT[n][::G], answers,
+                     batch_keys[admitted // P], caps_N[n])
       admitted += P
     flight, out = advance(params, flight, version, max_staleness)
     out = jax.device_get(out)

@@ -13,6 +13,7 @@ Staleness rule: at the start of a call under version v, a response holding a tok
 v - max_staleness is dropped and resampled from its prompt (same key) under the new policy; its
 group waits for it, so groups stay whole and no response is lost or trained twice.
 """
+import functools
 from typing import NamedTuple
 
 import jax
@@ -73,9 +74,10 @@ def _reset(flight, records_K, status, pad_id):
                          version_RxL=at(flight.version_RxL, 0))
 
 
-def admit(flight, prompt_PxT, valid_PxT, answer_PxW, keys_Nx2, caps_N, pad_id=0):
-  """The P groups of these prompts (N = P x G responses, group-major) in the first P free places;
-  the pool must have them (after `advance` it has exactly the P places it returned)."""
+def admit(flight, prompt_PxT, valid_PxT, answer_PxW, rng, caps_N, pad_id=0):
+  """The P groups of these prompts (N = P x G responses, group-major, response n's key
+  fold_in(rng, n)) in the first P free places; the pool must have them (after `advance` it has
+  exactly the P places it returned)."""
   groups, P = flight.serial_Q.shape[0], prompt_PxT.shape[0]
   group = flight.status_R.shape[0] // groups
   place_P = jnp.argsort(flight.serial_Q >= 0, stable=True)[:P]   # free places first
@@ -85,7 +87,7 @@ def admit(flight, prompt_PxT, valid_PxT, answer_PxW, keys_Nx2, caps_N, pad_id=0)
       prompt_RxT=flight.prompt_RxT.at[rows_N].set(repeat(prompt_PxT)),
       valid_RxT=flight.valid_RxT.at[rows_N].set(repeat(valid_PxT)),
       answer_QxW=flight.answer_QxW.at[place_P].set(answer_PxW),
-      key_Rx2=flight.key_Rx2.at[rows_N].set(keys_Nx2), cap_R=flight.cap_R.at[rows_N].set(caps_N),
+      key_Rx2=flight.key_Rx2.at[rows_N].set(sampler_lib.response_keys(rng, P * group)), cap_R=flight.cap_R.at[rows_N].set(caps_N),
       serial_Q=flight.serial_Q.at[place_P].set(flight.admitted + jnp.arange(P)),
       admitted=flight.admitted + P)
   return _reset(flight, rows_N, PENDING, pad_id)
@@ -108,19 +110,60 @@ def complete_groups(status_R, groups):
   return jnp.all(status_R.reshape(groups, -1) == DONE, axis=1)
 
 
-def refill(prompt_kv, flight, rows):
-  """The `rows` pending responses of the oldest groups (then by index in the group) into the first
-  free slots (fewer when fewer are free or pending), each with its group's prompt cache rows from
-  `prompt_kv` (sampler.prompt_rows over the pool's groups)."""
-  num, prompt_len = flight.prompt_RxT.shape
-  group = num // flight.serial_Q.shape[0]
-  slots, num_slots = flight.slots, flight.slots.active_S.shape[0]
+def queue(flight):
+  """The pending responses, oldest group first and then by index in the group, and their count:
+  the order refills take them in. Nothing turns pending during a call, so it holds for the call."""
+  num, groups = flight.status_R.shape[0], flight.serial_Q.shape[0]
+  group = num // groups
   pending_R = flight.status_R == PENDING
   priority_R = jnp.where(pending_R, jnp.repeat(flight.serial_Q, group) * group
                          + jnp.arange(num) % group, NEVER)
-  pick_K = jax.lax.top_k(-priority_R, rows)[1]   # the first `rows` by priority, without a sort
+  return jnp.argsort(priority_R), jnp.sum(pending_R)
+
+
+class Prompts(NamedTuple):
+  """Prompt caches of the pool's groups under this call's parameters, by place (Q rows, T - 1
+  columns): the first `ready` groups of the call's group order have theirs."""
+  kv: model_lib.KVCache
+  ready: jax.Array
+
+
+def group_order(flight):
+  """The pool's places in the order the queue reaches their groups: those with pending responses,
+  oldest first, then the rest."""
+  groups = flight.serial_Q.shape[0]
+  pending_Q = jnp.any(flight.status_R.reshape(groups, -1) == PENDING, axis=1)
+  return jnp.argsort(jnp.where(pending_Q, flight.serial_Q, NEVER))
+
+
+def prefill_next(decoder, variables, flight, order_Q, prompts, count, needed=True):
+  """`prompts` with the next `count` groups of `order_Q` prefilled, if `needed` (a traced bool
+  skips the prefill when false). Only the new rows pass through the branch: with the whole cache
+  in it, XLA copies the cache at every refill."""
+  num, groups = flight.status_R.shape[0], flight.serial_Q.shape[0]
+  rank_C = prompts.ready + jnp.arange(count)
+  place_C = jnp.where((rank_C < groups) & needed, order_Q[jnp.minimum(rank_C, groups - 1)],
+                      groups)
+  first_C = jnp.minimum(place_C, groups - 1) * (num // groups)
+  run = lambda: sampler_lib.prompt_cache(decoder, variables, flight.prompt_RxT[first_C],
+                                         flight.valid_RxT[first_C])
+  kv_C = run() if needed is True else jax.lax.cond(
+      needed, run, lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(run)))
+  put = lambda big, small: big.at[place_C].set(small.reshape(count, *small.shape[-3:]),
+                                              mode='drop')
+  return Prompts(jax.tree.map(put, prompts.kv, kv_C), prompts.ready + count * needed)
+
+
+def refill(prompt_kv, flight, queue_R, head, tail, rows):
+  """The next `rows` responses of the queue (`queue_R[head:tail]`) into the first free slots
+  (fewer when fewer are free or queued), each with its group's prompt cache rows from
+  `prompt_kv` (Prompts.kv). Returns (flight, the queue's new head)."""
+  num, prompt_len = flight.prompt_RxT.shape
+  group = num // flight.serial_Q.shape[0]
+  slots, num_slots = flight.slots, flight.slots.active_S.shape[0]
+  pick_K = queue_R[jnp.minimum(head + jnp.arange(rows), num - 1)]
   free_K = jnp.argsort(slots.active_S, stable=True)[:rows]
-  count = jnp.minimum(jnp.minimum(jnp.sum(~slots.active_S), jnp.sum(pending_R)), rows)
+  count = jnp.minimum(jnp.minimum(jnp.sum(~slots.active_S), tail - head), rows)
   taken_K = jnp.arange(rows) < count
   target_K = jnp.where(taken_K, free_K, num_slots)   # out of range: dropped
   prompt_KxT, valid_KxT = flight.prompt_RxT[pick_K], flight.valid_RxT[pick_K]
@@ -128,15 +171,16 @@ def refill(prompt_kv, flight, rows):
   if prompt_len > 1:
     put = lambda big, small: big.at[target_K, :, :prompt_len - 1].set(
         small.reshape(rows, *small.shape[-3:]), mode='drop')
-    cache = jax.tree.map(put, cache, prompt_kv(pick_K // group))
+    cache = jax.tree.map(lambda big, every: put(big, every[pick_K // group]), cache, prompt_kv)
   set_at = lambda x, value: x.at[target_K].set(value, mode='drop')
-  return flight._replace(
+  flight = flight._replace(
       cache=cache, kv_valid_SxC=flight.kv_valid_SxC.at[target_K, :prompt_len].set(
           valid_KxT, mode='drop'),
       slots=sampler_lib.Slots(set_at(slots.response_S, pick_K), set_at(slots.t_S, 0),
                               set_at(slots.token_S, prompt_KxT[:, -1]),
                               set_at(slots.active_S, True)),
       status_R=flight.status_R.at[jnp.where(taken_K, pick_K, num)].set(DECODING, mode='drop'))
+  return flight, head + count
 
 
 class Finished(NamedTuple):
@@ -161,37 +205,48 @@ def advance(model, params, flight, version, max_staleness, cfg: sampler_lib.Samp
   variables = {'params': model_lib.decoding_params(params, model.cfg)}
   position0_R = model_lib.positions_from_valid(flight.valid_RxT)[:, -1]
   rows = sampler_lib.refill_rows(num_slots)
-  # Every group's prompt prefilled once per call, under this call's parameters (a carried
-  # response keeps the cache it has).
-  first_Q = jnp.arange(groups) * group
-  prompt_kv = (sampler_lib.prompt_rows(decoder, variables, flight.prompt_RxT[first_Q],
-                                       flight.valid_RxT[first_Q], group)
-               if prompt_len > 1 else None)
+  queue_R, tail = queue(flight)
+  # Prompts are prefilled under this call's parameters (a carried response keeps the cache it
+  # has), in the queue's group order: `num_groups` up front, then `rows` more whenever a refill
+  # reaches past them, as a call starts about num_groups groups of the pool's 2 x num_groups.
+  order_Q = group_order(flight)
+  rank_Q = jnp.zeros_like(order_Q).at[order_Q].set(jnp.arange(groups))
+  prefill = functools.partial(prefill_next, decoder, variables, flight, order_Q)
+  prompts = Prompts(None, jnp.int32(0))
+  if prompt_len > 1:
+    prompts = prefill(prompts._replace(kv=sampler_lib.shard_cache(
+        model_lib.KVCache.zeros(model.cfg, groups, prompt_len - 1))), min(groups, num_groups))
 
-  def can_fill(flight):   # a whole chunk of free slots (or of the pending responses)
-    free, left = jnp.sum(~flight.slots.active_S), jnp.sum(flight.status_R == PENDING)
-    return (left > 0) & (free >= jnp.minimum(rows, left))
+  def can_fill(carry):   # a whole chunk of free slots (or of the queued responses)
+    head, free = carry[0], jnp.sum(~carry[2]['slots'].active_S)
+    return (head < tail) & (free >= jnp.minimum(rows, tail - head))
 
   fixed = flight   # the fields no decoding step changes ride outside the loops
   whole = lambda fields: fixed._replace(**fields)
   def body(state):
-    steps, decoded, fields = state
-    refilled = jax.lax.while_loop(
-        lambda f: can_fill(whole(dict(fields, **f))),
-        lambda f: changing(refill(prompt_kv, whole(dict(fields, **f)), rows), REFILLED),
-        {name: fields[name] for name in REFILLED})
+    steps, decoded, head, prompts, fields = state
+    def fill(carry):   # a refill takes min(rows, tail - head) responses: at most `rows` groups
+      head, prompts, refilled = carry
+      if prompt_len > 1:
+        last = rank_Q[queue_R[jnp.minimum(head + rows, tail) - 1] // group]
+        prompts = prefill(prompts, rows, last >= prompts.ready)
+      flight, head = refill(prompts.kv, whole(dict(fields, **refilled)), queue_R, head, tail,
+                            rows)
+      return head, prompts, changing(flight, REFILLED)
+    head, prompts, refilled = jax.lax.while_loop(
+        can_fill, fill, (head, prompts, changing(whole(fields), REFILLED)))
     flight = whole(dict(fields, **refilled))
     decoded += jnp.sum(flight.slots.active_S)
     flight = decode_step(decoder, variables, flight, position0_R, version, cfg)
-    return steps + 1, decoded, changing(flight, DECODED)
+    return steps + 1, decoded, head, prompts, changing(flight, DECODED)
 
   def cond(state):
-    flight = whole(state[2])
-    busy = jnp.any(flight.slots.active_S) | jnp.any(flight.status_R == PENDING)
+    head, flight = state[2], whole(state[4])
+    busy = jnp.any(flight.slots.active_S) | (head < tail)
     return (jnp.sum(complete_groups(flight.status_R, groups)) < num_groups) & busy
 
-  steps, decoded, fields = jax.lax.while_loop(
-      cond, body, (jnp.int32(0), jnp.int32(0), changing(flight, DECODED)))
+  steps, decoded, _, _, fields = jax.lax.while_loop(
+      cond, body, (jnp.int32(0), jnp.int32(0), jnp.int32(0), prompts, changing(flight, DECODED)))
   return take_finished(whole(fields), steps, decoded, num_groups, restarted)
 
 

@@ -82,11 +82,10 @@ def partial_rollout(run, carry, examples, rng, step):
   for i, batch in enumerate([examples] + ([next(run.iterator)] if first else [])):
     prompt_PxT, valid_PxT = data.encode_prompts(batch['prompt'], run.task.tokenizer,
                                                 run.prompt_len)
-    keys_Nx2 = sampler_lib.response_keys(step_key(rng, 100 + i), P * G)
     caps_N = np.full(P * G, flight.tokens_RxL.shape[1], np.int32)   # the response budget
     flight = run.partial.admit(flight, prompt_PxT, valid_PxT,
-                               encode_answers(batch['answer'], run_lib.ANSWER_BYTES), keys_Nx2,
-                               caps_N)
+                               encode_answers(batch['answer'], run_lib.ANSWER_BYTES),
+                               step_key(rng, 100 + i), caps_N)
   version, max_staleness = step - 1, run.config.rollout.max_staleness
   flight, finished = run.partial.advance(carry['params'], flight, version, max_staleness)
   answers = [answer for answer in decode_answers(finished.answer_PxW) for _ in range(G)]
