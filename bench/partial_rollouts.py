@@ -1,6 +1,6 @@
 """Partial rollouts (rollout.partial) vs continuous batching within the step, on the sums task.
 
-  PYTHONPATH=. python bench/partial_rollouts.py --P=64 --G=8 --slots=64 --rounds=15
+  PYTHONPATH=. python bench/partial_rollouts.py --P=64 --G=8 --slots=64 --rounds=41 --processes=5
 
 Every call of either schedule returns P whole groups of G responses, a training step's batch.
 `continuous` decodes the next P prompts x G over `slots` slots and waits for the last of them;
@@ -8,15 +8,18 @@ Every call of either schedule returns P whole groups of G responses, a training 
 finished, the rest staying in flight for the next call. Lengths are forced as in
 bench/rollout_lengths.py (a stop token the model never samples, per-response caps): every response
 of a group is as long as its prompt's reference response in the sums training split, so both
-schedules decode the same lengths (on the `tiny` model, the runlocal one, by default). Each call advances the policy
-version, so partial's staleness rule (`--max_staleness`) restarts what it would in training.
-Rounds interleave the two (one call each, the order alternating), and the ratio is the median of
-the per-round ratios of continuous's time to partial's, i.e. partial's samples/s over
-continuous's, with a distribution-free interval (bench/common.py). Utilization: response tokens
-decoded / (slots x decode steps), over the timed calls.
+schedules decode the same lengths (on the `tiny` model, the runlocal one, by default). Each call
+advances the policy version, so partial's staleness rule (`--max_staleness`) restarts what it
+would in training. Rounds interleave the two (one call each, the order alternating), and a
+process's ratio is the median of the per-round ratios of continuous's time to partial's, i.e.
+partial's samples/s over continuous's, with a distribution-free interval (bench/common.py). With
+`--processes=N` that repeats in N fresh processes, and the ratio is their geometric mean with a
+t-interval over the processes. Utilization: response tokens decoded / (slots x decode steps),
+over the timed calls.
 """
 import argparse
 import functools
+import multiprocessing
 import os
 import sys
 import time
@@ -31,6 +34,7 @@ from rljax.data.builders import sums
 from rljax.model import transformer as model_lib
 from rljax.rollout import partial
 from rljax.rollout import sampler as sampler_lib
+from rljax import stats
 
 
 def schedules(args, model, params, prompts, caps_N):
@@ -102,7 +106,28 @@ def measure(args):
                      utilization=decoded / (steps * args.slots), steps_per_call=steps / args.rounds,
                      restarted_per_call=restarted / args.rounds))
   return dict(machine=common.machine(), args=vars(args), rows=rows, ratio=ratio,
-              interval=[low, high], coverage=coverage, load_1min=common.load_average())
+              interval=[low, high], coverage=coverage, seconds=seconds,
+              load_1min=common.load_average())
+
+
+def measure_in_processes(args):
+  """`measure` in `args.processes` fresh processes, one after another, and the geometric mean of
+  their ratios with a t-interval over processes: the ratio moves between processes by more than
+  one process's interval admits, so the process, not the round, is the unit."""
+  with multiprocessing.get_context('spawn').Pool(1, maxtasksperchild=1) as pool:
+    runs = [pool.apply(measure, (args,)) for _ in range(args.processes)]
+  summary = stats.log_mean_interval([run['ratio'] for run in runs])
+  return dict(runs=runs, ratio=summary['mean'], interval=[summary['lo'], summary['hi']],
+              df=summary['df'])
+
+
+def report(record, rounds):
+  print(f"\n{record['machine']}")
+  print(common.table(record['rows'], ('schedule', 'wall_s', 'spread', 'samples_per_s',
+                                      'utilization', 'steps_per_call', 'restarted_per_call')))
+  print(f"partial / continuous samples/s: {record['ratio']:.2f}x "
+        f"({record['interval'][0]:.2f}-{record['interval'][1]:.2f}, coverage "
+        f"{record['coverage']:.2f}, {rounds} rounds)")
 
 
 def main(argv):
@@ -114,16 +139,21 @@ def main(argv):
   parser.add_argument('--max_staleness', type=int, default=1)
   parser.add_argument('--rounds', type=common.positive_int, default=15)
   parser.add_argument('--warmup', type=common.positive_int, default=3)
+  parser.add_argument('--processes', type=common.positive_int, default=1,
+                      help='repeat the measurement in this many fresh processes')
   parser.add_argument('--data_dir', default=os.path.expanduser('~/.cache/rljax/datasets'))
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
-  record = measure(args)
-  print(f"\n{record['machine']}")
-  print(common.table(record['rows'], ('schedule', 'wall_s', 'spread', 'samples_per_s',
-                                      'utilization', 'steps_per_call', 'restarted_per_call')))
-  print(f"partial / continuous samples/s: {record['ratio']:.2f}x "
-        f"({record['interval'][0]:.2f}-{record['interval'][1]:.2f}, coverage "
-        f"{record['coverage']:.2f}, {args.rounds} rounds)")
+  if args.processes == 1:
+    record = measure(args)
+    report(record, args.rounds)
+  else:
+    record = measure_in_processes(args)
+    for run in record['runs']:
+      report(run, args.rounds)
+    print(f"\nover {args.processes} processes: {record['ratio']:.2f}x "
+          f"({record['interval'][0]:.2f}-{record['interval'][1]:.2f}, 95% t-interval, df "
+          f"{record['df']})")
   common.write_json(args.out, record)
 
 
