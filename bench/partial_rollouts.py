@@ -1,6 +1,6 @@
 """Partial rollouts (rollout.partial) vs continuous batching within the step, on the sums task.
 
-  PYTHONPATH=. python bench/partial_rollouts.py --P=64 --G=8 --slots=64 --rounds=41 --processes=5
+  PYTHONPATH=. python bench/partial_rollouts.py --P=64 --G=8 --slots=64 --rounds=41 --processes=10
 
 Every call of either schedule returns P whole groups of G responses, a training step's batch.
 `continuous` decodes the next P prompts x G over `slots` slots and waits for the last of them;
@@ -30,11 +30,11 @@ import numpy as np
 from bench import common
 from bench import presets
 from bench import rollout_lengths
+from rljax import stats
 from rljax.data.builders import sums
 from rljax.model import transformer as model_lib
 from rljax.rollout import partial
 from rljax.rollout import sampler as sampler_lib
-from rljax import stats
 
 
 def schedules(args, model, params, prompts, caps_N):

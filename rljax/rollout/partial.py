@@ -87,7 +87,8 @@ def admit(flight, prompt_PxT, valid_PxT, answer_PxW, rng, caps_N, pad_id=0):
       prompt_RxT=flight.prompt_RxT.at[rows_N].set(repeat(prompt_PxT)),
       valid_RxT=flight.valid_RxT.at[rows_N].set(repeat(valid_PxT)),
       answer_QxW=flight.answer_QxW.at[place_P].set(answer_PxW),
-      key_Rx2=flight.key_Rx2.at[rows_N].set(sampler_lib.response_keys(rng, P * group)), cap_R=flight.cap_R.at[rows_N].set(caps_N),
+      key_Rx2=flight.key_Rx2.at[rows_N].set(sampler_lib.response_keys(rng, P * group)),
+      cap_R=flight.cap_R.at[rows_N].set(caps_N),
       serial_Q=flight.serial_Q.at[place_P].set(flight.admitted + jnp.arange(P)),
       admitted=flight.admitted + P)
   return _reset(flight, rows_N, PENDING, pad_id)
