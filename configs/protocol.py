@@ -4,11 +4,11 @@
   python -m rljax.main --config=configs/protocol.py:algo=ppo,runlocal --workdir=D
   python -m rljax.analysis --workdir=D      # rebuilds D/report.* from the logs, no training
 
-Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized protocol, sized to finish
-within an hour on 2 cores: docs/guide/protocol.md), small (with runlocal, GRPO: a base of 16
-responses, where this CPU's samples/s still grows with the batch), seeds (seeds per arm to start
-with; small: 4). Every arm
-is configs/<algo>.py at one batch:
+Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized protocol for 2 cores:
+docs/guide/protocol.md; GRPO: a base of 16 responses, targets deep in training, where a larger
+batch can win), shallow (with runlocal, GRPO: the earlier preset, base 128, a target a few points
+above the warm start), small (with runlocal, GRPO: base 16, the shallow target), seeds (seeds per
+arm to start with). Every arm is configs/<algo>.py at one batch:
 `--config.arm.a.b=value` changes a field of every arm (e.g. --config.arm.data.dir=/tmp/data),
 `--config.protocol.x=value` a protocol setting (e.g. --config.protocol.sweep='(8,16,32)').
 Batches are given as the algo's batch argument (GRPO: P prompts of G responses; PPO: B).
@@ -30,13 +30,20 @@ def arm_config(algo, arg):
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, algo='grpo', runlocal=False, small=False, seeds=-1)   # -1: preset's
-  if arg.small and not (arg.runlocal and arg.algo == 'grpo'):
-    raise ValueError('config arg small: a GRPO runlocal preset; give algo=grpo,runlocal,small')
-  seeds = (4 if arg.small else 3) if arg.seeds == -1 else arg.seeds
+  arg = common.parse_arg(arg, algo='grpo', runlocal=False, small=False, shallow=False,
+                         seeds=-1)   # -1: the preset's
+  for name in ('small', 'shallow'):
+    if arg[name] and not (arg.runlocal and arg.algo == 'grpo'):
+      raise ValueError(f'config arg {name}: a GRPO runlocal preset; give algo=grpo,runlocal,{name}')
+  if arg.small and arg.shallow:
+    raise ValueError('config args small and shallow: two presets; give one')
+  deep = arg.runlocal and arg.algo == 'grpo' and not (arg.small or arg.shallow)
+  seeds = (4 if arg.small or deep else 3) if arg.seeds == -1 else arg.seeds
   arm = arm_config(arg.algo, 'runlocal' if arg.runlocal else '')
   unit = arm.rollout.G   # responses per batch argument (GRPO: G responses to each of P prompts)
-  if arg.small:      # batches in responses (G=8: P = 2 ... 16); evals every 128 samples
+  if deep:           # batches in responses (G=8: P = 2, 8, 32); evals every 8192 samples
+    sweep, base, control = (16, 64, 256), 16, ()
+  elif arg.small:    # batches in responses (G=8: P = 2 ... 16); evals every 128 samples
     sweep, base, control = (16, 32, 64, 128), 16, (32,)
   elif arg.runlocal:   # batches in responses (G=8: P = 16 ... 128); evals every 1024 samples
     sweep, base, control = (128, 256, 512, 1024), 128, (256,)
@@ -59,6 +66,7 @@ def get_config(arg=None):
       lr0=0.0,
       calibration_factors=(0.5, 0.71, 1.0, 1.41, 2.0),
       calibration_seeds=2,
+      calibration_eval_every_samples=0,   # the calibration's eval grid (0: eval_every_samples)
       num_seeds=seeds,             # seeds per arm to start with
       max_seeds=seeds + 2,         # per arm, when its rN interval straddles the break-even point
       extra_seeds=4,               # added seeds in all
@@ -103,4 +111,24 @@ def get_config(arg=None):
   if arg.small:   # small steps are cheap: a finer eval grid, more seeds and throughput rounds
     config.protocol.update(eval_every_samples=128, max_seeds=8, extra_seeds=8,
                            throughput_rounds=8, throughput_steps=8, confirm_seeds=6)
+  if deep:
+    deep_preset(config)
   return config
+
+
+def deep_preset(config):
+  """Targets deep in training (docs/guide/protocol.md, "Where the target sits"): every arm runs
+  the whole budget, the targets sit at 50/70/90% of the way from the warm start to the base arm's
+  top, and the lr is calibrated on a shallower proxy target (protocol.target) at a quarter of the
+  sweep's cost or less. Evaluations on 4000 held-out prompts: the persistent prompt part of the
+  seed spread shrinks with the prompts, not with a finer grid."""
+  config.protocol.update(
+      target=0.45, stop_at_target=False, target_fractions=(0.5, 0.7, 0.9),
+      max_samples=65_536, eval_every_samples=8192, smooth_window=3,
+      calibration_factors=(0.5, 1.0, 2.0), calibration_eval_every_samples=2048,
+      max_seeds=8, extra_seeds=4, throughput_rounds=10, throughput_steps=16, confirm_seeds=4)
+  config.arm.optimizer.update(lr=1e-4, decay='constant')   # the README run's lr scale
+  config.arm.data.num_test = 4000
+  config.arm.train.eval_size = 4000
+  # A warm start past 0.37 on this task: RL from one stopped at 0.34 stalls for ~25k samples.
+  config.arm.warmstart.update(eval_every=25, threshold=0.37)

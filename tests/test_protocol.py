@@ -47,8 +47,8 @@ def _flag(path, value):
 
 
 def tiny_config(data_dir):
-  """configs/protocol.py:runlocal,seeds=1 with TINY applied, as the command line applies it."""
-  config = protocol_config.get_config('runlocal,seeds=1')
+  """configs/protocol.py:runlocal,shallow,seeds=1 with TINY applied, as the command line applies it."""
+  config = protocol_config.get_config('runlocal,shallow,seeds=1')
   for path, value in dict(TINY, **{'arm.data.dir': data_dir}).items():
     *parents, leaf = path.split('.')
     node = config
@@ -69,7 +69,7 @@ def data_dir(tmp_path_factory):
 
 
 def test_runlocal_arms_follow_the_sqrt_rule_on_one_sample_grid():
-  config = protocol_config.get_config('runlocal')
+  config = protocol_config.get_config('runlocal,shallow')
   arms = {a.name: a for a in protocol.arms(config, '/tmp/D')}
   assert sorted(arms) == ['P128', 'P16', 'P32', 'P32_fixed_lr', 'P64']
   base_lr = protocol._arm_spec(arms['P16'])['lr']
@@ -92,7 +92,7 @@ def test_runlocal_arms_follow_the_sqrt_rule_on_one_sample_grid():
 
 def test_an_arm_off_the_sample_grid_is_refused():
   """Batch 2048 cannot be evaluated every 1024 samples: refused, not evaluated half as densely."""
-  config = protocol_config.get_config('runlocal')
+  config = protocol_config.get_config('runlocal,shallow')
   config.protocol.sweep = (16, 32, 256)
   with pytest.raises(ValueError, match=r'multiple of every arm.s batch.*\[2048\]'):
     protocol.arms(config, 'D')
@@ -100,9 +100,9 @@ def test_an_arm_off_the_sample_grid_is_refused():
   assert [a.config.train.eval_every for a in protocol.arms(config, 'D')] == [16, 8, 1, 8]
 
 
-@pytest.mark.parametrize('algo', ['grpo', 'ppo'])
-def test_runlocal_builds_valid_arms_and_a_calibration_sweep(algo):
-  config = protocol_config.get_config(f'algo={algo},runlocal')
+@pytest.mark.parametrize('arg', ['runlocal,shallow', 'algo=ppo,runlocal'])
+def test_runlocal_builds_valid_arms_and_a_calibration_sweep(arg):
+  config = protocol_config.get_config(arg)
   arms = protocol.arms(config, 'D')   # every arm passes the trainer's own config checks
   assert {a.batch for a in arms} == {128, 256, 512, 1024}
   sweep = protocol.calibration_arms(config, 'D')
@@ -112,15 +112,35 @@ def test_runlocal_builds_valid_arms_and_a_calibration_sweep(algo):
   assert lrs[2] == pytest.approx(protocol.default_lr0(config), rel=0.01)
 
 
-def test_micro_batches_must_hold_whole_groups():
+def test_the_deep_preset_runs_every_arm_on_and_calibrates_on_a_proxy_target():
+  """runlocal (GRPO): arms run the whole budget (targets come from the base arm's curve), the
+  calibration stops at the proxy J + margin on its own finer grid, evals on 4000 prompts."""
   config = protocol_config.get_config('runlocal')
+  arms = protocol.arms(config, 'D')
+  assert [(a.batch, a.config.train.target, a.config.train.max_samples) for a in arms] == [
+      (16, 0.0, 65_536), (64, 0.0, 65_536), (256, 0.0, 65_536)]
+  assert [a.config.train.eval_every * a.batch for a in arms] == [8192] * 3
+  assert {(a.config.data.num_test, a.config.train.eval_size) for a in arms} == {(4000, 4000)}
+  sweep = protocol.calibration_arms(config, 'D')
+  assert [(a.batch, round(a.config.train.target, 6), a.config.train.eval_every)
+          for a in sweep] == [(16, 0.48, 128)] * 3
+  lrs = [protocol._arm_spec(a)['lr'] for a in sweep]
+  assert lrs == pytest.approx([1e-4 * (16 / 128)**0.5 * f for f in (0.5, 1.0, 2.0)], rel=0.01)
+  with pytest.raises(ValueError, match='two presets'):
+    protocol_config.get_config('runlocal,small,shallow')
+  with pytest.raises(ValueError, match='GRPO runlocal preset'):
+    protocol_config.get_config('algo=ppo,runlocal,shallow')
+
+
+def test_micro_batches_must_hold_whole_groups():
+  config = protocol_config.get_config('runlocal,shallow')
   config.arm.rollout.G, config.arm.train.micro_batch = 6, 16   # divides the batches, splits groups
   with pytest.raises(ValueError, match='whole groups'):
     protocol.arms(config, 'D')
 
 
 def test_a_given_lr0_skips_the_calibration(tmp_path):
-  config = protocol_config.get_config('runlocal')
+  config = protocol_config.get_config('runlocal,shallow')
   config.protocol.lr0 = 3e-5
   assert protocol.calibrate(config, str(tmp_path)) == 3e-5
   assert report_lib.read(str(tmp_path), 'calibration') == {'lr0': 3e-5, 'source': 'given'}
@@ -140,7 +160,7 @@ def _finished_run(run_dir, accuracies, batch=128):
 
 def test_calibration_chooses_the_lr_with_the_fewest_samples_to_target(tmp_path):
   """The calibration phase over finished runs (skipped, not retrained): 5 lrs x 2 seeds."""
-  config = protocol_config.get_config('runlocal')
+  config = protocol_config.get_config('runlocal,shallow')
   config.protocol.target, config.protocol.smooth_window = 0.37, 1
   sweep = protocol.calibration_arms(config, str(tmp_path))
   crossings = {0: [6, 7], 1: [4, 5], 2: [2, 3], 3: [3, 3], 4: [None, 5]}   # evals to 0.37
@@ -157,7 +177,7 @@ def test_calibration_chooses_the_lr_with_the_fewest_samples_to_target(tmp_path):
 
 
 def test_calibration_that_never_reaches_the_target_fails_clearly(tmp_path):
-  config = protocol_config.get_config('runlocal')
+  config = protocol_config.get_config('runlocal,shallow')
   for arm in protocol.calibration_arms(config, str(tmp_path)):
     for seed in range(2):
       _finished_run(report_lib.run_dir(str(tmp_path), 'calibration', arm.name, seed), [0.3] * 5)
@@ -165,15 +185,16 @@ def test_calibration_that_never_reaches_the_target_fails_clearly(tmp_path):
     protocol.calibrate(config, str(tmp_path))
 
 
-def test_add_seeds_spends_its_budget_on_the_straddling_arm(tmp_path, monkeypatch):
-  """The adaptive-seed phase over finished runs: only P32's rN interval holds its break-even rN
-  (1.5 = its throughput over the base's), so it alone gets seeds 3 and 4. A new seed's training
-  is stood in for by revealing a finished run (the e2e test below trains for real)."""
-  config, workdir = protocol_config.get_config('runlocal'), str(tmp_path)
+def test_add_seeds_stages_its_budget_to_the_base_and_the_point_fastest_arm(tmp_path, monkeypatch):
+  """The staged-seed phase over finished runs: P32 has the shortest predicted time besides the
+  base, and its interval holds 1, so P32 and the base P16 get seed 3 each (extra_seeds=2); P64
+  and P128 are slower beyond noise. A new seed's training is stood in for by revealing a finished
+  run (the e2e test below trains for real)."""
+  config, workdir = protocol_config.get_config('runlocal,shallow'), str(tmp_path)
   config.protocol.update(lr0=5e-5, smooth_window=1, extra_seeds=2, max_seeds=5)
   arm_list = protocol.arms(config, workdir)
   protocol.write_protocol_json(config, workdir, arm_list[0])
-  crossings = dict(P16=[4, 5, 6], P32=[5, 8, 10, 6, 9], P64=[4, 5, 6], P128=[4, 5, 6],
+  crossings = dict(P16=[4, 5, 6, 5], P32=[5, 8, 10, 6], P64=[12, 14, 16], P128=[20, 24, 28],
                    P32_fixed_lr=[4, 5, 6])   # evals to the target, per seed
   for arm in arm_list:
     report_lib.write(workdir, 'arm', protocol._arm_spec(arm), group='arms', arm=arm.name)
@@ -186,10 +207,10 @@ def test_add_seeds_spends_its_budget_on_the_straddling_arm(tmp_path, monkeypatch
           batch=batch, round=r, samples_per_s=thr * (1 + 0.01 * r), step_time_s=0.1,
           rollout_time_s=0.02, update_time_s=0.08, steps_measured=4, warmup_steps=2),
                        batch=batch, round=r)
-  for seed in (3, 4):   # what the new seeds "train": done already, so run_once skips them
-    os.remove(os.path.join(report_lib.run_dir(workdir, 'arms', 'P32', seed), 'done.json'))
-    os.rename(report_lib.run_dir(workdir, 'arms', 'P32', seed),
-              report_lib.run_dir(workdir, 'arms', 'P32', seed) + '_later')
+  for name in ('P16', 'P32'):   # what the new seeds "train": done already, so run_once skips them
+    run_dir = report_lib.run_dir(workdir, 'arms', name, 3)
+    os.remove(os.path.join(run_dir, 'done.json'))
+    os.rename(run_dir, run_dir + '_later')
   original_run_once = protocol.run_once
   def run_once(cfg, run_dir, label):
     if os.path.exists(run_dir + '_later'):
@@ -199,29 +220,31 @@ def test_add_seeds_spends_its_budget_on_the_straddling_arm(tmp_path, monkeypatch
   monkeypatch.setattr(protocol, 'run_once', run_once)
   protocol.add_seeds(config, workdir, arm_list)
   seeds = {a.name: protocol._seeds_of(workdir, a) for a in arm_list}
-  assert seeds == dict(P16=[0, 1, 2], P32=[0, 1, 2, 3, 4], P64=[0, 1, 2], P128=[0, 1, 2],
+  assert seeds == dict(P16=[0, 1, 2, 3], P32=[0, 1, 2, 3], P64=[0, 1, 2], P128=[0, 1, 2],
                        P32_fixed_lr=[0, 1, 2])
 
 
-def test_extra_seeds_go_to_arms_whose_interval_holds_the_break_even_point():
-  """Break-even rN = throughput ratio with the base: 1.5 at 256, 2.0 at 512, 3.0 at 1024."""
-  report = {'base_batch': 128, 'throughput': [
-      {'batch': 128, 'mean': 100.0}, {'batch': 256, 'mean': 150.0},
-      {'batch': 512, 'mean': 200.0}, {'batch': 1024, 'mean': 300.0}], 'arms': [
-      dict(name='P16', batch=128, base=True, control=False, rN_status='ok', rN_ci=[0.8, 1.2]),
-      dict(name='P32', batch=256, base=False, control=False, rN_status='ok', rN_ci=[1.1, 1.9]),
-      dict(name='P64', batch=512, base=False, control=False, rN_status='ok', rN_ci=[1.1, 1.9]),
-      dict(name='P128', batch=1024, base=False, control=False, rN_status='ok',
-           rN_ci=[np.nan, np.nan]),
-      dict(name='P32_fixed_lr', batch=256, base=False, control=True, rN_status='ok',
-           rN_ci=[1.1, 1.9])]}
-  counts = dict(P16=3, P32=3, P64=3, P128=3, P32_fixed_lr=3)
-  assert protocol._straddling(report, counts, max_seeds=5) == ['P32', 'P128']
-  assert protocol._straddling(report, dict(counts, P32=5), max_seeds=5) == ['P128']
+def _decided(verdict, rows):
+  return {'base_batch': 128, 'decision': {'verdict': verdict, 'candidates': [
+      dict(batch=b, relative_wallclock=r, relative_wallclock_ci=ci) for b, r, ci in rows]},
+          'arms': [dict(name=f'P{b // 8}', batch=b, control=False) for b in (128, 256, 512)] + [
+              dict(name='P32_fixed_lr', batch=256, control=True)]}
+
+
+def test_extra_seeds_go_to_the_base_and_the_point_fastest_batch_while_it_straddles_1():
+  counts = dict(P16=3, P32=3, P64=3, P32_fixed_lr=3)
+  straddles = _decided('within noise', [(128, 1.0, [1, 1]), (256, 0.8, [0.5, 1.3]),
+                                        (512, 0.9, [0.7, 1.2])])
+  assert protocol._staged(straddles, counts, max_seeds=5) == ['P16', 'P32']
+  assert protocol._staged(straddles, dict(counts, P16=5), max_seeds=5) == ['P32']
+  slower = _decided('base fastest', [(128, 1.0, [1, 1]), (256, 1.3, [1.1, 1.6])])
+  assert protocol._staged(slower, counts, max_seeds=5) == []   # above 1 beyond noise: settled
+  faster = _decided('faster', [(128, 1.0, [1, 1]), (256, 0.6, [0.5, 0.8])])
+  assert protocol._staged(faster, counts, max_seeds=5) == []
 
 
 def test_arm_overrides_apply_to_every_arm_but_not_to_the_batch():
-  config = protocol_config.get_config('runlocal')
+  config = protocol_config.get_config('runlocal,shallow')
   config.arm.grpo.clip_high = 0.28
   assert all(a.config.grpo.clip_high == 0.28 for a in protocol.arms(config, 'D'))
   config.arm.rollout.P = 32
@@ -244,7 +267,7 @@ def test_arm_overrides_apply_to_every_arm_but_not_to_the_batch():
     ('targets', (0.3, 1.2), 'targets'),
 ])
 def test_bad_protocol_settings_fail_clearly(field, value, message):
-  config = protocol_config.get_config('runlocal')
+  config = protocol_config.get_config('runlocal,shallow')
   config.protocol[field] = value
   with pytest.raises(ValueError, match=message):
     protocol.arms(config, 'D')
@@ -256,7 +279,7 @@ def test_unknown_algo_fails_clearly():
 
 
 def test_pinned_warm_start_is_shared_by_all_seeds():
-  config = protocol_config.get_config('runlocal')
+  config = protocol_config.get_config('runlocal,shallow')
   fingerprints = set()
   for seed in range(3):
     arm = protocol.arms(config, 'D')[0].config
@@ -265,7 +288,7 @@ def test_pinned_warm_start_is_shared_by_all_seeds():
     arm.warmstart.seed = -1   # unpinned: the run's own seed
     assert warmstart.seed(arm) == seed
   assert len(fingerprints) == 1
-  unpinned = protocol_config.get_config('runlocal').arm
+  unpinned = protocol_config.get_config('runlocal,shallow').arm
   assert warmstart.seed(unpinned) == unpinned.seed == 0
 
 
@@ -289,7 +312,7 @@ def test_summarise_throughput_leaves_out_the_compile_steps(tmp_path):
 
 
 def _main(workdir, data_dir):
-  return [sys.executable, '-m', 'rljax.main', '--config=configs/protocol.py:runlocal,seeds=1',
+  return [sys.executable, '-m', 'rljax.main', '--config=configs/protocol.py:runlocal,shallow,seeds=1',
           f'--workdir={workdir}', f'--config.arm.data.dir={data_dir}'] + [
               _flag(k, v) for k, v in TINY.items()]
 
@@ -389,11 +412,12 @@ def test_confirm_runs_at_the_base_and_the_fastest_batch(resumed, data_dir):
   config.protocol.min_micro_batches = 1   # so one micro-batch of 8, not 2 of 4
   lr0 = report_lib.read(workdir, 'calibration')['lr0']
   shutil.rmtree(os.path.join(workdir, 'confirm'), ignore_errors=True)   # another micro_batch
-  protocol.confirm(config, workdir, {'base_batch': 8, 'decision': {'fastest': 8}}, lr0)
+  protocol.confirm(config, workdir, {'base_batch': 8, 'decision': {'fastest': 8},
+                                     'primary': 0.02}, lr0)
   spec = report_lib.read(workdir, 'arm', group='confirm', arm='P2')
   cfg = json.load(open(os.path.join(workdir, 'confirm', 'P2', 'seed_2', 'config.json')))
   assert spec['batch'] == 8 and cfg['seed'] == 2   # max_seeds = 2: a seed no align run used
-  assert cfg['train']['target'] == pytest.approx(config.protocol.target + config.protocol.stop_margin)
+  assert cfg['train']['target'] == pytest.approx(0.02 + config.protocol.stop_margin)   # the report's J
   report = report_lib.build_report(workdir)
   assert [c['batch'] for c in report['confirm']][:1] == [8]
   assert 'measured_wallclock_s' in report['confirm'][0]
@@ -424,27 +448,3 @@ def test_quick_mode_trains_the_base_arm_only_and_predicts_every_batch(tmp_path, 
     assert ('samples to target' in report['decision']['statement'] or
             'B_simple' in report['decision']['statement'])
   assert 'From the base arm alone' in open(os.path.join(workdir, 'report.md')).read()
-
-
-@pytest.mark.e2e
-def test_the_base_arm_reuses_the_calibration_runs_at_lr0(resumed, data_dir, tmp_path):
-  """A calibration run at lr0 is the base arm's run of the same seed: copied, not retrained,
-  and counted once in the report's cost; a run whose config differs is never copied."""
-  workdir = str(tmp_path / 'D')
-  config = tiny_config(data_dir)
-  config.arm.warmstart.dir = os.path.join(resumed['workdir'], 'warmstart')   # the run's own
-  cfg = protocol.arm_config(config, workdir, 2, config.protocol.lr0)   # as the subprocess had it
-  base = protocol.Arm('P2', 2, 8, False, cfg)
-  for seed, lr in ((0, base.config.optimizer.lr), (1, base.config.optimizer.lr)):
-    shutil.copytree(report_lib.run_dir(resumed['workdir'], 'arms', 'P2', 0),
-                    report_lib.run_dir(workdir, 'calibration', f'lr{lr:g}', seed))
-  protocol.reuse_calibration(workdir, base, [0, 1])
-  reused = report_lib.run_dir(workdir, 'arms', 'P2', 0)
-  assert json.load(open(os.path.join(reused, 'reused.json'))) == {
-      'source': os.path.join('calibration', f'lr{base.config.optimizer.lr:g}', 'seed_0')}
-  assert not os.path.exists(report_lib.run_dir(workdir, 'arms', 'P2', 1))   # seed 1 != seed 0
-  assert os.listdir(os.path.dirname(reused)) == ['seed_0']   # no partial copy left
-  done = protocol.run_once(protocol.seed_config(base, 0), reused, 'P2 seed 0')
-  assert done == json.load(open(os.path.join(reused, 'done.json')))   # skipped: already done
-  run = report_lib.load_run(reused)
-  assert run['reused'] and report_lib._samples_run(run) == 0.0   # pylint: disable=protected-access

@@ -9,7 +9,7 @@
    stop_margin or its sample budget, evaluated on one sample grid whatever its batch.
 3. Throughput: protocol.throughput_rounds interleaved rounds over the candidate batches.
    protocol.quick runs only the base arm of step 2: every batch's rN is then predicted from the
-   base arm's noise scale (stats.rn_from_noise_scale), at a fraction of the sweep's samples.
+   base arm's noise scale (protocol.decision.rn_from_noise_scale), at a fraction of the sweep's samples.
 4. Seeds where they matter: arms whose rN interval straddles the break-even point with the base
    get more seeds, up to protocol.max_seeds per arm and protocol.extra_seeds in all.
 5. Decide (rljax.protocol.report), then confirm at the base and at the fastest batch with fresh seeds.
@@ -120,8 +120,9 @@ def check(config):
   if not 0 < p.target <= 1 or any(not 0 < t <= 1 for t in p.targets):
     raise ValueError(f'protocol.target ({p.target}) and .targets {tuple(p.targets)} must be '
                      'accuracies in (0, 1]')
-  if p.max_samples < 1 or p.eval_every_samples < 1:
-    raise ValueError('protocol.max_samples and protocol.eval_every_samples must be positive')
+  if p.max_samples < 1 or p.eval_every_samples < 1 or p.calibration_eval_every_samples < 0:
+    raise ValueError('protocol.max_samples and protocol.eval_every_samples must be positive, '
+                     'protocol.calibration_eval_every_samples >= 0')
   if p.throughput_steps < 1 or p.throughput_warmup < 1 or p.throughput_rounds < 1:
     raise ValueError('protocol.throughput_steps, .throughput_rounds and .throughput_warmup must '
                      'be >= 1 (the first step compiles and must not count)')
@@ -165,6 +166,10 @@ def calibration_arms(config, workdir):
   for factor in p.calibration_factors:
     lr = float(f'{centre * factor:.3g}')
     cfg = arm_config(config, workdir, p.base, lr)
+    cfg.train.target = min(p.target + p.stop_margin, 1.0)   # its J, even where arms run on
+    every = p.calibration_eval_every_samples or p.eval_every_samples
+    cfg.train.eval_every = max(1, every // batch_of(p.base, cfg))
+    cfg.train.checkpoint_every = cfg.train.eval_every * p.checkpoint_every_evals
     config_checks.check(cfg)
     result.append(Arm(calibration_name(lr), p.base, batch_of(p.base, cfg), False, cfg))
   return result
@@ -225,25 +230,6 @@ def run_arm_seeds(workdir, group, arm, seeds, label):
   for seed in seeds:
     run_once(seed_config(arm, seed), report_lib.run_dir(workdir, group, arm.name, seed),
              f'{label}: {arm.name} seed {seed}')
-
-
-def reuse_calibration(workdir, base, seeds):
-  """The calibration's finished runs at lr0 are the base arm's first seeds, config for config:
-  copied (D/arms/<base>/seed_<k>/reused.json names the source), not trained twice."""
-  for seed in seeds:
-    source = report_lib.run_dir(workdir, 'calibration', calibration_name(base.config.optimizer.lr),
-                                seed)
-    target = report_lib.run_dir(workdir, 'arms', base.name, seed)
-    same = (workdir_lib.read_json(os.path.join(source, 'config.json')) ==
-            workdir_lib.config_json(seed_config(base, seed)))
-    if same and os.path.exists(os.path.join(source, 'done.json')) and not os.path.exists(target):
-      partial = os.path.join(os.path.dirname(target), f'.partial_seed_{seed}')
-      shutil.rmtree(partial, ignore_errors=True)
-      shutil.copytree(source, partial)
-      workdir_lib.write_json_atomic(os.path.join(partial, 'reused.json'),
-                                    dict(source=os.path.relpath(source, workdir)))
-      os.rename(partial, target)   # a kill mid-copy leaves no half run
-      print(f'[protocol] {base.name} seed {seed}: the calibration run at lr0, reused', flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -328,24 +314,27 @@ def _seeds_of(workdir, arm):
                 if d.startswith('seed_') and d[len('seed_'):].isdigit())
 
 
-def _straddling(report, counts, max_seeds):
-  """Sqrt arms (not the base) whose rN interval holds the break-even rN with the base, i.e. the
-  throughput ratio, and that may still get a seed: more seeds there can change the answer."""
-  thr = {t['batch']: t['mean'] for t in report['throughput']}
-  base = thr.get(report['base_batch'])
-  chosen = []
-  for a in report['arms']:
-    if a['base'] or a['control'] or a['rN_status'] != 'ok' or counts[a['name']] >= max_seeds:
-      continue
-    lo, hi = a['rN_ci']
-    breakeven = thr.get(a['batch'], np.nan) / base if base else np.nan
-    if not (np.isfinite(lo) and lo > breakeven) and not hi < breakeven:
-      chosen.append(a['name'])
-  return chosen
+def _staged(report, counts, max_seeds):
+  """Arms that get one more seed: the base and the batch with the shortest predicted time among
+  the others, while that batch's interval holds 1 (more seeds can change the answer there). The
+  base enters every comparison, so its seeds narrow them all."""
+  decision = report['decision']
+  if decision['verdict'] in ('faster', 'undefined'):
+    return []
+  rows = [c for c in decision['candidates']
+          if 'relative_wallclock' in c and c['batch'] != report['base_batch']]
+  if not rows:
+    return []
+  best = min(rows, key=lambda c: c['relative_wallclock'])
+  if not best['relative_wallclock_ci'][0] < 1:
+    return []
+  names = {a['batch']: a['name'] for a in report['arms'] if not a['control']}
+  return [n for n in (names[report['base_batch']], names[best['batch']]) if counts[n] < max_seeds]
 
 
 def add_seeds(config, workdir, arm_list):
-  """Adaptive seeds: one more seed per straddling arm per round, within the budgets."""
+  """Staged seeds: one more at the base and at the point-fastest batch per round (_staged),
+  within protocol.max_seeds per arm and protocol.extra_seeds in all."""
   p, by_name = config.protocol, {a.name: a for a in arm_list}
   for arm in arm_list:   # finish any seed a killed run had started, so decisions replay alike
     run_arm_seeds(workdir, 'arms', arm, _seeds_of(workdir, arm), 'align (resume)')
@@ -353,7 +342,7 @@ def add_seeds(config, workdir, arm_list):
   while spent < p.extra_seeds:
     report = report_lib.write_report(workdir, with_plots=False)
     counts = {a.name: len(_seeds_of(workdir, a)) for a in arm_list}
-    chosen = _straddling(report, counts, p.max_seeds)[:p.extra_seeds - spent]
+    chosen = _staged(report, counts, p.max_seeds)[:p.extra_seeds - spent]
     if not chosen:
       break
     for name in chosen:
@@ -363,7 +352,8 @@ def add_seeds(config, workdir, arm_list):
 
 
 def confirm(config, workdir, report, lr0):
-  """Runs to target at the base and at the fastest batch, with seeds the align runs never use."""
+  """Runs to the decision's target at the base and at the fastest batch, with seeds the align runs
+  never use."""
   p = config.protocol
   if report['decision']['fastest'] is None:
     print('[protocol] no decision (see report.md): nothing to confirm', flush=True)
@@ -373,7 +363,7 @@ def confirm(config, workdir, report, lr0):
   for batch in sorted({report['base_batch'], report['decision']['fastest']}):
     value = value_of(batch, config.arm)
     cfg = arm_config(config, workdir, value, lr0)
-    cfg.train.target = min(p.target + p.stop_margin, 1.0)
+    cfg.train.target = min(report['primary'] + p.stop_margin, 1.0)   # the decision's target
     arm = Arm(f'{key}{value}', value, batch, False, cfg)
     run_arm_seeds(workdir, 'confirm', arm, seeds, f'confirm at batch {batch}')
 
@@ -396,6 +386,24 @@ def _compilation_cache(workdir):
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
 
 
+def timed(workdir, phase, fn, *args):
+  """fn(*args), its seconds added to D/timing.json under `phase` (a resumed phase adds what it
+  spends again; a killed invocation's partial phase is not counted)."""
+  start = time.time()
+  result = fn(*args)
+  timing = report_lib.read(workdir, 'timing') or {}
+  timing[phase] = timing.get(phase, 0.0) + time.time() - start
+  report_lib.write(workdir, 'timing', timing)
+  return result
+
+
+def align(config, workdir, arm_list):
+  """Every arm x protocol.num_seeds, seed-major: a partial sweep is already a report."""
+  for seed in range(config.protocol.num_seeds):
+    for i, arm in enumerate(arm_list):
+      run_arm_seeds(workdir, 'arms', arm, [seed], f'align {i + 1}/{len(arm_list)}')
+
+
 def run(config, workdir):
   """The whole protocol in `workdir`; returns the final report (also written there)."""
   if not workdir:
@@ -405,22 +413,18 @@ def run(config, workdir):
   os.makedirs(workdir, exist_ok=True)
   if p.compilation_cache:
     _compilation_cache(workdir)
-  lr0 = calibrate(config, workdir)
+  lr0 = timed(workdir, 'calibration', calibrate, config, workdir)
   arm_list = arms(config, workdir, lr0)
   base = next(a for a in arm_list if a.value == p.base and not a.control)
   write_protocol_json(config, workdir, base)
   if p.quick:   # every batch's rN from the base arm's noise scale instead of its own arm
     arm_list = [base]
-  if p.lr0 == 0:
-    reuse_calibration(workdir, base, range(min(p.calibration_seeds, p.num_seeds)))
-  for seed in range(p.num_seeds):   # seed-major: a partial sweep is already a report
-    for i, arm in enumerate(arm_list):
-      run_arm_seeds(workdir, 'arms', arm, [seed], f'align {i + 1}/{len(arm_list)}')
-  measure_throughputs(config, workdir, lr0)
-  add_seeds(config, workdir, arm_list)
+  timed(workdir, 'align', align, config, workdir, arm_list)
+  timed(workdir, 'throughput', measure_throughputs, config, workdir, lr0)
+  timed(workdir, 'extra seeds', add_seeds, config, workdir, arm_list)
   report = report_lib.write_report(workdir)
   if p.confirm:
-    confirm(config, workdir, report, lr0)
+    timed(workdir, 'confirm', confirm, config, workdir, report, lr0)
     report = report_lib.write_report(workdir)
   print(f"[protocol] wrote {os.path.join(workdir, 'report.md')} in {time.time() - start:.0f} s "
         f"(this invocation); recommended batch: {report['recommended']}", flush=True)

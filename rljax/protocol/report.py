@@ -7,8 +7,10 @@ Layout of a protocol workdir D (SCHEMA names each JSON file and the fields it mu
   D/<group>/<arm>/arm.json               one arm: a batch at an lr; group is one of GROUPS
   D/<group>/<arm>/seed_<k>/metrics.jsonl an ordinary training run of that arm
   D/throughput/<batch>/round_<r>.json    one steady-state throughput measurement
-A run directory with reused.json is a copy of another group's run (the base arm's first seeds are
-the calibration's runs at lr0): read as a run of its arm, its samples counted once.
+  D/timing.json                          seconds each phase took
+A run directory with reused.json is a copy of another group's run (archives written before the
+calibration's runs were kept out of the base arm): read as a run of its arm, its samples counted
+once.
 """
 import json
 import os
@@ -16,6 +18,7 @@ import os
 import numpy as np
 
 from rljax import stats
+from rljax.protocol import decision as decision_lib
 from rljax.train import metrics
 from rljax.train import workdir as workdir_lib
 
@@ -24,6 +27,7 @@ SCHEMA = {
         'algo', 'target', 'targets', 'target_fractions', 'base_arm', 'base_batch', 'rn_tolerance',
         'smooth_window', 'level', 'n_draws', 'seed', 'throughput_warmup')),
     'calibration': ('calibration.json', ('lr0', 'source')),
+    'timing': ('timing.json', ()),   # seconds per phase, as the driver spent them
     'arm': ('{group}/{arm}/arm.json', ('name', 'batch', 'value', 'lr', 'lr_rule', 'control')),
     'throughput': ('throughput/{batch}/round_{round}.json', (
         'batch', 'round', 'samples_per_s', 'step_time_s', 'rollout_time_s', 'update_time_s',
@@ -145,7 +149,7 @@ def load_workdir(workdir):
   if protocol is None:
     raise FileNotFoundError(f"{path(workdir, 'protocol')} not found")
   return dict(data, workdir=workdir, protocol=protocol,
-              calibration_choice=read(workdir, 'calibration'),
+              calibration_choice=read(workdir, 'calibration'), timing=read(workdir, 'timing'),
               throughput=load_throughput(workdir))
 
 
@@ -272,12 +276,12 @@ def _throughput_table(data, arms, settings):
 
 
 def _decision(arms, throughput, base_batch, settings, per_seed):
-  """stats.decide over the batches timed, with samples to target per seed from `per_seed(arm)`."""
+  """decision_lib.decide over the batches timed, with samples to target per seed from `per_seed(arm)`."""
   sqrt_arms = {a['batch']: a for a in arms if not a['control']}
   candidates = [dict(batch=b, throughput_rounds=t['per_round'],
                      samples_per_seed=per_seed(sqrt_arms[b]) if b in sqrt_arms else [])
                 for b, t in throughput.items()]
-  return stats.decide(candidates, base_batch, settings['level'], settings['n_draws'],
+  return decision_lib.decide(candidates, base_batch, settings['level'], settings['n_draws'],
                       settings['seed'])
 
 
@@ -363,16 +367,17 @@ def _cost(data, base_arm):
                                    for records in data['throughput'].values() for r in records)))
   cost['full_sweep'] = cost['calibration'] + cost['arms'] + cost['throughput']
   cost['quick'] = cost['calibration'] + cost['base_arm'] + cost['throughput']
+  cost['calibration_vs_arms'] = cost['calibration'] / cost['arms'] if cost['arms'] else np.nan
   return cost
 
 
 def _quick(raw_base, base, arms, throughput, settings):
   """The quick answer, from the base arm alone: every batch's rN predicted from its B_simple
-  (stats.rn_from_noise_scale), and, where arms measured rN, whether each lies in the prediction's
+  (decision_lib.rn_from_noise_scale), and, where arms measured rN, whether each lies in the prediction's
   interval: the test of the noise-scale model's assumption."""
   terms = _noise_terms(raw_base['runs'], _matched_sample_window([raw_base]))
   noise = stats.noise_scale_interval(terms, rng=settings['seed'], level=settings['level'])
-  decision = stats.decide_from_noise_scale(
+  decision = decision_lib.decide_from_noise_scale(
       [dict(batch=b, throughput_rounds=t['per_round']) for b, t in throughput.items()],
       base['batch'], base['samples_to_target'], noise['value'], noise['draws'], settings['level'],
       settings['n_draws'], settings['seed'])
@@ -447,7 +452,8 @@ def build(data):
       throughput=list(throughput.values()), decision=primary, decisions=decisions,
       recommended=primary['recommended'], confirm=_confirm(data, primary, targets, settings,
                                                            throughput),
-      mode='quick' if quick_mode else 'full', quick=quick, cost=_cost(data, protocol['base_arm']))
+      mode='quick' if quick_mode else 'full', quick=quick, cost=_cost(data, protocol['base_arm']),
+      timing=data.get('timing') or {})
   report['confirmation_ratio'] = _confirmation_ratio(report['confirm'], primary,
                                                      report['base_batch'], settings['level'])
   report['summary'] = summary(report)
@@ -587,7 +593,8 @@ def summary(report):
   lines = [_calibration_sentence(report['calibration'])]
   lines.append(f"Targets ({report['rule']}): {[round(t, 4) for t in report['targets']]}; the "
                f"decision uses J = {report['primary']:.4g}. Base `{base['name']}` (batch "
-               f"{base['batch']}) needs {_count(base['samples_to_target'])} samples.")
+               f"{base['batch']}) needs {_count(base['samples_to_target'])} samples "
+               f"({_num(base['steps_to_target'], '.0f')} steps).")
   lines += [_arm_sentence(a) for a in report['arms'] if not a['base']]
   lines.append(_aligned_sentence(report['aligned_range']))
   lines.append(_gradient_sentence(report))
@@ -601,7 +608,20 @@ def summary(report):
     lines.append(f"Measured, batch {ratio['batch']} took {_num(ratio['ratio'], '.2f')}x the "
                  f"base's seconds to J {_ci(ratio['ci'])} (Welch, df {ratio['df']}; predicted "
                  f"{_num(ratio['predicted'], '.2f')}x).")
+  lines.append(_cost_sentence(report))
   return ' '.join(lines)
+
+
+def _cost_sentence(report):
+  cost, timing = report['cost'], report['timing']
+  text = (f"Training samples: calibration {_count(cost['calibration'])} "
+          f"({_num(cost['calibration_vs_arms'], '.0%')} of the arms'), arms "
+          f"{_count(cost['arms'])}, throughput rounds {_count(cost['throughput'])}, confirmation "
+          f"{_count(cost['confirm'])}.")
+  if timing:
+    text += (' Wall-clock: ' + ', '.join(f'{k} {v / 60:.1f} min' for k, v in timing.items()) +
+             f', {sum(timing.values()) / 60:.1f} min in all.')
+  return text
 
 
 def _arms_table(report):
