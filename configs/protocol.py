@@ -67,6 +67,7 @@ def get_config(arg=None):
       calibration_factors=(0.5, 0.71, 1.0, 1.41, 2.0),
       calibration_seeds=2,
       calibration_eval_every_samples=0,   # the calibration's eval grid (0: eval_every_samples)
+      calibration_max_samples=0,   # budget of each calibration run (0: max_samples)
       num_seeds=seeds,             # seeds per arm to start with
       max_seeds=seeds + 2,         # per arm, when its rN interval straddles the break-even point
       extra_seeds=4,               # added seeds in all
@@ -126,6 +127,7 @@ def deep_preset(config):
       target=0.45, stop_at_target=False, target_fractions=(0.5, 0.7, 0.9),
       max_samples=65_536, eval_every_samples=8192, smooth_window=3,
       calibration_factors=(0.5, 1.0, 2.0), calibration_eval_every_samples=2048,
+      calibration_max_samples=16_384,
       max_seeds=8, extra_seeds=4, throughput_rounds=10, throughput_steps=16, confirm_seeds=4)
   config.arm.optimizer.update(lr=1e-4, decay='constant')   # the README run's lr scale
   config.arm.data.num_test = 4000

@@ -112,13 +112,14 @@ def write_workdir(root, truth, rng, model, seeds, rounds, prompts):
 
 def run_protocol(root, truth, rng, model=DEEP, seeds=4, rounds=10, max_seeds=8, extra_seeds=4,
                  prompts=None):
-  """A synthetic protocol through the real report code, with rljax.protocol.driver's staged seeds."""
+  """A synthetic protocol through the real report code and the driver's staged seeds."""
   prompts = prompts or model.prompts
   seed_sd = write_workdir(root, truth, rng, model, seeds, rounds, prompts)
   counts, spent = {arm_name(b): seeds for b in truth}, 0
   report = report_lib.build_report(root)
   while spent < extra_seeds:
-    chosen = protocol_lib._staged(report, counts, max_seeds)[:extra_seeds - spent]  # pylint: disable=protected-access
+    chosen = protocol_lib._staged(  # pylint: disable=protected-access
+        report, counts, max_seeds)[:extra_seeds - spent]
     if not chosen:
       break
     for name in chosen:

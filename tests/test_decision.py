@@ -124,7 +124,8 @@ def test_intervals_are_simultaneous_over_the_batches_compared():
   """Three batches besides the base: each interval is Welch's at 1 - 0.05 / 3."""
   rng = np.random.default_rng(3)
   cands = [dict(batch=b, samples_per_seed=lognormal_seeds(rng, 1e4, sd=0.2),
-                throughput_rounds=lognormal_seeds(rng, 1e3, n=5, sd=0.05)) for b in (16, 32, 64, 128)]
+                throughput_rounds=lognormal_seeds(rng, 1e3, n=5, sd=0.05))
+           for b in (16, 32, 64, 128)]
   result = decision_lib.decide(cands, base_batch=16, n_draws=100)
   rows = {r['batch']: r for r in result['candidates']}
   for c in cands[1:]:

@@ -122,8 +122,8 @@ def test_the_deep_preset_runs_every_arm_on_and_calibrates_on_a_proxy_target():
   assert [a.config.train.eval_every * a.batch for a in arms] == [8192] * 3
   assert {(a.config.data.num_test, a.config.train.eval_size) for a in arms} == {(4000, 4000)}
   sweep = protocol.calibration_arms(config, 'D')
-  assert [(a.batch, round(a.config.train.target, 6), a.config.train.eval_every)
-          for a in sweep] == [(16, 0.48, 128)] * 3
+  assert [(a.batch, round(a.config.train.target, 6), a.config.train.eval_every,
+           a.config.train.max_samples) for a in sweep] == [(16, 0.48, 128, 16_384)] * 3
   lrs = [protocol._arm_spec(a)['lr'] for a in sweep]
   assert lrs == pytest.approx([1e-4 * (16 / 128)**0.5 * f for f in (0.5, 1.0, 2.0)], rel=0.01)
   with pytest.raises(ValueError, match='two presets'):

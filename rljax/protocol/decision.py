@@ -182,7 +182,8 @@ def decide_from_noise_scale(candidates, base_batch, base_samples, b_noise, b_noi
   if not np.isfinite(base_samples):
     return _undefined(rows, 'the base arm has no samples to target')
   if not np.isfinite(b_noise) or not len(b_noise_draws):
-    return _undefined(rows, "the base arm's B_simple has no interval (not estimable, or too few steps)")
+    return _undefined(rows, "the base arm's B_simple has no interval (not estimable, or too few "
+                            'steps)')
   gen = np.random.default_rng(rng)
   noise_D = gen.choice(np.asarray(b_noise_draws, float), n_draws)
   batches = [c['batch'] for c in eligible]
@@ -207,7 +208,8 @@ def decide_from_noise_scale(candidates, base_batch, base_samples, b_noise, b_noi
 
 
 def _by_draws(batches, point_K, log_time_DxK, k_base, level):
-  """Per batch: predicted seconds, time relative to the base with its draws' interval, P(fastest)."""
+  """Per batch: predicted seconds, time relative to the base with its draws' interval and
+  P(fastest)."""
   rel_DxK = np.exp(log_time_DxK - log_time_DxK[:, [k_base]])
   wins_K = np.bincount(np.argmin(log_time_DxK, axis=1), minlength=len(batches)) / len(rel_DxK)
   tail = (1 - level) / 2

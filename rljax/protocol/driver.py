@@ -6,18 +6,21 @@
    given). Every arm's lr follows from it by the sqrt rule (controls: the base arm's lr).
 2. Align: every arm (a batch, or a fixed-lr control) x protocol.num_seeds seeds is an ordinary
    training run in D/arms/<arm>/seed_<k>/, all from ONE cached warm start, each until target +
-   stop_margin or its sample budget, evaluated on one sample grid whatever its batch.
+   stop_margin (protocol.stop_at_target) or its sample budget, evaluated on one sample grid
+   whatever its batch.
 3. Throughput: protocol.throughput_rounds interleaved rounds over the candidate batches.
    protocol.quick runs only the base arm of step 2: every batch's rN is then predicted from the
-   base arm's noise scale (protocol.decision.rn_from_noise_scale), at a fraction of the sweep's samples.
-4. Seeds where they matter: arms whose rN interval straddles the break-even point with the base
-   get more seeds, up to protocol.max_seeds per arm and protocol.extra_seeds in all.
-5. Decide (rljax.protocol.report), then confirm at the base and at the fastest batch with fresh seeds.
+   base arm's noise scale (decision.rn_from_noise_scale), at a fraction of the sweep's samples.
+4. Staged seeds: the base and the batch with the shortest predicted time get more seeds while
+   that batch's interval holds 1, up to protocol.max_seeds per arm and protocol.extra_seeds.
+5. Decide (rljax.protocol.report), then confirm at the base and at the fastest batch with fresh
+   seeds, each run to the decision's target.
 
-Every file the report reads is written through rljax.protocol.report's schema. A run writes done.json when
-it returns; a re-run skips the runs that have one and resumes the others from their checkpoints.
-Every run directory keeps the config it was started with (config.json): a re-run with a
-different config for that run is an error, never a silent mix of two experiments in one report.
+Every file the report reads is written through rljax.protocol.report's schema. A run writes
+done.json when it returns; a re-run skips the runs that have one and resumes the others from
+their checkpoints. Every run directory keeps the config it was started with (config.json): a
+re-run with a different config for that run is an error, never a silent mix of two experiments in
+one report. D/timing.json keeps the seconds each phase took.
 """
 import json
 import os
@@ -120,9 +123,10 @@ def check(config):
   if not 0 < p.target <= 1 or any(not 0 < t <= 1 for t in p.targets):
     raise ValueError(f'protocol.target ({p.target}) and .targets {tuple(p.targets)} must be '
                      'accuracies in (0, 1]')
-  if p.max_samples < 1 or p.eval_every_samples < 1 or p.calibration_eval_every_samples < 0:
+  if (p.max_samples < 1 or p.eval_every_samples < 1 or p.calibration_eval_every_samples < 0 or
+      p.calibration_max_samples < 0):
     raise ValueError('protocol.max_samples and protocol.eval_every_samples must be positive, '
-                     'protocol.calibration_eval_every_samples >= 0')
+                     'protocol.calibration_eval_every_samples and .calibration_max_samples >= 0')
   if p.throughput_steps < 1 or p.throughput_warmup < 1 or p.throughput_rounds < 1:
     raise ValueError('protocol.throughput_steps, .throughput_rounds and .throughput_warmup must '
                      'be >= 1 (the first step compiles and must not count)')
@@ -170,6 +174,7 @@ def calibration_arms(config, workdir):
     every = p.calibration_eval_every_samples or p.eval_every_samples
     cfg.train.eval_every = max(1, every // batch_of(p.base, cfg))
     cfg.train.checkpoint_every = cfg.train.eval_every * p.checkpoint_every_evals
+    cfg.train.max_samples = p.calibration_max_samples or p.max_samples
     config_checks.check(cfg)
     result.append(Arm(calibration_name(lr), p.base, batch_of(p.base, cfg), False, cfg))
   return result

@@ -276,7 +276,7 @@ def _throughput_table(data, arms, settings):
 
 
 def _decision(arms, throughput, base_batch, settings, per_seed):
-  """decision_lib.decide over the batches timed, with samples to target per seed from `per_seed(arm)`."""
+  """The decision over the batches timed, with samples to target per seed from `per_seed(arm)`."""
   sqrt_arms = {a['batch']: a for a in arms if not a['control']}
   candidates = [dict(batch=b, throughput_rounds=t['per_round'],
                      samples_per_seed=per_seed(sqrt_arms[b]) if b in sqrt_arms else [])
@@ -373,7 +373,7 @@ def _cost(data, base_arm):
 
 def _quick(raw_base, base, arms, throughput, settings):
   """The quick answer, from the base arm alone: every batch's rN predicted from its B_simple
-  (decision_lib.rn_from_noise_scale), and, where arms measured rN, whether each lies in the prediction's
+  (decision.rn_from_noise_scale), and, where arms measured rN, whether each lies in the prediction's
   interval: the test of the noise-scale model's assumption."""
   terms = _noise_terms(raw_base['runs'], _matched_sample_window([raw_base]))
   noise = stats.noise_scale_interval(terms, rng=settings['seed'], level=settings['level'])
