@@ -106,9 +106,11 @@ class _NoDatasetNotices(logging.logging.Filter):
 
 def _drop_closed_loop_callbacks(unraisable, previous=sys.unraisablehook):
   """A failed checkpoint read or write closes orbax's event loop while tensorstore I/O is in
-  flight; each then reports 'Event loop is closed' as an unraisable traceback: noise, since the
-  failure itself is reported in one line."""
-  if not (isinstance(unraisable.exc_value, RuntimeError) and
+  flight; each then reports 'Event loop is closed', or its read's error that nothing awaits any
+  more, as an unraisable traceback: noise, since the failure itself is reported in one line."""
+  code = getattr(unraisable.object, 'cr_code', None)   # a coroutine's
+  from_orbax = code is not None and f'{os.sep}orbax{os.sep}' in code.co_filename
+  if not (from_orbax or isinstance(unraisable.exc_value, RuntimeError) and
           str(unraisable.exc_value) == 'Event loop is closed'):
     previous(unraisable)
 

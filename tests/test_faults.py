@@ -147,6 +147,28 @@ def test_values_that_differ_from_the_manifest_are_not_restored(tmp_path, capfd):
   assert 'step 2 is damaged (meta differs from its manifest)' in err, err
 
 
+def test_steps_saved_before_manifests_restore_with_one_warning(tmp_path, capfd):
+  """Steps without a manifest (an rljax before manifests) restore unchecked, saying so once; the
+  next save has one, and from then on a step that lacks its manifest is damaged."""
+  workdir, directory = _saved(tmp_path)
+  for step in ('1', '2'):
+    shutil.rmtree(os.path.join(directory, step, 'manifest'))
+  state, meta = _restore(workdir)
+  assert meta == {'step': 2} and cli.same_arrays(state, _state(2))
+  warnings = [line for line in capfd.readouterr().err.splitlines() if 'rljax: warning' in line]
+  assert warnings == ['rljax: warning: checkpoint step 2 has no manifest (saved by an rljax before '
+                      'manifests); restored unchecked; the checkpoints saved from now on have one']
+  ckpt = checkpoint.Checkpointer(workdir, every=1, keep=4)
+  for step in (3, 4):
+    ckpt.save(step, _state(step), {'step': step})
+  ckpt.close()
+  assert os.path.isdir(os.path.join(directory, '3', 'manifest'))
+  shutil.rmtree(os.path.join(directory, '4', 'manifest'))   # lost after step 3 had one
+  state, meta = _restore(workdir)
+  assert meta == {'step': 3} and cli.same_arrays(state, _state(3))
+  assert 'rljax: warning: checkpoint step 4 is damaged (' in capfd.readouterr().err
+
+
 def test_no_intact_step_is_an_error_naming_each(tmp_path):
   workdir, directory = _saved(tmp_path)
   for step in ('1', '2'):
