@@ -104,17 +104,6 @@ class _NoDatasetNotices(logging.logging.Filter):
         notice in record.getMessage() for notice in self.NOTICES)
 
 
-def _drop_closed_loop_callbacks(unraisable, previous=sys.unraisablehook):
-  """A failed checkpoint read or write closes orbax's event loop while tensorstore I/O is in
-  flight; each then reports 'Event loop is closed', or its read's error that nothing awaits any
-  more, as an unraisable traceback: noise, since the failure itself is reported in one line."""
-  code = getattr(unraisable.object, 'cr_code', None)   # a coroutine's
-  from_orbax = code is not None and f'{os.sep}orbax{os.sep}' in code.co_filename
-  if not (from_orbax or isinstance(unraisable.exc_value, RuntimeError) and
-          str(unraisable.exc_value) == 'Event loop is closed'):
-    previous(unraisable)
-
-
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments: {argv[1:]}', cli.EXIT_BAD_INPUT)
@@ -122,7 +111,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   logging.get_absl_handler().addFilter(_NoCheckpointIOTracebacks())
   logging.get_absl_handler().addFilter(_NoDatasetNotices())
-  sys.unraisablehook = _drop_closed_loop_callbacks
+  sys.unraisablehook = cli.drop_checkpoint_io_noise
   initialize_distributed()
   run(FLAGS.config, FLAGS.workdir)
 

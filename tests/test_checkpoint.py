@@ -84,9 +84,9 @@ jax.config.update('jax_cpu_collectives_implementation', 'gloo')
 jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from rljax import main
+from rljax import cli
 from rljax.train import checkpoint
-sys.unraisablehook = main._drop_closed_loop_callbacks   # as the CLI runs
+sys.unraisablehook = cli.drop_checkpoint_io_noise   # as the CLI runs
 mesh = jax.make_mesh((8,), ('x',))
 def state(step):   # 'w' split between the processes: each reads only the half it holds
   w = np.random.default_rng(step).normal(size=(512, 64)).astype(np.float32)

@@ -259,6 +259,27 @@ def test_damaged_latest_steps_resume_from_the_last_intact_one_identically(tiny, 
 
 
 @pytest.mark.e2e
+def test_a_damaged_warm_start_cache_is_set_aside_and_trained_again(tiny, tmp_path):
+  """The cache's array data flipped: one warning line, the warm start trained again, and the
+  run's rows and final state equal the reference run's (the warm start is deterministic)."""
+  cache = tmp_path / 'warmstart'
+  shutil.copytree(tiny / 'warmstart', cache)
+  [step_dir] = glob.glob(str(cache / 'warmstart-*' / 'checkpoints' / '[0-9]*'))
+  damage(largest(step_dir, 'state/d/*'), 'flip')
+  workdir = tmp_path / 'run'
+  code, text = cli.run(tiny, workdir, f'--config.warmstart.dir={cache}')
+  assert code == 0 and 'Traceback' not in text, text[-3000:]
+  warnings = [line for line in text.splitlines() if 'rljax: warning' in line]
+  assert len(warnings) == 1 and re.fullmatch(
+      r'rljax: warning: checkpoint step 40 is damaged \(state/d/\w+: .*\); moved to '
+      r'.*/warmstart-\w+/checkpoints/damaged/40', warnings[0]), warnings
+  assert 'warm start step 40 |' in text   # trained again
+  assert cli.rows(workdir) == cli.rows(tiny / 'reference')
+  final = (cli.checkpoints(w)[0][cli.MAX_STEPS][0] for w in (workdir, tiny / 'reference'))
+  assert cli.same_arrays(*final)
+
+
+@pytest.mark.e2e
 def test_no_intact_checkpoint_stops_with_exit_4(tiny, tmp_path):
   workdir = _copy_of_reference(tiny, tmp_path)
   for step in (6, 7, 8):
