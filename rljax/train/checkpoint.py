@@ -315,12 +315,16 @@ class Checkpointer:
   def _set_aside(self, step, why):
     """Moves a damaged step out of orbax's sight (it would be the latest again) and says so."""
     if jax.process_index() == 0:
-      os.makedirs(os.path.join(self.directory, DAMAGED), exist_ok=True)
       target = os.path.join(self.directory, DAMAGED, str(step))
-      shutil.rmtree(target, ignore_errors=True)   # an earlier damaged step of that number
-      os.replace(os.path.join(self.directory, str(step)), target)
-      print(f'rljax: warning: checkpoint step {step} is damaged ({why}); moved to '
-            f'{target}', file=sys.stderr, flush=True)
+      try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)   # an earlier damaged step of that number
+        os.replace(os.path.join(self.directory, str(step)), target)
+        where = f'moved to {target}'
+      except OSError as error:   # a read-only reader's (an export from read-only storage)
+        where = f'left in place ({error.strerror})'
+      print(f'rljax: warning: checkpoint step {step} is damaged ({why}); {where}',
+            file=sys.stderr, flush=True)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices(f'rljax_set_aside_{step}')
@@ -379,17 +383,19 @@ class Checkpointer:
     """Sets aside the `damaged` steps; says when `step` (restored) had no manifest to check."""
     for bad, why in damaged.items():
       self._set_aside(bad, why)
-    self._reader.reload()
     if step is not None and self._legacy(step) and jax.process_index() == 0:
       print(f'rljax: warning: checkpoint step {step} has no manifest (saved by an rljax before '
             'manifests); restored unchecked; the checkpoints saved from now on have one',
             file=sys.stderr, flush=True)
-    self.manager.reload()
+    self._reader.reload()
+    if self.manager is not self._reader:
+      self.manager.reload()
 
   def close(self):
     """Waits for the in-flight async save to commit and for old steps to be deleted."""
     try:
-      self._reader.close()
+      if self.manager is not self._reader:
+        self._reader.close()
       self.manager.close()
     except Exception as error:  # pylint: disable=broad-except
       raise WriteFailed(f'cannot write checkpoints in {self.directory}: {_short(error)}') from None
