@@ -22,6 +22,17 @@ def fail(message, code, wait_for_threads=True):
   sys.exit(code)
 
 
+def drop_checkpoint_io_noise(unraisable, previous=sys.unraisablehook):
+  """A failed checkpoint read or write closes orbax's event loop while tensorstore I/O is in
+  flight; each then reports 'Event loop is closed', or its read's error that nothing awaits any
+  more, as an unraisable traceback: noise, since the failure itself is reported in one line."""
+  code = getattr(unraisable.object, 'cr_code', None)   # a coroutine's
+  from_orbax = code is not None and f'{os.sep}orbax{os.sep}' in code.co_filename
+  if not (from_orbax or isinstance(unraisable.exc_value, RuntimeError) and
+          str(unraisable.exc_value) == 'Event loop is closed'):
+    previous(unraisable)
+
+
 def _causes(error):
   """error, then what it was raised from or during, down to the root."""
   while error is not None:

@@ -4,7 +4,9 @@
 
 RUN is a workdir of `rljax.main` that started from --config.init.hf_path=HF_DIR; the export takes
 the architecture's config.json and the tokenizer from HF_DIR and the weights from RUN's latest
-(or --step) checkpoint.
+(or --step) checkpoint. The checkpoint is read as a resume reads it (rljax.train.checkpoint):
+checked against its manifest; the latest damaged steps are set aside and the newest intact one
+is exported; a --step that is damaged is refused.
 """
 import os
 import sys
@@ -12,9 +14,10 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
-import orbax.checkpoint as ocp
 
+from rljax import cli
 from rljax.hf import checkpoint as hf
+from rljax.train import checkpoint
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training run directory (holds checkpoints/).')
 _BASE = flags.DEFINE_string('base', None, 'The HF directory the run started from.')
@@ -24,19 +27,24 @@ _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest
 
 
 def run_params(workdir, step=None):
-  """The policy params saved in WORKDIR/checkpoints (latest step by default), and the step."""
+  """The policy params saved in WORKDIR/checkpoints (latest intact step by default), and the step.
+  ValueError for a missing or damaged step; checkpoint.Damaged when no step is intact."""
   directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
   if not os.path.isdir(directory):
     raise ValueError(f'{workdir} has no checkpoints/ directory')
-  manager = ocp.CheckpointManager(directory, item_names=('state', 'meta'),
-                                  options=ocp.CheckpointManagerOptions(create=False))
-  step = manager.latest_step() if step is None else step
-  if step is None or step not in manager.all_steps():
-    raise ValueError(f'no checkpoint {"at step " + str(step) if step else ""} in {directory}; '
-                     f'steps: {list(manager.all_steps())}')
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  manager.close()
-  return restored.state['params'], step
+  reader = checkpoint.Checkpointer(workdir, read_only=True)
+  try:
+    steps = list(reader.manager.all_steps())
+    if not steps or (step is not None and step not in steps):
+      raise ValueError(f'no checkpoint {"at step " + str(step) if step else ""} in {directory}; '
+                       f'steps: {steps}')
+    restored = reader.restore() if step is None else reader.restore_step(step)
+  finally:
+    reader.close()
+  if isinstance(restored, str):
+    raise ValueError(f'checkpoint step {step} in {directory} is damaged ({restored})')
+  state, meta = restored
+  return state['params'], meta['step']
 
 
 def export(workdir, base, out, dtype=None, step=None):
@@ -61,11 +69,12 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if not flags.FLAGS['verbosity'].present:   # orbax logs every restore step at INFO
     logging.set_verbosity(logging.WARNING)
+  sys.unraisablehook = cli.drop_checkpoint_io_noise
   try:
     step = export(_WORKDIR.value, _BASE.value, _OUT.value, _DTYPE.value, _STEP.value)
-  except ValueError as error:
+  except (ValueError, checkpoint.Damaged) as error:   # Damaged: the storage, as rljax.main says
     print(f'rljax.hf_export: error: {error}', file=sys.stderr)
-    sys.exit(2)
+    sys.exit(cli.EXIT_STORAGE if isinstance(error, checkpoint.Damaged) else cli.EXIT_BAD_INPUT)
   print(f'rljax.hf_export: wrote step {step} of {_WORKDIR.value} as a Hugging Face checkpoint to '
         f'{_OUT.value} ({summary(_OUT.value)})')
 

@@ -93,13 +93,15 @@ class _NoCheckpointIOTracebacks(logging.logging.Filter):
         f'{os.sep}orbax{os.sep}' in record.pathname or record.name == 'asyncio')
 
 
-def _drop_closed_loop_callbacks(unraisable, previous=sys.unraisablehook):
-  """A failed checkpoint read or write closes orbax's event loop while tensorstore I/O is in
-  flight; each then reports 'Event loop is closed' as an unraisable traceback: noise, since the
-  failure itself is reported in one line."""
-  if not (isinstance(unraisable.exc_value, RuntimeError) and
-          str(unraisable.exc_value) == 'Event loop is closed'):
-    previous(unraisable)
+class _NoDatasetNotices(logging.logging.Filter):
+  """TFDS warns of its own normal operation each time a dataset is opened (a custom config, a
+  folder still being built): three long lines per run that say nothing to act on."""
+
+  NOTICES = ('Using custom data configuration', 'has no dataset_info.json')
+
+  def filter(self, record):
+    return f'{os.sep}tensorflow_datasets{os.sep}' not in record.pathname or not any(
+        notice in record.getMessage() for notice in self.NOTICES)
 
 
 def main(argv):
@@ -108,7 +110,8 @@ def main(argv):
   if not FLAGS['verbosity'].present:  # orbax and TFDS are chatty at INFO
     logging.set_verbosity(logging.WARNING)
   logging.get_absl_handler().addFilter(_NoCheckpointIOTracebacks())
-  sys.unraisablehook = _drop_closed_loop_callbacks
+  logging.get_absl_handler().addFilter(_NoDatasetNotices())
+  sys.unraisablehook = cli.drop_checkpoint_io_noise
   initialize_distributed()
   run(FLAGS.config, FLAGS.workdir)
 

@@ -147,6 +147,28 @@ def test_values_that_differ_from_the_manifest_are_not_restored(tmp_path, capfd):
   assert 'step 2 is damaged (meta differs from its manifest)' in err, err
 
 
+def test_steps_saved_before_manifests_restore_with_one_warning(tmp_path, capfd):
+  """Steps without a manifest (an rljax before manifests) restore unchecked, saying so once; the
+  next save has one, and from then on a step that lacks its manifest is damaged."""
+  workdir, directory = _saved(tmp_path)
+  for step in ('1', '2'):
+    shutil.rmtree(os.path.join(directory, step, 'manifest'))
+  state, meta = _restore(workdir)
+  assert meta == {'step': 2} and cli.same_arrays(state, _state(2))
+  warnings = [line for line in capfd.readouterr().err.splitlines() if 'rljax: warning' in line]
+  assert warnings == ['rljax: warning: checkpoint step 2 has no manifest (saved by an rljax before '
+                      'manifests); restored unchecked; the checkpoints saved from now on have one']
+  ckpt = checkpoint.Checkpointer(workdir, every=1, keep=4)
+  for step in (3, 4):
+    ckpt.save(step, _state(step), {'step': step})
+  ckpt.close()
+  assert os.path.isdir(os.path.join(directory, '3', 'manifest'))
+  shutil.rmtree(os.path.join(directory, '4', 'manifest'))   # lost after step 3 had one
+  state, meta = _restore(workdir)
+  assert meta == {'step': 3} and cli.same_arrays(state, _state(3))
+  assert 'rljax: warning: checkpoint step 4 is damaged (' in capfd.readouterr().err
+
+
 def test_no_intact_step_is_an_error_naming_each(tmp_path):
   workdir, directory = _saved(tmp_path)
   for step in ('1', '2'):
@@ -234,6 +256,27 @@ def test_damaged_latest_steps_resume_from_the_last_intact_one_identically(tiny, 
   assert [line.split(' is damaged')[0][-6:] for line in warnings] == ['step 8', 'step 7'], warnings
   assert not differences_from_reference(tiny, workdir)
   assert sorted(os.listdir(workdir / 'checkpoints' / 'damaged')) == ['7', '8']
+
+
+@pytest.mark.e2e
+def test_a_damaged_warm_start_cache_is_set_aside_and_trained_again(tiny, tmp_path):
+  """The cache's array data flipped: one warning line, the warm start trained again, and the
+  run's rows and final state equal the reference run's (the warm start is deterministic)."""
+  cache = tmp_path / 'warmstart'
+  shutil.copytree(tiny / 'warmstart', cache)
+  [step_dir] = glob.glob(str(cache / 'warmstart-*' / 'checkpoints' / '[0-9]*'))
+  damage(largest(step_dir, 'state/d/*'), 'flip')
+  workdir = tmp_path / 'run'
+  code, text = cli.run(tiny, workdir, f'--config.warmstart.dir={cache}')
+  assert code == 0 and 'Traceback' not in text, text[-3000:]
+  warnings = [line for line in text.splitlines() if 'rljax: warning' in line]
+  assert len(warnings) == 1 and re.fullmatch(
+      r'rljax: warning: checkpoint step 40 is damaged \(state/d/\w+: .*\); moved to '
+      r'.*/warmstart-\w+/checkpoints/damaged/40', warnings[0]), warnings
+  assert 'warm start step 40 |' in text   # trained again
+  assert cli.rows(workdir) == cli.rows(tiny / 'reference')
+  final = (cli.checkpoints(w)[0][cli.MAX_STEPS][0] for w in (workdir, tiny / 'reference'))
+  assert cli.same_arrays(*final)
 
 
 @pytest.mark.e2e

@@ -19,6 +19,7 @@ import pytest
 from safetensors import safe_open
 
 from configs import grpo as grpo_config
+from rljax import hf_export
 from rljax.hf import checkpoint as hf
 from rljax.hf import tokenizer as hf_tokenizer
 from rljax.model import transformer as model_lib
@@ -264,6 +265,29 @@ def test_export_cli_prints_one_line_saying_what_it_wrote(tmp_path):
                            f'to {out} (1 safetensors file, 0.2 MB, float32)\n')
   for a, b in zip(jax.tree.leaves(hf.load_params(str(out), cfg)), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_export_reads_as_a_resume_does_the_latest_intact_step(tmp_path, capfd):
+  """The latest step's array data damaged: the export sets it aside with one warning line and
+  writes the step before it; asking for the damaged step by number is refused."""
+  from test_faults import damage, largest  # pylint: disable=g-import-not-at-top
+  cfg, params = load('tiny_qwen3')
+  run = tmp_path / 'run'
+  saver = checkpoint.Checkpointer(str(run), every=1, keep=2)
+  for step in (4, 5):
+    saver.save(step, {'params': jax.tree.map(lambda x, s=step: x * s, params)}, {'step': step})
+  saver.close()
+  damage(largest(str(run / 'checkpoints' / '5'), 'state/d/*'), 'flip')
+  with pytest.raises(ValueError, match=r'checkpoint step 5 in .* is damaged \(state/d/\w+: '):
+    hf_export.run_params(str(run), step=5)
+  assert hf_export.export(str(run), model_dir('tiny_qwen3'), str(tmp_path / 'out')) == 4
+  warnings = [line for line in capfd.readouterr().err.splitlines() if 'rljax: warning' in line]
+  assert len(warnings) == 1 and warnings[0].startswith(
+      'rljax: warning: checkpoint step 5 is damaged (state/d/'), warnings
+  assert os.listdir(run / 'checkpoints' / 'damaged') == ['5']
+  for a, b in zip(jax.tree.leaves(hf.load_params(str(tmp_path / 'out'), cfg)),
+                  jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b) * 4)
 
 
 def test_missing_tensor_is_named(tmp_path):

@@ -2,11 +2,13 @@
 purging, the progress bar and the optional W&B sink."""
 import json
 import os
+import re
 
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from rljax.train import metrics
+import rljax_cli
 
 
 def train_row(step, reward):
@@ -51,7 +53,7 @@ def test_resume_purges_events_after_the_checkpoint(tmp_path):
 
 
 def test_progress_bar_shows_steps_reward_throughput_and_eta(tmp_path, capsys):
-  writer = metrics.MetricsWriter(str(tmp_path), progress=dict(total=64, unit='samples'))
+  writer = metrics.MetricsWriter(str(tmp_path), progress=dict(samples=64, step=0), bar=True)
   writer.train(train_row(1, 0.25), console=False)
   writer.train(train_row(2, 0.5), console=True)
   writer.close()
@@ -66,6 +68,48 @@ def test_console_lines_without_a_bar(tmp_path, capsys):
   writer.train(train_row(1, 0.25))
   assert 'step 1 | samples 16 | reward 0.250' in capsys.readouterr().out
   assert not os.path.exists(tmp_path / 'tensorboard')
+
+
+def test_without_a_terminal_plain_lines_carry_the_eta_and_no_bar(tmp_path, capsys, monkeypatch):
+  """Output to a file (pytest's capture is no terminal): no carriage return, one line per row
+  asked for, each after the first with an ETA at the rate since the first row."""
+  clock = iter(range(0, 1000, 10))   # 10 s and 16 samples per row
+  monkeypatch.setattr(metrics.time, 'monotonic', lambda: float(next(clock)))
+  writer = metrics.MetricsWriter(str(tmp_path), progress=dict(samples=160, step=100))
+  for step in range(1, 7):
+    writer.train(train_row(step, 0.25), console=step % 2 == 0)
+  writer.eval(6, 96, 0.5, [True], 1.0)
+  writer.close()
+  out, err = capsys.readouterr()
+  assert '\r' not in out + err and err == ''
+  lines = out.splitlines()
+  assert len(lines) == 4, out
+  # at step 6: 80 samples in 50 s since step 1; 64 left: 40 s
+  etas = [re.search(r'ETA (\S+)$', line).group(1) for line in lines[:3]]
+  assert etas == ['1m20s', '1m00s', '40s']
+  assert lines[3] == 'step 6 | samples 96 | eval accuracy 0.500'
+
+
+@pytest.mark.e2e   # the tiny CLI run (tests/rljax_cli.py), shared with the reliability tests
+def test_a_run_logged_to_a_file_reads_line_by_line(tiny):
+  """stdout and stderr of `python -m rljax.main` to a file, as on a cluster: no carriage return
+  (no bar, no dataset-build bars) and one line per evaluation and per train.log_every = 3 steps."""
+  text = rljax_cli.log(tiny / 'reference')
+  assert '\r' not in text
+  lines = text.splitlines()
+  progress = [line for line in lines if re.fullmatch(
+      r'step \d+ \| samples \d+ \| reward [\d.]+ \| .* samples/s \| ETA \w+', line)]
+  evals = [line for line in lines
+           if re.fullmatch(r'step \d+ \| samples \d+ \| eval accuracy [\d.]+', line)]
+  assert [line.split()[1] for line in progress] == ['3', '6'], text
+  assert [line.split()[1] for line in evals] == ['0', '3', '6', '8'], text
+  # the rest: the pre-flight, the dataset built (2), the warm start's eval and its warning
+  assert len(lines) - len(progress) - len(evals) <= 5, text
+
+
+@pytest.mark.parametrize('seconds, text', [(9.4, '9s'), (245, '4m05s'), (3725, '1h02m')])
+def test_duration_reads_at_a_glance(seconds, text):
+  assert metrics.duration(seconds) == text
 
 
 def test_disabled_writer_writes_nothing(tmp_path):

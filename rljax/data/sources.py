@@ -8,8 +8,10 @@ decoding.
 """
 
 from collections.abc import Sequence
+import sys
 
 import numpy as np
+import tensorflow_datasets as tfds
 
 from rljax.data.builders import arithmetic
 from rljax.data.tokenizer import ArithmeticTokenizer
@@ -32,6 +34,8 @@ def load_tfds_split(builder_cls, config, data_dir, split):
   """
   builder = builder_cls(config=config, data_dir=data_dir)
   if not builder.is_prepared():
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):   # bars redraw with \r: not in a file
+      tfds.disable_progress_bar()
     try:
       builder.download_and_prepare(file_format='array_record')
     except OSError:

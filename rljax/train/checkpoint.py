@@ -12,7 +12,12 @@ Integrity: a restore checks each array and the JSON against the manifest. When a
 restore or does not match, the step before it is tried; the damaged steps after the one restored
 are moved to checkpoints/damaged/ with one warning line each, and with no intact step nothing
 moves (Damaged) (tests/test_faults.py). A state that is not finite is never saved, so every step
-kept is finite.
+kept is finite. Steps saved before manifests existed restore unchecked, with one warning line.
+
+Several processes: each reads a step as it sees it and the first process's failure counts for
+all (collectives below), so every process restores the same step, sets aside the same steps, or
+stops with the same line. The trainer, `rljax.hf_export` and the warm-start cache all read
+through `Checkpointer.restore`.
 """
 import hashlib
 import json
@@ -22,8 +27,10 @@ import shutil
 import sys
 import threading
 
+from absl import logging
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 DELETED = 'deleted'   # under WORKDIR/checkpoints/: steps beyond `keep`, on their way out
@@ -44,12 +51,26 @@ def _directory(workdir):
 
 
 def _manager(workdir, keep=None, read_only=False):
-  return ocp.CheckpointManager(
-      _directory(workdir),
-      options=ocp.CheckpointManagerOptions(
-          max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only,
-          read_only=read_only, todelete_subdir=None if read_only else DELETED),
-      item_names=ITEMS)
+  """The manager that saves (every process takes part), or with `read_only` one that reads what
+  this process sees with no collective: one process failing a read must not leave the others
+  waiting in orbax's barrier (checks are agreed on afterwards, `_agreed`)."""
+  alone = ocp.options.MultiprocessingOptions(
+      primary_host=jax.process_index(), active_processes={jax.process_index()},
+      barrier_sync_key_prefix=f'rljax_read_{jax.process_index()}')
+  verbosity = logging.get_verbosity()
+  if read_only:   # orbax warns, at every start, that a manager made to read only reads
+    logging.set_verbosity(logging.ERROR)
+  try:
+    return ocp.CheckpointManager(
+        _directory(workdir),
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only,
+            read_only=read_only, todelete_subdir=None if read_only else DELETED,
+            save_interval_steps=0 if read_only else 1,
+            multiprocessing_options=alone if read_only else ocp.options.MultiprocessingOptions()),
+        item_names=ITEMS)
+  finally:
+    logging.set_verbosity(verbosity)
 
 
 def _bits(x):
@@ -139,7 +160,10 @@ def _short(error):
 
 
 def _reason(error, step_dir):
-  """A short line from a restore error (tensorstore's quote whole specs): the file and the cause."""
+  """A short line from a restore error (tensorstore's quote whole specs): the file and the cause
+  (the innermost error: orbax wraps a read that fails on one process of several)."""
+  while error.__cause__ or error.__context__:
+    error = error.__cause__ or error.__context__
   text = _short(error)
   text = re.sub(r'^(\w+: )?(Error opening "\w+" driver: )+', '', text)
   files = list(re.finditer(re.escape(step_dir) + r'/[^\s"\']*[^\s"\'/.]', text))
@@ -157,9 +181,8 @@ def _steps(directory):
   return sorted((int(name) for name in names if name.isdigit()), reverse=True)
 
 
-def read_latest_meta(workdir):
-  """The JSON meta of the newest step whose meta reads, or None without steps; reads no arrays.
-  Raises Damaged when there are steps but no meta reads."""
+def _latest_meta(workdir):
+  """The JSON meta of the newest step whose meta reads, None without steps, or why none reads."""
   steps = _steps(_directory(workdir))
   if not steps:
     return None
@@ -172,20 +195,77 @@ def read_latest_meta(workdir):
         continue
   finally:
     manager.close()
-  raise Damaged(f'no checkpoint in {_directory(workdir)} has a readable meta (steps '
-                f'{", ".join(map(str, steps))}); move that folder away to start afresh')
+  return (f'no checkpoint in {_directory(workdir)} has a readable meta (steps '
+          f'{", ".join(map(str, steps))}); move that folder away to start afresh')
+
+
+def read_latest_meta(workdir):
+  """The JSON meta of the newest step whose meta reads as process 0 sees it, on every process
+  (so all start afresh or all resume), or None without steps; reads no arrays. Raises Damaged
+  when there are steps but no meta reads."""
+  found = _from_process_0(_latest_meta(workdir) if jax.process_index() == 0 else None)
+  if isinstance(found, str):
+    raise Damaged(found)
+  return found
+
+
+def _gathered(text, size=1024):
+  """Every process's `text` (utf-8, its first `size` bytes), in process order. Collective."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  raw = np.zeros(size, np.uint8)
+  encoded = text.encode()[:size]
+  raw[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+  rows = multihost_utils.process_allgather(raw)
+  return [bytes(row).rstrip(b'\0').decode(errors='replace') for row in rows]
+
+
+def _agreed(outcome):
+  """`outcome` when it is no str (a reason) on any process, else the first process's reason.
+  Collective: one process's view of a step decides for all, so every process restores the same
+  step (or none)."""
+  if jax.process_count() == 1:
+    return outcome
+  reasons = _gathered(outcome if isinstance(outcome, str) else '')
+  failed = [(i, why) for i, why in enumerate(reasons) if why]
+  return f'on process {failed[0][0]}: {failed[0][1]}' if failed else outcome
+
+
+def _seen_by_any(steps):
+  """The steps that any process sees, newest first: a step one process misses is damaged there
+  (collective)."""
+  if jax.process_count() > 1:
+    seen = _gathered(','.join(map(str, steps)), size=4096)
+    steps = {int(step) for text in seen for step in text.split(',') if step}
+  return sorted(steps, reverse=True)
+
+
+def _from_process_0(value):
+  """Process 0's JSON `value` on every process (collective)."""
+  if jax.process_count() == 1:
+    return value
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  encoded = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  size = int(multihost_utils.broadcast_one_to_all(np.int32(encoded.size)))
+  raw = np.zeros(size, np.uint8)
+  if jax.process_index() == 0:
+    raw = encoded
+  return json.loads(bytes(multihost_utils.broadcast_one_to_all(raw)).decode())
 
 
 class Checkpointer:
-  """Saves every `every` steps (async) and keeps the last `keep`; restores the newest good one."""
+  """Saves every `every` steps (async) and keeps the last `keep`; restores the newest good one.
+  `read_only`: restores only (exports, caches): leaves orbax's temporary folders of a run that may
+  be saving now, and sets damaged steps aside as a restore for training would."""
 
-  def __init__(self, workdir, every, keep):
-    self.every = every
+  def __init__(self, workdir, every=0, keep=None, read_only=False):
+    self.every, self.read_only = every, read_only
     self.directory = _directory(workdir)
     try:
-      self.manager = _manager(workdir, keep)
+      self.manager = None if read_only else _manager(workdir, keep)
+      self._reader = _manager(workdir, read_only=True)
     except OSError as error:
       raise WriteFailed(f'cannot open {self.directory}: {error}') from None
+    self.manager = self.manager or self._reader
     self._deleted = os.path.join(self.directory, DELETED)
     self._sweeper = None
     self._sweep()
@@ -197,7 +277,7 @@ class Checkpointer:
   def _sweep(self, wait=False):
     """Removes the steps orbax renamed away, in a background thread (one at a time). A kill
     midway leaves only more of them for the next sweep; nothing ever reads that directory."""
-    if jax.process_index() != 0:
+    if jax.process_index() != 0 or self.read_only:
       return
     if self._sweeper and self._sweeper.is_alive():
       if not wait:
@@ -235,55 +315,87 @@ class Checkpointer:
   def _set_aside(self, step, why):
     """Moves a damaged step out of orbax's sight (it would be the latest again) and says so."""
     if jax.process_index() == 0:
-      os.makedirs(os.path.join(self.directory, DAMAGED), exist_ok=True)
       target = os.path.join(self.directory, DAMAGED, str(step))
-      shutil.rmtree(target, ignore_errors=True)   # an earlier damaged step of that number
-      os.replace(os.path.join(self.directory, str(step)), target)
-      print(f'rljax: warning: checkpoint step {step} is damaged ({why}); moved to '
-            f'{target}', file=sys.stderr, flush=True)
+      try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)   # an earlier damaged step of that number
+        os.replace(os.path.join(self.directory, str(step)), target)
+        where = f'moved to {target}'
+      except OSError as error:   # a read-only reader's (an export from read-only storage)
+        where = f'left in place ({error.strerror})'
+      print(f'rljax: warning: checkpoint step {step} is damaged ({why}); {where}',
+            file=sys.stderr, flush=True)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices(f'rljax_set_aside_{step}')
 
-  def restore_step(self, step, abstract):
-    """(state, meta) of `step`, or the reason it does not restore or match its manifest (a str).
-    `abstract`: the state's jax.ShapeDtypeStructs."""
+  def _legacy(self, step):
+    """Whether `step` was saved by an rljax before manifests: neither it nor an older step has a
+    manifest (a step without one after a step with one lost it: damaged)."""
+    return not any(os.path.isdir(os.path.join(self.directory, str(older), 'manifest'))
+                   for older in _steps(self.directory) if older <= step)
+
+  def restore_step(self, step, abstract=None):
+    """(state, meta) of `step`, or why it does not restore or match its manifest on some process
+    (a str). `abstract`: the state's jax.ShapeDtypeStructs (None: as saved). Collective: every
+    process calls it for the same step, so all get the same answer."""
+    legacy = self._legacy(step)
+    items = dict(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+    if not legacy:
+      items['manifest'] = ocp.args.JsonRestore()
     try:
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore(),
-          manifest=ocp.args.JsonRestore()))
-      why = _mismatch(restored.state, restored.meta, restored.manifest)
+      restored = self._reader.restore(step, args=ocp.args.Composite(**items))
     except Exception as error:  # pylint: disable=broad-except
-      return _reason(error, os.path.join(self.directory, str(step)))
-    return why or (restored.state, restored.meta)
+      restored = _reason(error, os.path.join(self.directory, str(step)))
+    restored = _agreed(restored)   # the state's check below is itself collective
+    if isinstance(restored, str):
+      return restored
+    why = None if legacy else _mismatch(restored.state, restored.meta, restored.manifest)
+    return _agreed(why or (restored.state, restored.meta))
 
-  def restore(self, state_template):
-    """(state, meta) of the newest step that restores and matches its manifest, or None when
-    there is no checkpoint. The damaged steps after it are set aside. Raises Damaged when none is
-    intact, leaving every step in place: a re-run must not start afresh on its own.
+  def restore(self, state_template=None, discard=False):
+    """(state, meta) of the newest step that restores and matches its manifest on every process,
+    or None when there is no checkpoint. The damaged steps after it are set aside. With no intact
+    step: Damaged, leaving every step in place (a re-run must not start afresh on its own), or
+    with `discard` (a cache that can be rebuilt) all set aside and None.
 
-    The template fixes structure, shapes, dtypes and shardings; its values are not used.
+    The template fixes structure, shapes, dtypes and shardings (its values are not used); None
+    restores the arrays as saved.
     """
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
+    abstract = (None if state_template is None else
+                jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template))
     damaged = {}
-    for step in sorted(self.manager.all_steps(), reverse=True):
+    for step in _seen_by_any(self._reader.all_steps()):
       restored = self.restore_step(step, abstract)
       if isinstance(restored, str):
         damaged[step] = restored
         continue
-      for bad, why in damaged.items():
-        self._set_aside(bad, why)
-      self.manager.reload()
+      self._settle(damaged, step)
       return restored
-    if damaged:
+    if damaged and not discard:
       reasons = '; '.join(f'step {step}: {why}' for step, why in damaged.items())
       raise Damaged(f'no checkpoint in {self.directory} is intact ({reasons}); move that folder '
                     'away to start afresh')
+    self._settle(damaged, None)
     return None
+
+  def _settle(self, damaged, step):
+    """Sets aside the `damaged` steps; says when `step` (restored) had no manifest to check."""
+    for bad, why in damaged.items():
+      self._set_aside(bad, why)
+    if step is not None and self._legacy(step) and jax.process_index() == 0:
+      print(f'rljax: warning: checkpoint step {step} has no manifest (saved by an rljax before '
+            'manifests); restored unchecked; the checkpoints saved from now on have one',
+            file=sys.stderr, flush=True)
+    self._reader.reload()
+    if self.manager is not self._reader:
+      self.manager.reload()
 
   def close(self):
     """Waits for the in-flight async save to commit and for old steps to be deleted."""
     try:
+      if self.manager is not self._reader:
+        self._reader.close()
       self.manager.close()
     except Exception as error:  # pylint: disable=broad-except
       raise WriteFailed(f'cannot write checkpoints in {self.directory}: {_short(error)}') from None

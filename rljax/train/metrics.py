@@ -1,7 +1,9 @@
 """Run logs: WORKDIR/metrics.jsonl (the contract other tools read), WORKDIR/eval_correct.jsonl
 (per-prompt eval correctness, for bootstrap confidence intervals), TensorBoard event files in
-WORKDIR/tensorboard (`tensorboard --logdir WORKDIR`), optionally Weights & Biases, and a console
-progress bar (steps, reward, samples/s, ETA).
+WORKDIR/tensorboard (`tensorboard --logdir WORKDIR`), optionally Weights & Biases, and the console:
+a progress bar (steps, reward, samples/s, ETA) on an interactive terminal only, since its
+carriage-return redraws become thousands of partial lines in a file (a cluster's log, nohup, CI);
+elsewhere the plain line of every `train.log_every`-th step carries the ETA instead.
 
 Only the process that owns logging (process 0) writes. On resume, rows logged after the restored
 checkpoint are dropped (TensorBoard events too, via purge_step), so the logs read as one
@@ -11,6 +13,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import tqdm
@@ -40,11 +43,26 @@ def read_jsonl(path):
   return rows
 
 
-class MetricsWriter:
-  """Writes each row to every enabled sink. `progress`: dict(total=budget, unit='samples'|'step')
-  for the console bar, or None for plain lines; `wandb`: dict(project=..., config=...) or None."""
+def interactive():
+  """Whether a person watches the console (both streams a terminal), not a file."""
+  return sys.stdout.isatty() and sys.stderr.isatty()
 
-  def __init__(self, workdir, enabled=True, *, tensorboard=False, progress=None, wandb=None):
+
+def duration(seconds):
+  """'1h02m', '4m05s', '9s': an ETA a person reads at a glance."""
+  seconds = int(round(seconds))
+  if seconds >= 3600:
+    return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m'
+  return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
+
+
+class MetricsWriter:
+  """Writes each row to every enabled sink. `progress`: dict(samples=budget, step=budget), 0 for
+  none, for the console's bar and ETA, or None for plain lines without ETA; `bar`: draw the bar
+  (default: on an interactive terminal); `wandb`: dict(project=..., config=...) or None."""
+
+  def __init__(self, workdir, enabled=True, *, tensorboard=False, progress=None, wandb=None,
+               bar=None):
     self.enabled = enabled
     self.workdir = workdir
     self.path = os.path.join(workdir, 'metrics.jsonl')
@@ -52,6 +70,8 @@ class MetricsWriter:
     self.tensorboard_dir = os.path.join(workdir, 'tensorboard') if tensorboard else None
     self._progress, self._wandb_args = progress, wandb
     self._resume_step, self._tb, self._bar, self._wandb = 0, None, None, None
+    self._draw_bar = interactive() if bar is None else bar
+    self._since = None   # (time, row) of this process's first row: the ETA's rate
 
   def _append(self, path, row):
     if self.enabled:
@@ -109,12 +129,23 @@ class MetricsWriter:
     else:
       print(line, flush=True)
 
+  def _eta(self, row):
+    """' | ETA 4m05s' at this process's rate so far, to the first budget spent ('' before a
+    rate or without a budget)."""
+    budgets = {unit: total for unit, total in (self._progress or {}).items() if total}
+    now = time.monotonic()
+    if self._since is None:
+      self._since = (now, row)
+    seconds = [(total - row[unit]) * (now - self._since[0]) / (row[unit] - self._since[1][unit])
+               for unit, total in budgets.items() if row[unit] > self._since[1][unit]]
+    return f' | ETA {duration(max(min(seconds), 0))}' if seconds and now > self._since[0] else ''
+
   def _advance_bar(self, row):
-    if not self._progress:
+    if not (self._progress and self._draw_bar):
       return
-    unit = self._progress.get('unit', 'samples')
+    unit = 'samples' if self._progress.get('samples') else 'step'
     if self._bar is None:
-      self._bar = tqdm.tqdm(total=self._progress['total'] or None, unit=unit, dynamic_ncols=True,
+      self._bar = tqdm.tqdm(total=self._progress[unit] or None, unit=unit, dynamic_ncols=True,
                             initial=row[unit], file=sys.stderr, smoothing=0.1)
     batch = dict(batch=row['batch']) if 'batch' in row else {}   # auto_batch changes it
     self._bar.set_postfix(step=row['step'], reward=f"{row['reward_mean']:.3f}",
@@ -130,11 +161,12 @@ class MetricsWriter:
     self._log_tensorboard(row, 'train')
     self._log_wandb(row, 'train')
     self._advance_bar(row)
+    eta = self._eta(row)
     if console:
       self._print(f"step {row['step']} | samples {row['samples']} | reward {row['reward_mean']:.3f}"
                   f" | lr {row['lr']:.2e} | grad norm {row['grad_norm']:.3f} | "
                   f"{row['samples_per_s']:.0f} samples/s" +
-                  (f" | batch {row['batch']} responses" if 'batch' in row else ''))
+                  (f" | batch {row['batch']} responses" if 'batch' in row else '') + eta)
 
   def say(self, line):
     """A line on the console (process 0), beside the progress bar when there is one."""
@@ -166,10 +198,9 @@ class MetricsWriter:
 def writer_from_config(config, workdir, enabled):
   """The writer a training config asks for (config.metrics; defaults where a config has none)."""
   mcfg = config.get('metrics', {})
-  budget = config.train.max_samples or config.train.max_steps
-  unit = 'samples' if config.train.max_samples else 'step'
   wandb = dict(project=mcfg.get('wandb_project', 'rljax'), config=config.to_dict()) \
       if mcfg.get('wandb', False) else None
   return MetricsWriter(
       workdir, enabled=enabled, tensorboard=mcfg.get('tensorboard', True),
-      progress=dict(total=budget, unit=unit) if mcfg.get('progress', True) else None, wandb=wandb)
+      progress=dict(samples=config.train.max_samples, step=config.train.max_steps)
+      if mcfg.get('progress', True) else None, wandb=wandb)

@@ -3,7 +3,9 @@ trains the policy on (prompt, answer) pairs until held-out greedy accuracy cross
 
 The jump in accuracy is sharp, so training stops on the threshold, not a step count. The result is
 cached under a fingerprint of everything that determines it (model, data, warm-start settings,
-seed) and reused by every later run that shares it (e.g. all arms of a protocol).
+seed) and reused by every later run that shares it (e.g. all arms of a protocol). The cache is a
+checkpoint (rljax.train.checkpoint) read as a resume reads one, checked against its manifest; a
+damaged cache is set aside with one warning line and trained again.
 """
 import functools
 import hashlib
@@ -16,14 +18,13 @@ from absl import logging
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 
 from rljax.data import sources as data
 from rljax import losses
 from rljax.model import transformer as model_lib
 from rljax import optim
 from rljax import sharding
-from rljax.train import workdir as workdir_lib
+from rljax.train import checkpoint
 from rljax import update
 
 
@@ -70,18 +71,27 @@ def make_supervised_loss(model, moe_aux_coef):
   return loss_fn
 
 
+def _cached(path, init_params):
+  """(params, info) of the cache at `path` (its newest intact step), or None: no cache, or only
+  damaged ones (set aside)."""
+  if not os.path.isdir(os.path.join(path, 'checkpoints')):
+    return None
+  reader = checkpoint.Checkpointer(path, read_only=True)
+  try:
+    return reader.restore(init_params, discard=True)
+  finally:
+    reader.close()
+
+
 def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_dir, prompt_len,
                seq_len, mesh):
   """Returns (params, info): restored from the cache, or trained now and cached."""
   ws = config.warmstart
   path = os.path.abspath(os.path.join(cache_dir, f'warmstart-{fingerprint(config)}'))
-  checkpointer = ocp.StandardCheckpointer()
-  if os.path.exists(os.path.join(path, 'info.json')):  # written last: marks a complete cache
-    with open(os.path.join(path, 'info.json')) as f:
-      info = json.load(f)
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, init_params)
-    logging.info('warm start: reusing %s (accuracy %.3f)', path, info['accuracy'])
-    return checkpointer.restore(os.path.join(path, 'params'), abstract), info
+  cached = _cached(path, init_params)
+  if cached:
+    logging.info('warm start: reusing %s (accuracy %.3f)', path, cached[1]['accuracy'])
+    return cached
 
   optimizer, _ = optim.make_optimizer(ml_collections.ConfigDict(dict(
       lr=ws.lr, base_batch=ws.batch, lr_rule='constant', warmup_steps=0, max_grad_norm=1.0,
@@ -116,8 +126,7 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
   if accuracy < ws.threshold:
     logging.warning('warm start reached only %.3f < threshold %.3f after %d steps',
                     accuracy, ws.threshold, step)
-  checkpointer.save(os.path.join(path, 'params'), params, force=True)
-  checkpointer.wait_until_finished()
-  if jax.process_index() == 0:
-    workdir_lib.write_json_atomic(os.path.join(path, 'info.json'), info)
+  cache = checkpoint.Checkpointer(path, every=1, keep=1)   # a step appears only when complete
+  cache.save(step, params, info, force=True)
+  cache.close()
   return params, info

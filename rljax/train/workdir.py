@@ -6,6 +6,10 @@ The run's config lives in every checkpoint's meta and in WORKDIR/config.json (wr
 starts training, so a run killed before its first checkpoint is recognised too). Fields that change how long
 a run goes or where its inputs live, not what it computes, may differ on resume (RESUMABLE); the
 mesh may differ too, so a preempted run can continue on a different slice.
+
+Upgrades: a field added to the config since a workdir was written is missing from its record;
+it counts as unchanged when the config holds the value that computes what rljax computed before
+the field existed (INTRODUCED), so a run started by an earlier rljax resumes.
 """
 import json
 import os
@@ -21,6 +25,17 @@ RESUMABLE = ('train.max_samples', 'train.max_steps', 'train.target', 'train.log_
 RUN_FILES = ('metrics.jsonl', 'eval_correct.jsonl', 'config.json')
 WRITTEN_FOLDERS = ('checkpoints', 'tensorboard')   # checked at start-up with the workdir
 _MISSING = '<missing>'
+_LOSSES = ('grpo', 'ppo', 'rloo')
+# Fields added since workdirs record their config, each with the value that reproduces rljax
+# before it: rollouts sampled on the training mesh in one piece, no chunked logits, no lr decay,
+# no dual clip or off-policy weights. auto_batch.*: any value while auto_batch is off.
+INTRODUCED = {
+    'mode': 'train', 'warmstart.seed': -1, 'optimizer.decay': 'constant',
+    'train.logits_chunk': 0, 'rollout.slots': 0, 'rollout.partial': False,
+    'rollout.max_staleness': 1, 'rollout.devices': 0, 'auto_batch.enabled': False,
+    'grpo.adv_eps': 1e-6,
+    **{f'{algo}.{key}': value for algo in _LOSSES for key, value in (
+        ('clip_ratio_c', 0.0), ('off_policy', 'none'), ('is_low', 0.5), ('is_high', 2.0))}}
 
 
 def config_json(config):
@@ -38,13 +53,27 @@ def flat(tree, prefix=''):
   return items
 
 
+def _as_before(key, present):
+  """Whether `key`, missing on one side, holds on the other (flat `present`) a value that computes
+  what rljax computed before the key existed."""
+  if key.startswith('auto_batch.') and present.get('auto_batch.enabled') is False:
+    return True
+  return key in INTRODUCED and present[key] == INTRODUCED[key]
+
+
 def differences(saved, current):
   """'key: saved -> current' for each dotted key that differs and may not differ on resume."""
   saved, current = flat(saved), flat(current)
-  return [f'{key}: {saved.get(key, _MISSING)!r} -> {current.get(key, _MISSING)!r}'
-          for key in sorted(set(saved) | set(current))
-          if saved.get(key, _MISSING) != current.get(key, _MISSING)
-          and not any((key + '.').startswith(field + '.') for field in RESUMABLE)]
+  changed = []
+  for key in sorted(set(saved) | set(current)):
+    if saved.get(key, _MISSING) == current.get(key, _MISSING):
+      continue
+    if any((key + '.').startswith(field + '.') for field in RESUMABLE):
+      continue
+    if (key in saved) != (key in current) and _as_before(key, saved if key in saved else current):
+      continue
+    changed.append(f'{key}: {saved.get(key, _MISSING)!r} -> {current.get(key, _MISSING)!r}')
+  return changed
 
 
 def read_json(path):
