@@ -65,7 +65,7 @@ def run(config, workdir):
   try:
     with preemption.StopRequest() as stop:
       if config.get('mode', 'train') == 'protocol':
-        protocol.run(config, workdir)
+        protocol.run(config, workdir, stop)
       else:
         import jax  # pylint: disable=g-import-not-at-top
         from rljax.aot import planner as plan  # pylint: disable=g-import-not-at-top

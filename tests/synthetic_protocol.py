@@ -41,7 +41,7 @@ SHALLOW = Model(start=0.319, rise=0.10, scale=2500.0, stop=0.40, max_samples=32_
                 eval_every=1024, prompts=1000, seed_sd=0.08, prompt_sd=0.0,
                 fractions=(0.3, 0.5, 0.7), samples_per_s=700.0)
 DEEP = Model(start=0.372, rise=0.25, scale=40_000.0, stop=1.0, max_samples=65_536,
-             eval_every=8192, prompts=4000, seed_sd=0.12, prompt_sd=0.005,
+             eval_every=8192, prompts=1000, seed_sd=0.12, prompt_sd=0.005,
              fractions=(0.5, 0.7, 0.9), samples_per_s=665.0)
 ROUND_SD = 0.07
 # The paper's truth at batches 128/256/1024/2048: 1024 takes 0.71x the base's time.

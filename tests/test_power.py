@@ -1,7 +1,7 @@
 """The decision's error rates and power, measured on synthetic sweeps (tests/synthetic_protocol.py:
 logs in the workdir format with the noise of the runlocal preset's runs) passed through the real
 report code and rljax.protocol.driver's staged seeds, at the preset's defaults (4 seeds per arm,
-up to 4 staged seeds, 10 throughput rounds, 4000 prompts per eval).
+up to 4 staged seeds, 10 throughput rounds, 1000 prompts per eval).
 
 The full table (more replicates, other designs) is printed by
   RLJAX_POWER_REPLICATES=400 python -m pytest -s tests/test_power.py

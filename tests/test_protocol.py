@@ -212,11 +212,11 @@ def test_add_seeds_stages_its_budget_to_the_base_and_the_point_fastest_arm(tmp_p
     os.remove(os.path.join(run_dir, 'done.json'))
     os.rename(run_dir, run_dir + '_later')
   original_run_once = protocol.run_once
-  def run_once(cfg, run_dir, label):
+  def run_once(cfg, run_dir, label, stop=None):
     if os.path.exists(run_dir + '_later'):
       os.rename(run_dir + '_later', run_dir)
       (Path(run_dir) / 'done.json').write_text('{}')
-    return original_run_once(cfg, run_dir, label)
+    return original_run_once(cfg, run_dir, label, stop)
   monkeypatch.setattr(protocol, 'run_once', run_once)
   protocol.add_seeds(config, workdir, arm_list)
   seeds = {a.name: protocol._seeds_of(workdir, a) for a in arm_list}
@@ -340,6 +340,25 @@ def resumed(tmp_path_factory, data_dir):
   after = (os.stat(first_metrics).st_mtime_ns, open(first_metrics).read())
   return dict(workdir=workdir, env=env, stdout=result.stdout, killed_before_report=
               killed_before_report, first_before=before, first_after=after)
+
+
+@pytest.mark.e2e
+def test_sigterm_stops_the_protocol_with_a_checkpoint_and_exit_75(tmp_path, data_dir):
+  """A cluster's preemption signal reaches the run in progress: it saves its step and the
+  protocol exits 75 (requeue) instead of going on to the next run."""
+  workdir = str(tmp_path / 'D')
+  proc = subprocess.Popen(_main(workdir, data_dir), cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  first = os.path.join(workdir, 'arms', 'P2', 'seed_0', 'metrics.jsonl')
+  deadline = time.time() + 1200
+  while not os.path.exists(first) and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=300)
+  assert proc.returncode == 75, stderr[-3000:]
+  assert 'stopped on request' in stderr
+  assert os.listdir(os.path.join(workdir, 'arms', 'P2', 'seed_0', 'checkpoints'))
+  assert not os.path.exists(os.path.join(workdir, 'arms', 'P4'))   # nothing after it started
 
 
 @pytest.mark.e2e

@@ -199,7 +199,7 @@ def _has_checkpoint(run_dir):
   return os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir))
 
 
-def run_once(cfg, run_dir, label):
+def run_once(cfg, run_dir, label, stop=None):
   """Trains `cfg` in run_dir unless done.json says it finished; returns done.json's content."""
   done_path = os.path.join(run_dir, 'done.json')
   workdir_lib.record_or_check(run_dir, cfg)
@@ -212,7 +212,7 @@ def run_once(cfg, run_dir, label):
         os.remove(os.path.join(run_dir, name))
   print(f'[protocol] {label}: training in {run_dir}', flush=True)
   start = time.time()
-  final_eval = train.train(cfg, run_dir)
+  final_eval = train.train(cfg, run_dir, stop)
   rows = [r for r in metrics_lib.read_jsonl(os.path.join(run_dir, 'metrics.jsonl'))
           if not r.get('eval')]
   done = dict(eval_accuracy=final_eval, steps=rows[-1]['step'] if rows else 0,
@@ -229,12 +229,12 @@ def seed_config(arm, seed):
   return cfg
 
 
-def run_arm_seeds(workdir, group, arm, seeds, label):
+def run_arm_seeds(workdir, group, arm, seeds, label, stop=None):
   """The arm's runs at `seeds`, each in D/<group>/<arm>/seed_<k>/ (arm.json written first)."""
   report_lib.write(workdir, 'arm', _arm_spec(arm), group=group, arm=arm.name)
   for seed in seeds:
     run_once(seed_config(arm, seed), report_lib.run_dir(workdir, group, arm.name, seed),
-             f'{label}: {arm.name} seed {seed}')
+             f'{label}: {arm.name} seed {seed}', stop)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def run_arm_seeds(workdir, group, arm, seeds, label):
 # ------------------------------------------------------------------------------------------------
 
 
-def calibrate(config, workdir):
+def calibrate(config, workdir, stop=None):
   """lr0 at the base batch: given, or the calibration sweep's fewest samples to target."""
   p = config.protocol
   if p.lr0 > 0:
@@ -251,7 +251,7 @@ def calibrate(config, workdir):
   sweep = calibration_arms(config, workdir)
   for seed in range(p.calibration_seeds):   # seed-major: an interrupted sweep is already usable
     for i, arm in enumerate(sweep):
-      run_arm_seeds(workdir, 'calibration', arm, [seed], f'calibrate {i + 1}/{len(sweep)}')
+      run_arm_seeds(workdir, 'calibration', arm, [seed], f'calibrate {i + 1}/{len(sweep)}', stop)
   runs = {a['spec']['name']: a['runs'] for a in report_lib.load_group(workdir, 'calibration')}
   choice = stats.choose_lr(
       [a.config.optimizer.lr for a in sweep],
@@ -279,7 +279,7 @@ def summarise_throughput(run_dir, warmup):
               steps_measured=len(train_rows['step']) - warmup, warmup_steps=int(warmup))
 
 
-def measure_throughput(config, workdir, value, lr0, round_index):
+def measure_throughput(config, workdir, value, lr0, round_index, stop=None):
   """One round at one batch: a few steps, no target, in D/throughput/<batch>/ (skipped if there)."""
   p = config.protocol
   cfg = arm_config(config, workdir, value, lr0)
@@ -294,7 +294,7 @@ def measure_throughput(config, workdir, value, lr0, round_index):
   config_checks.check(cfg)
   run_dir = os.path.join(workdir, 'throughput', str(batch), f'run_{round_index}')
   shutil.rmtree(run_dir, ignore_errors=True)   # a fresh measurement, never a resumed one
-  train.train(cfg, run_dir)
+  train.train(cfg, run_dir, stop)
   result = dict(batch=batch, round=round_index, value=value,
                 **summarise_throughput(run_dir, p.throughput_warmup))
   report_lib.write(workdir, 'throughput', result, batch=batch, round=round_index)
@@ -302,13 +302,13 @@ def measure_throughput(config, workdir, value, lr0, round_index):
         f"{result['samples_per_s']:.0f} samples/s", flush=True)
 
 
-def measure_throughputs(config, workdir, lr0):
+def measure_throughputs(config, workdir, lr0, stop=None):
   """Rounds interleaved across batches, so slow drift of a shared machine hits every batch."""
   p = config.protocol
   values = sorted(set(p.sweep) | set(p.throughput))
   for round_index in range(p.throughput_rounds):
     for value in values:
-      measure_throughput(config, workdir, value, lr0, round_index)
+      measure_throughput(config, workdir, value, lr0, round_index, stop)
 
 
 def _seeds_of(workdir, arm):
@@ -337,12 +337,12 @@ def _staged(report, counts, max_seeds):
   return [n for n in (names[report['base_batch']], names[best['batch']]) if counts[n] < max_seeds]
 
 
-def add_seeds(config, workdir, arm_list):
+def add_seeds(config, workdir, arm_list, stop=None):
   """Staged seeds: one more at the base and at the point-fastest batch per round (_staged),
   within protocol.max_seeds per arm and protocol.extra_seeds in all."""
   p, by_name = config.protocol, {a.name: a for a in arm_list}
   for arm in arm_list:   # finish any seed a killed run had started, so decisions replay alike
-    run_arm_seeds(workdir, 'arms', arm, _seeds_of(workdir, arm), 'align (resume)')
+    run_arm_seeds(workdir, 'arms', arm, _seeds_of(workdir, arm), 'align (resume)', stop)
   spent = sum(len(_seeds_of(workdir, a)) - p.num_seeds for a in arm_list)
   while spent < p.extra_seeds:
     report = report_lib.write_report(workdir, with_plots=False)
@@ -352,11 +352,11 @@ def add_seeds(config, workdir, arm_list):
       break
     for name in chosen:
       seed = max(_seeds_of(workdir, by_name[name])) + 1
-      run_arm_seeds(workdir, 'arms', by_name[name], [seed], 'extra seed')
+      run_arm_seeds(workdir, 'arms', by_name[name], [seed], 'extra seed', stop)
     spent += len(chosen)
 
 
-def confirm(config, workdir, report, lr0):
+def confirm(config, workdir, report, lr0, stop=None):
   """Runs to the decision's target at the base and at the fastest batch, with seeds the align runs
   never use."""
   p = config.protocol
@@ -370,7 +370,7 @@ def confirm(config, workdir, report, lr0):
     cfg = arm_config(config, workdir, value, lr0)
     cfg.train.target = min(report['primary'] + p.stop_margin, 1.0)   # the decision's target
     arm = Arm(f'{key}{value}', value, batch, False, cfg)
-    run_arm_seeds(workdir, 'confirm', arm, seeds, f'confirm at batch {batch}')
+    run_arm_seeds(workdir, 'confirm', arm, seeds, f'confirm at batch {batch}', stop)
 
 
 def write_protocol_json(config, workdir, base):
@@ -402,15 +402,17 @@ def timed(workdir, phase, fn, *args):
   return result
 
 
-def align(config, workdir, arm_list):
+def align(config, workdir, arm_list, stop=None):
   """Every arm x protocol.num_seeds, seed-major: a partial sweep is already a report."""
   for seed in range(config.protocol.num_seeds):
     for i, arm in enumerate(arm_list):
-      run_arm_seeds(workdir, 'arms', arm, [seed], f'align {i + 1}/{len(arm_list)}')
+      run_arm_seeds(workdir, 'arms', arm, [seed], f'align {i + 1}/{len(arm_list)}', stop)
 
 
-def run(config, workdir):
-  """The whole protocol in `workdir`; returns the final report (also written there)."""
+def run(config, workdir, stop=None):
+  """The whole protocol in `workdir`; returns the final report (also written there). `stop` (a
+  preemption.StopRequest) ends it after the current step of the current run, with a checkpoint:
+  re-running resumes there."""
   if not workdir:
     raise ValueError('the protocol needs a --workdir')
   p, start = config.protocol, time.time()
@@ -418,18 +420,18 @@ def run(config, workdir):
   os.makedirs(workdir, exist_ok=True)
   if p.compilation_cache:
     _compilation_cache(workdir)
-  lr0 = timed(workdir, 'calibration', calibrate, config, workdir)
+  lr0 = timed(workdir, 'calibration', calibrate, config, workdir, stop)
   arm_list = arms(config, workdir, lr0)
   base = next(a for a in arm_list if a.value == p.base and not a.control)
   write_protocol_json(config, workdir, base)
   if p.quick:   # every batch's rN from the base arm's noise scale instead of its own arm
     arm_list = [base]
-  timed(workdir, 'align', align, config, workdir, arm_list)
-  timed(workdir, 'throughput', measure_throughputs, config, workdir, lr0)
-  timed(workdir, 'extra seeds', add_seeds, config, workdir, arm_list)
+  timed(workdir, 'align', align, config, workdir, arm_list, stop)
+  timed(workdir, 'throughput', measure_throughputs, config, workdir, lr0, stop)
+  timed(workdir, 'extra seeds', add_seeds, config, workdir, arm_list, stop)
   report = report_lib.write_report(workdir)
   if p.confirm:
-    timed(workdir, 'confirm', confirm, config, workdir, report, lr0)
+    timed(workdir, 'confirm', confirm, config, workdir, report, lr0, stop)
     report = report_lib.write_report(workdir)
   print(f"[protocol] wrote {os.path.join(workdir, 'report.md')} in {time.time() - start:.0f} s "
         f"(this invocation); recommended batch: {report['recommended']}", flush=True)
