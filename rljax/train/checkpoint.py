@@ -257,17 +257,22 @@ class Checkpointer:
       return _reason(error, os.path.join(self.directory, str(step)))
     return why or (restored.state, restored.meta)
 
-  def restore(self, state_template):
+  def restore(self, state_template, legacy=None):
     """(state, meta) of the newest step that restores and matches its manifest, or None when
     there is no checkpoint. The damaged steps after it are set aside. Raises Damaged when none is
     intact, leaving every step in place: a re-run must not start afresh on its own.
 
     The template fixes structure, shapes, dtypes and shardings; its values are not used.
+    `legacy`: (template of an older layout, (state, meta) in it -> (state, meta)), tried on a step
+    that does not restore into `state_template`.
     """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
     damaged = {}
     for step in sorted(self.manager.all_steps(), reverse=True):
       restored = self.restore_step(step, abstract)
+      if isinstance(restored, str) and legacy:
+        older = self.restore_step(step, jax.tree.map(ocp.utils.to_shape_dtype_struct, legacy[0]))
+        restored = restored if isinstance(older, str) else legacy[1](*older)
       if isinstance(restored, str):
         damaged[step] = restored
         continue

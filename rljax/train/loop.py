@@ -2,7 +2,8 @@
 
 `rljax.train.run.setup` checks the config and builds (or restores) everything a run holds; `rl_step` is
 one rollout batch, start to finish; `train` is the loop around it, owning only the budget,
-evaluation, checkpoints, preemption and the non-finite stop. The algorithm (rljax.algos, by
+evaluation, checkpoints, preemption and the non-finite stop. The rollout schedule
+(rljax.train.schedules) owns where a batch comes from; the algorithm (rljax.algos, by
 `config.algo`) owns how a rollout becomes a training batch and what its update does.
 """
 import time
@@ -16,7 +17,6 @@ import numpy as np
 from rljax import algos
 from rljax.data import rewards
 from rljax.data import sources as data
-from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import stats
@@ -25,6 +25,7 @@ from rljax.train import metrics as metrics_lib
 from rljax.train import preemption
 from rljax.train import rebatch
 from rljax.train import run as run_lib
+from rljax.train import schedules
 from rljax.train import workdir as workdir_lib
 
 
@@ -35,115 +36,28 @@ def rollout_stats(rewards_B, rollout):
               tokens=jnp.sum(rollout.lengths_B), **sampler_lib.rollout_metrics(rollout))
 
 
-step_key = jax.jit(jax.random.fold_in)
-
-
-def sample_rollout(run, params, examples, rng):
-  """G responses to each of the P prompts of `examples`, all decoded in this step. Returns the
-  rollout, its prompt rows, its answers (group-major) and no extra stats."""
-  G = run.config.rollout.G
-  answers = [answer for answer in examples['answer'] for _ in range(G)]   # group-major rows
-  prompt_PxT, valid_PxT = data.encode_prompts(examples['prompt'], run.task.tokenizer,
-                                              run.prompt_len)
-  repeat = lambda n: sharding.put_batch((np.repeat(prompt_PxT, n, 0), np.repeat(valid_PxT, n, 0)),
-                                        run.rollout_mesh)
-  sampled = repeat(G // run.group)   # each sampled row makes run.group responses
-  rollout = run.sample(params, *sampled, jax.device_put(rng, sharding.replicated(run.rollout_mesh)))
-  prompt_BxT, valid_BxT = sampled if run.group == 1 else repeat(G)
-  return rollout, prompt_BxT, valid_BxT, answers, {}
-
-
-def encode_answers(answers, width):
-  """Answers as 0-padded utf-8 rows of `width` bytes: how a batch carried between steps (the
-  partial-rollout pool, the batch drawn ahead) keeps them."""
-  rows = np.zeros((len(answers), width), np.uint8)
-  for i, answer in enumerate(answers):
-    raw = str(answer).encode()
-    if len(raw) > width:
-      raise ValueError(f'an answer of {len(raw)} bytes does not fit the {width} bytes a batch '
-                       f'carried between steps keeps: {answer[:40]!r}...; train without '
-                       'rollout.partial and rollout.devices')
-    rows[i, :len(raw)] = np.frombuffer(raw, np.uint8)
-  return rows
-
-
-def decode_answers(answer_PxW):
-  """The answers `encode_answers` stored."""
-  return [bytes(row).rstrip(b'\0').decode() for row in np.asarray(answer_PxW)]
-
-
-def partial_rollout(run, carry, examples, rng, step):
-  """rollout.partial: this step's P prompts join the pool (the first step also admits the next
-  batch, so the pool holds two batches of groups); decoding under the current policy runs until P
-  groups are finished, and those are this step's batch. Returns the new pool too."""
-  P, G = run.config.rollout.P, run.config.rollout.G
-  flight = carry['flight']
-  first = int(flight.admitted) == 0
-  for i, batch in enumerate([examples] + ([next(run.iterator)] if first else [])):
-    prompt_PxT, valid_PxT = data.encode_prompts(batch['prompt'], run.task.tokenizer,
-                                                run.prompt_len)
-    caps_N = np.full(P * G, flight.tokens_RxL.shape[1], np.int32)   # the response budget
-    flight = run.partial.admit(flight, prompt_PxT, valid_PxT,
-                               encode_answers(batch['answer'], run_lib.ANSWER_BYTES),
-                               step_key(rng, 100 + i), caps_N)
-  version, max_staleness = step - 1, run.config.rollout.max_staleness
-  flight, finished = run.partial.advance(carry['params'], flight, version, max_staleness)
-  answers = [answer for answer in decode_answers(finished.answer_PxW) for _ in range(G)]
-  stats = dict(partial_lib.staleness_stats(finished.version_BxL, finished.rollout.mask_BxL,
-                                           version, max_staleness), restarted=finished.restarted)
-  return flight, (finished.rollout, finished.prompt_BxT, finished.valid_BxT, answers, stats)
-
-
-def overlapped_rollout(run, carry, examples, rng, step):
-  """rollout.devices: the sampler's devices draw the next batch (of `examples`) from the policy
-  before this step's update, while the training devices update on the batch drawn one step
-  earlier: every batch is one policy version old (the first two come from the initial policy).
-  Returns the batch drawn ahead, for the carry, and this step's batch on the training mesh."""
-  params = run.to_sampler(carry['params'])
-  pending = carry['pending']
-  if step == 1:   # nothing drawn ahead yet: the first batch is drawn now, from the same policy
-    pending = draw_ahead(run, params, examples, step_key(rng, 100))
-    examples = next(run.iterator)
-  drawn = draw_ahead(run, params, examples, rng)   # runs on while this step scores and updates
-  pending = jax.device_put(pending, jax.tree.map(
-      lambda x: sharding.batch_sharding(run.mesh, x.ndim), pending))
-  answers = [a for a in decode_answers(pending['answer_PxW']) for _ in range(run.config.rollout.G)]
-  return drawn, (pending['rollout'], pending['prompt_BxT'], pending['valid_BxT'], answers, {})
-
-
-def draw_ahead(run, params, examples, rng):
-  """`sample_rollout` kept as arrays on the sampler's mesh, its answers encoded alongside."""
-  rollout, prompt_BxT, valid_BxT, _, _ = sample_rollout(run, params, examples, rng)
-  answer_PxW = sharding.place(encode_answers(examples['answer'], run_lib.ANSWER_BYTES),
-                              run.rollout_mesh)
-  return dict(rollout=rollout, prompt_BxT=prompt_BxT, valid_BxT=valid_BxT, answer_PxW=answer_PxW)
+step_key = schedules.step_key
 
 
 def rl_step(run, carry, examples, step):
-  """One rollout batch of `examples` (P prompts): sample G responses each, score them, turn them
-  into the algorithm's batch and update. Returns the new carry and the step's training row (the
-  loop adds the running totals)."""
-  state = {k: v for k, v in carry.items() if k not in ('rng', 'reference', 'flight', 'pending')}
-  ref_params, rng = carry.get('reference'), step_key(carry['rng'], step)
+  """One rollout batch of `examples` (P prompts): the schedule draws G responses each, which are
+  scored, turned into the algorithm's batch and trained on. Returns the new carry and the step's
+  training row (the loop adds the running totals)."""
+  state, ref_params, rng = carry['algo'], carry['reference'], step_key(carry['rng'], step)
   start = time.perf_counter()
-  if run.partial:
-    flight, sampled = partial_rollout(run, carry, examples, rng, step)
-    carry = dict(carry, flight=flight)
-  elif 'pending' in carry:
-    pending, sampled = overlapped_rollout(run, carry, examples, rng, step)
-    carry = dict(carry, pending=pending)
-  else:
-    sampled = sample_rollout(run, state['params'], examples, rng)
-  rollout, prompt_BxT, valid_BxT, answers, partial_stats = sampled
+  rollout_state, sampled = run.schedule.draw(state['params'], carry['rollout'], examples, rng,
+                                             step)
+  rollout = sampled.rollout
   response_tokens = evaluation.to_host(rollout.tokens_BxL, run.mesh)   # the verifier needs text
   times = dict(rollout_time_s=time.perf_counter() - start)
 
   reward_start = time.perf_counter()
   rewards_B, reward_failures = rewards.score_batch(
-      run.task.reward_fn, evaluation.decode_responses(run.task.tokenizer, response_tokens), answers)
+      run.task.reward_fn, evaluation.decode_responses(run.task.tokenizer, response_tokens),
+      sampled.answers)
   rewards_B = sharding.put_batch(rewards_B, run.mesh)
-  batch, batch_stats = run.algo.make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT,
-                                           ref_params)
+  batch, batch_stats = run.algo.make_batch(state, rollout, rewards_B, sampled.prompt_BxT,
+                                           sampled.valid_BxT, ref_params)
   if step in run.nan_steps:   # fault injection: every float NaN, as a diverged step's batch is
     batch = jax.tree.map(lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
                          batch)
@@ -154,11 +68,11 @@ def rl_step(run, carry, examples, step):
   update_metrics = jax.device_get(update_metrics)
   times['update_time_s'] = time.perf_counter() - update_start
   times['step_time_s'] = time.perf_counter() - start
-  batch_stats, rollout_numbers = jax.device_get((dict(batch_stats, **partial_stats),
+  batch_stats, rollout_numbers = jax.device_get((dict(batch_stats, **sampled.stats),
                                                  rollout_stats(rewards_B, rollout)))
   row = training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
   row.update(reward_failures=reward_failures, data_skipped=run.iterator.skipped)
-  return dict(carry, **state), row
+  return dict(carry, algo=state, rollout=rollout_state), row
 
 
 def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics):
@@ -264,7 +178,8 @@ def _check_updates(run, carry, row, workdir):
   step, limit = row['step'], run.config.optimizer.max_bad_steps
   if row['skipped_updates']:
     logging.warning('step %d: %d non-finite update(s) skipped', step, row['skipped_updates'])
-  if max(int(carry[key].notfinite_count) for key in carry if key.endswith('opt_state')) >= limit:
+  state = carry['algo']
+  if max(int(state[key].notfinite_count) for key in state if key.endswith('opt_state')) >= limit:
     run.ckpt.close()   # lets the in-flight save commit; skipped updates left its params good
     raise FloatingPointError(
         f'{limit} non-finite updates in a row at step {step}; stopping. The last good checkpoint '
@@ -287,7 +202,7 @@ def train(config, workdir, stop=None):
           f'{meta["samples"]} samples); nothing to do. Raise train.max_steps or '
           'train.max_samples to continue it', flush=True)
   if meta['step'] == 0:
-    meta['eval_accuracy'], correct = run.evaluate(carry['params'])
+    meta['eval_accuracy'], correct = run.evaluate(carry['algo']['params'])
     run.writer.eval(0, 0, meta['eval_accuracy'], correct, 0.0)
   while not _done(config.train, meta):
     carry, row = rl_step(run, carry, next(run.iterator), meta['step'] + 1)
@@ -298,14 +213,14 @@ def train(config, workdir, stop=None):
     run.writer.train(row, console=row['step'] % config.train.log_every == 0)
     _check_updates(run, carry, row, workdir)
     if _eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
-      meta['eval_accuracy'], correct = run.evaluate(carry['params'])
+      meta['eval_accuracy'], correct = run.evaluate(carry['algo']['params'])
       run.writer.eval(row['step'], meta['samples'], meta['eval_accuracy'], correct,
                       meta['wallclock_s'])
     done = _done(config.train, meta)   # the evaluation may have reached the target
     # Every process gets the same answer at the same step; a request during the last step is moot.
     stopping = stop is not None and stop.agreed() and not done
-    run.ckpt.save(meta['step'], carry, dict(meta, config=workdir_lib.config_json(config)),
-                  force=done or stopping)
+    saved = dict(meta, answers=run.schedule.answers, config=workdir_lib.config_json(config))
+    run.ckpt.save(meta['step'], carry, saved, force=done or stopping)
     if stopping:
       run.ckpt.close()
       raise preemption.Preempted(meta['step'])
