@@ -262,6 +262,7 @@ def test_every_algorithm_plans_its_own_programs_with_costs(name, tmp_path):
   run's programs (rljax.train.programs) with the sampler settings the run samples with."""
   module = importlib.import_module(f'configs.{name}')
   config = module.get_config(f'runlocal,{algos.get(name).BATCH_ARG}=8')
+  config.train.micro_batch = 8   # PPO's batch is 8 responses, GRPO's and RLOO's 64
   report, run = planned_and_trained(config, 'tpu:v5e-4', tmp_path)
   assert set(report['programs']) == {'sampler', 'update', 'make_batch', 'evaluate'}
   assert report['sampling'] == dataclasses.asdict(run.schedule.sampler.sampling)

@@ -245,7 +245,7 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
   config = _with_mesh(config, mesh_cfg)
   config_checks.check(config, device_count=len(devices), process_count=1)
   start = time.perf_counter()
-  mesh, rollout_mesh = sharding.make_meshes(config.mesh, config.rollout.get('devices', 0), devices)
+  mesh, rollout_mesh = sharding.make_meshes(config.mesh, config.rollout.devices, devices)
   check_decode_batches(decode_batches, rollout_mesh)
   s = run_lib.abstract_setup(config, mesh, rollout_mesh)
   report = dict(target=target.name, chip=target.chip.name, chips=len(devices),
@@ -297,7 +297,7 @@ def candidate_meshes(config, chips):
   """Meshes to try, in order: fsdp over every chip, then ever more expert parallelism (MoE),
   then tensor parallelism. With a sampler on chips of its own (rollout.devices), counted over the
   training chips, and fsdp takes what is left on each of the two meshes."""
-  apart = config.rollout.get('devices', 0)
+  apart = config.rollout.devices
   chips -= apart
   meshes = [dict(fsdp=chips)]
   experts = config.model.num_experts
@@ -340,10 +340,10 @@ def preflight(config, devices=None):
   ValueError on a bad config, or ('does not fit') when those alone exceed a device's memory."""
   devices = jax.devices() if devices is None else devices
   run_lib.check(config)
-  if config.get('auto_batch') and config.auto_batch.enabled:   # sized at the largest it may run
+  if config.auto_batch.enabled:   # sized at the largest it may run
     config = algos.with_batch(config, config.auto_batch.max)
   s = run_lib.abstract_setup(config, *sharding.make_meshes(
-      config.mesh, config.rollout.get('devices', 0), devices))
+      config.mesh, config.rollout.devices, devices))
   memory = resident_bytes(s)
   if sampler_apart(s):   # the larger of a training and a sampler device's
     memory = max(memory, sampler_resident_bytes(s), key=lambda m: sum(m.values()))

@@ -12,11 +12,13 @@ Each has `init()` (its state in the carry's `rollout` slot, checkpointed; None f
 schedule that carries a batch between steps keeps them in `answers` (saved in the checkpoint's
 meta), keyed by the serial of their group, so no answer length depends on the schedule.
 """
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 
+from rljax import algos
 from rljax.data import sources as data
 from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
@@ -86,6 +88,26 @@ class Partial:
   groups are finished, and those are this step's batch."""
   legacy_key = 'flight'
 
+  @staticmethod
+  def check(config, process_count):
+    """Partial rollouts decode whole groups over continuous-batching slots, at one batch, in one
+    process."""
+    rollout = config.rollout
+    if algos.get(config.algo).BATCH_ARG != 'P':
+      raise ValueError(f'rollout.partial trains whole groups of G responses (grpo, rloo), not '
+                       f'{config.algo}')
+    if rollout.slots < 2:
+      raise ValueError(f'rollout.partial needs rollout.slots >= 2 (continuous batching), got '
+                       f'{rollout.slots}')
+    if not (isinstance(rollout.max_staleness, int) and rollout.max_staleness >= 0):
+      raise ValueError(f'rollout.max_staleness must be an integer >= 0, got '
+                       f'{rollout.max_staleness!r}')
+    if config.auto_batch.enabled:
+      raise ValueError('rollout.partial needs a fixed batch: its pool holds two batches of '
+                       'groups; turn auto_batch off (P=auto) or rollout.partial off')
+    if process_count > 1:
+      raise ValueError('rollout.partial runs in one process (its pool is not split over hosts)')
+
   def __init__(self, sampler, programs, rollout_cfg):
     self.sampler, self.iterator = sampler, None   # the run's prompt iterator, set by setup
     self.admit, self.advance, self.pool = programs   # jitted admit and advance; the empty pool
@@ -132,6 +154,28 @@ class DrawnAhead:
   before this step's update, while the training devices update on the batch drawn one step
   earlier: every batch is one policy version old (the first two come from the initial policy)."""
   legacy_key = 'pending'
+
+  @staticmethod
+  def check(config, device_count, process_count):
+    """The sampler on devices of its own, one step behind, in one process."""
+    rollout = config.rollout
+    if not (isinstance(rollout.devices, int) and 0 < rollout.devices < device_count):
+      raise ValueError(f'rollout.devices must be an integer in [0, {device_count}) (0: the '
+                       f'sampler shares the training devices), got {rollout.devices!r}')
+    if rollout.partial:
+      raise ValueError('rollout.partial and rollout.devices cannot be combined; choose one')
+    if config.auto_batch.enabled:
+      raise ValueError('rollout.devices needs a fixed batch: the batch drawn ahead has its size; '
+                       'turn auto_batch off (P=auto) or set rollout.devices=0')
+    if process_count > 1:
+      raise ValueError('rollout.devices runs in one process (its two meshes are not split over '
+                       'hosts)')
+    sizes = sharding.mesh_shape(config.mesh, rollout.devices)
+    data_parallel = math.prod(sizes[axis] for axis in sharding.BATCH_AXES)
+    if rollout.P * rollout.G % data_parallel:
+      raise ValueError(f'the batch P*G ({rollout.P * rollout.G}) is not divisible by the '
+                       f'sampler mesh\'s data-parallel size {data_parallel} (rollout.devices '
+                       f'{rollout.devices}, mesh {sizes})')
 
   def __init__(self, sampler, to_sampler, mesh, empty):
     self.sampler, self.to_sampler, self.mesh = sampler, to_sampler, mesh
@@ -186,9 +230,18 @@ def empty_ahead(sampler, params, P):
   return jax.tree.map(zeros, ahead)
 
 
+def check(config, device_count, process_count):
+  """ValueError naming the first bad rollout.partial or rollout.devices field."""
+  if config.rollout.partial:
+    Partial.check(config, process_count)
+  if config.rollout.devices:
+    DrawnAhead.check(config, device_count, process_count)
+
+
 def make(config, s, sampler, programs, to_sampler):
   """The schedule `config` asks for (rollout.partial, rollout.devices, or every step) for the run
-  of Shape `s`, sampling with `sampler` and, for rollout.partial, `programs` (rljax.train.programs)."""
+  of Shape `s`, sampling with `sampler` and, for rollout.partial, `programs`
+  (rljax.train.programs)."""
   if config.rollout.partial:
     pool = partial_lib.empty(s.model.cfg, 2 * config.rollout.P, config.rollout.G,
                              config.rollout.slots, s.prompt_len, s.new_tokens,
