@@ -60,12 +60,14 @@ def test_a_checkpoint_in_the_flat_layout_resumes_and_goes_on_as_before(tmp_path,
   assert isinstance(run.schedule, kind) and meta['step'] == 2
   assert set(carry) == {'algo', 'rollout', 'rng', 'reference'}
   assert (carry['reference'] is not None) == (schedule == 'each_step')
+  prompts = run_lib.make_iterator(config, run.task, None)   # the data from the start: batch k
+  answers_K = [[str(answer) for answer in next(prompts)['answer']] for _ in range(3)]
   if schedule == 'partial':   # the groups in flight, their answers now on the host by serial
     serials = {int(s) for s in jax.device_get(carry['rollout'].serial_Q) if s >= 0}
-    assert {int(s) for s in run.schedule.answers} == serials and len(serials) == 4
-    assert carry['rollout'].answer_QxW is None
-  if schedule == 'drawn_ahead':
-    assert len(run.schedule.answers) == 4 and 'answer_PxW' not in carry['rollout']
+    assert serials == set(range(8, 12)) and carry['rollout'].answer_QxW is None
+    assert run.schedule.answers == {str(8 + p): answer for p, answer in enumerate(answers_K[2])}
+  if schedule == 'drawn_ahead':   # step 2 drew batch 2 ahead (step 1 drew batches 0 and 1)
+    assert run.schedule.answers == answers_K[2] and 'answer_PxW' not in carry['rollout']
   config.train.max_steps = 3
   train.train(config, workdir)
   assert rows(f'{workdir}/metrics.jsonl') == rows(os.path.join(OLD, schedule, 'expected.jsonl'))
