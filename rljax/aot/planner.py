@@ -334,16 +334,16 @@ def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True,
   raise ValueError(f'no mesh fits {target.name}; the first tried: {(fit or failures)[0]}')
 
 
-def preflight(config, devices=None):
+def preflight(config, devices=None, shape=None):
   """What `python -m rljax.main` is about to run, from the config alone (nothing is allocated or
   compiled): model size, devices, and per device the parameters, optimizer state and KV cache.
-  ValueError on a bad config, or ('does not fit') when those alone exceed a device's memory."""
+  ValueError on a bad config, or ('does not fit') when those alone exceed a device's memory.
+  `shape`: run.checked_shape(config, devices), when the caller has it."""
   devices = jax.devices() if devices is None else devices
-  run_lib.check(config)
-  if config.auto_batch.enabled:   # sized at the largest it may run
-    config = algos.with_batch(config, config.auto_batch.max)
-  s = run_lib.abstract_setup(config, *sharding.make_meshes(
-      config.mesh, config.rollout.devices, devices))
+  s = shape or run_lib.checked_shape(config, devices)
+  if config.auto_batch.enabled:   # sized at the largest batch it may run
+    s = run_lib.abstract_setup(algos.with_batch(config, config.auto_batch.max), s.mesh,
+                               s.rollout_mesh)
   memory = resident_bytes(s)
   if sampler_apart(s):   # the larger of a training and a sampler device's
     memory = max(memory, sampler_resident_bytes(s), key=lambda m: sum(m.values()))

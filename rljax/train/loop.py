@@ -186,13 +186,14 @@ def _check_updates(run, carry, row, workdir):
         f'is step {run.ckpt.latest_step()} in {workdir}/checkpoints.')
 
 
-def train(config, workdir, stop=None):
+def train(config, workdir, stop=None, shape=None):
   """Trains one configuration in `workdir`; resumes from its latest checkpoint. Returns last eval.
 
   Bad input raises ValueError before anything is compiled. `stop` (a preemption.StopRequest) ends
-  the run after the current step with a checkpoint of it, raising preemption.Preempted.
+  the run after the current step with a checkpoint of it, raising preemption.Preempted. `shape`:
+  the config checked and set up abstractly (run.checked_shape), when the caller has it.
   """
-  run, carry, meta = run_lib.setup(config, workdir)
+  run, carry, meta = run_lib.setup(config, workdir, shape)
   schedule = BatchSchedule(config, run, meta) if rebatch.enabled(config) else None
   if schedule:
     run = schedule.resume(run, meta)

@@ -152,17 +152,24 @@ def at_batch(run, base_config, P, programs, data_state):
                       iterator=make_iterator(config, run.task, data_state))
 
 
-def setup(config, workdir):
+def checked_shape(config, devices=None):
+  """`config` checked (ValueError naming the first bad field), then its `abstract_setup` on the
+  meshes it asks for over `devices` (default: all): what the pre-flight sizes and `setup` builds."""
+  check(config)
+  return abstract_setup(config, *sharding.make_meshes(config.mesh, config.rollout.devices,
+                                                      devices))
+
+
+def setup(config, workdir, shape=None):
   """Validates `config`, builds the run and restores its latest checkpoint: (run, carry, meta).
+  `shape`: `checked_shape(config)` when the caller has it already (the main's pre-flight).
 
   The carry is what checkpoints hold, in named slots: `algo` (the algorithm's state), `rollout`
   (the schedule's: None, the partial pool or the batch drawn ahead), `rng` (the rollout key) and
   `reference` (the frozen reference policy, or None). Bad input raises ValueError before anything
   is compiled.
   """
-  check(config)
-  meshes = sharding.make_meshes(config.mesh, config.rollout.devices)
-  shape = abstract_setup(config, *meshes)   # what the pre-flight sized
+  shape = shape or checked_shape(config)
   meta = workdir_lib.prepare(workdir, config)   # None: a fresh run
   try:
     task = tasks.make_task(config)
