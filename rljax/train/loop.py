@@ -10,13 +10,10 @@ import time
 
 from absl import logging
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
-import numpy as np
 
 from rljax import algos
 from rljax.data import rewards
-from rljax.data import sources as data
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import stats
@@ -108,71 +105,6 @@ def _advance(meta, row, iterator):
   return meta
 
 
-def _eval_due(config, row, samples_before, samples_after):
-  """Every train.eval_every steps; with auto_batch every as many samples as those steps hold at
-  the starting batch, so the eval grid stays in samples while the batch changes."""
-  if not rebatch.enabled(config):
-    return row['step'] % config.train.eval_every == 0
-  every = config.train.eval_every * algos.batch_size(config)
-  return samples_after // every > samples_before // every
-
-
-class BatchSchedule:
-  """config.auto_batch in the loop: measures, decides at the decision points and switches `run`
-  to the batch decided (rljax.train.rebatch; its state rides in the checkpoint's meta)."""
-
-  def __init__(self, config, run, meta):
-    self.config, self.settings = config, config.auto_batch
-    self.programs = {config.rollout.P: (run.config, run.algo)}   # what setup compiled
-    self.compiled = set()   # batches that ran in this process: their next steps do not compile
-    # A checkpoint's state may predate fields the rule reads now: they start afresh.
-    meta['auto_batch'] = dict(rebatch.initial_state(config), **meta.get('auto_batch', {}))
-
-  def resume(self, run, meta):
-    """`run` at the batch its checkpoint left it at."""
-    return run_lib.at_batch(run, self.config, meta['auto_batch']['P'], self.programs, meta['data'])
-
-  def after_step(self, run, meta, row):
-    """Records the step; at a decision point decides, logs the decision into `row` and switches.
-    Returns the (run, meta) the next step uses."""
-    state = meta['auto_batch']
-    seconds, per_s = _agreed(row['step_time_s'], row['samples_per_s'])
-    measured = dict(row, step_time_s=seconds, samples_per_s=per_s)
-    state = rebatch.record(state, measured, state['P'] in self.compiled, self.settings)
-    self.compiled.add(state['P'])
-    row['batch'] = algos.batch_size(run.config)
-    if rebatch.due(state, meta['samples'], self.settings):
-      P = state['P']
-      remaining = rebatch.remaining_samples(self.config.train, meta['samples'], meta['step'],
-                                            row['batch'])
-      state, fields = rebatch.decide(state, meta['samples'], remaining, self.settings,
-                                     self.config.rollout.G)
-      row.update(fields)
-      if state['P'] != P:
-        data_state = data.continue_with_batch(run.iterator.state(), P)
-        run = run_lib.at_batch(run, self.config, state['P'], self.programs, data_state)
-        meta = dict(meta, data=run.iterator.state())
-        row['auto_lr'] = float(run.algo.schedules['lr'](run.algo.updates_per_batch * row['step']))
-        run.writer.say(_switch_line(row, algos.get(self.config.algo).BATCH_ARG))
-    return run, dict(meta, auto_batch=state)
-
-
-def _agreed(*values):
-  """Process 0's `values` on every process (collective: every step, everywhere): step times
-  differ between hosts, and every process must take the same decision."""
-  if jax.process_count() == 1:
-    return values
-  return tuple(float(v) for v in multihost_utils.broadcast_one_to_all(np.float32(values)))
-
-
-def _switch_line(row, batch_arg):
-  return (f"step {row['step']} | auto batch {batch_arg} {row['auto_from']} -> "
-          f"{row['auto_to']} | lr {row['lr']:.2e} -> {row['auto_lr']:.2e} | B_noise "
-          f"{row['auto_noise_scale']:.0f} [{row['auto_noise_lo']:.0f}, "
-          f"{row['auto_noise_hi'] or float('inf'):.0f}] | predicted gain {row['auto_gain']:.2f} "
-          f"(lower end {row['auto_gain_lo']:.2f})")
-
-
 def _check_updates(run, carry, row, workdir):
   """Warns of skipped non-finite updates; stops the run after `max_bad_steps` in a row."""
   step, limit = row['step'], run.config.optimizer.max_bad_steps
@@ -194,7 +126,7 @@ def train(config, workdir, stop=None, shape=None):
   the config checked and set up abstractly (run.checked_shape), when the caller has it.
   """
   run, carry, meta = run_lib.setup(config, workdir, shape)
-  schedule = BatchSchedule(config, run, meta) if rebatch.enabled(config) else None
+  schedule = rebatch.BatchSchedule(config, run, meta) if rebatch.enabled(config) else None
   if schedule:
     run = schedule.resume(run, meta)
   noise = stats.NoiseScaleWindow(metrics_lib.read_jsonl(run.writer.path))   # goes on on resume
@@ -213,7 +145,7 @@ def train(config, workdir, stop=None, shape=None):
       run, meta = schedule.after_step(run, meta, row)
     run.writer.train(row, console=row['step'] % config.train.log_every == 0)
     _check_updates(run, carry, row, workdir)
-    if _eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
+    if rebatch.eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
       meta['eval_accuracy'], correct = run.evaluate(carry['algo']['params'])
       run.writer.eval(row['step'], meta['samples'], meta['eval_accuracy'], correct,
                       meta['wallclock_s'])

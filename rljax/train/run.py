@@ -139,19 +139,6 @@ def make_iterator(config, task, state, P=None):
       tokenizer=task.tokenizer, on_bad_record=config.data.on_bad_record)
 
 
-def at_batch(run, base_config, P, programs, data_state):
-  """`run` at batch P (config.auto_batch): its config, algorithm and prompt iterator. The
-  algorithm's jitted programs are built once per batch and kept in `programs` ({P: (config,
-  algo)}), so each batch compiles once; its optimizer has the lr rule at the new batch, and the
-  state it updates (the carry, Adam's moments included) goes on unchanged."""
-  if P not in programs:
-    config = algos.with_batch(base_config, P)
-    programs[P] = config, jit_schedules(abstract_setup(config, run.mesh).algo)
-  config, algo = programs[P]
-  return run._replace(config=config, algo=algo,
-                      iterator=make_iterator(config, run.task, data_state))
-
-
 def checked_shape(config, devices=None):
   """`config` checked (ValueError naming the first bad field), then its `abstract_setup` on the
   meshes it asks for over `devices` (default: all): what the pre-flight sizes and `setup` builds."""
