@@ -114,7 +114,7 @@ def _model_and_task(config):
 
 def _initial_params(config, model, task, evaluate, rng, mesh, workdir, lengths):
   """The policy to start from: a Hugging Face checkpoint, or a random init and the warm start."""
-  hf_path = config.init.hf_path if 'init' in config else ''
+  hf_path = tasks.hf_path(config)
   init_fn = functools.partial(model_lib.init_params, model.cfg)
   if hf_path:   # each tensor read straight onto its shards; no warm start
     shardings = sharding.param_shardings(jax.eval_shape(init_fn, rng), mesh)
