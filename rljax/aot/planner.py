@@ -6,10 +6,10 @@ Builds the run's state abstractly (jax.eval_shape), lays it out with rljax.shard
 target's compile-only devices (rljax.aot.targets) and compiles the programs a run executes, from
 the same function the trainer takes them from (rljax.train.programs: the rollout schedule's
 sampler or partial pool, the update, make_batch and the evaluator), plus one decode step and one
-micro-batch (and PPO's critic's) on their own (rljax.aot.programs). Reports per chip what must be resident
-together against HBM, compile times, collectives and kernels per decode step, collectives per
-update, and roofline lower bounds for a decode step (also at other batches: --decode_batches),
-the update and the RL step; as a table and as JSON (--json).
+micro-batch (and PPO's critic's) on their own (rljax.aot.programs). Reports per chip what must
+be resident together against HBM, compile times, collectives and kernels per decode step,
+collectives per update, and roofline lower bounds for a decode step (also at other batches:
+--decode_batches), the update and the RL step; as a table (rljax.aot.table) and as JSON (--json).
 Without --mesh it proposes a mesh: the first of fsdp over every chip, then fsdp x expert splits,
 that fits. A config that fits nowhere is one `rljax: error: ... does not fit` line with the
 memory per chip.
@@ -152,8 +152,7 @@ def program_phases(s, phases, programs):
   state = {k: v for k, v in resident.items() if k != 'kv_cache'}   # params, optimizer, critic
   held = phases.get('sampler_resident', resident)
   sampler_mem = programs['sampler']['memory']
-  optimizer = {} if sampler_apart(s) else dict(optimizer=held['optimizer'])
-  out = dict(rollout=dict(params=held['params'], **optimizer,
+  out = dict(rollout=dict(dict(params=held['params']) if sampler_apart(s) else state,
                           kv_cache_and_temporaries=sampler_mem['temporaries'],
                           rollout_inputs_and_outputs=sampler_mem['arguments'] - held['params']
                           + sampler_mem['outputs']))
