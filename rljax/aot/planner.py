@@ -250,7 +250,8 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
   report = dict(target=target.name, chip=target.chip.name, chips=len(devices),
                 mesh=dict(mesh.shape), batch=s.batch, micro_batch=s.micro,
                 prompt_len=s.prompt_len, new_tokens=s.new_tokens,
-                params=int(sum(math.prod(x.shape) for x in jax.tree.leaves(s.algo.state['params']))),
+                params=int(sum(math.prod(x.shape)
+                               for x in jax.tree.leaves(s.algo.state['params']))),
                 active_params=active_params(s.model.cfg), hbm=target.chip.hbm_bytes,
                 sampling=dataclasses.asdict(s.sampling))
   if sampler_apart(s):

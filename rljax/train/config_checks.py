@@ -74,7 +74,8 @@ def check(config, device_count=None, process_count=None):
   if config.model.moe_impl not in moe.EXPERT_IMPLS:
     raise ValueError(f'model.moe_impl must be one of {sorted(moe.EXPERT_IMPLS)}, got '
                      f'{config.model.moe_impl!r}')
-  if config.model.num_experts and not 0 < config.model.experts_per_token <= config.model.num_experts:
+  model = config.model
+  if model.num_experts and not 0 < model.experts_per_token <= model.num_experts:
     raise ValueError(f'model.experts_per_token ({config.model.experts_per_token}) must be in '
                      f'[1, num_experts={config.model.num_experts}]')
   if config.model.num_heads % config.model.num_kv_heads:
@@ -96,7 +97,8 @@ def _check_auto_batch(config, device_count, process_count):
   auto, arg = config.auto_batch, algos.get(config.algo).BATCH_ARG
   unit = f'auto_batch bounds are in rollout.P ({arg} of {config.algo})'
   if not (auto_batch.is_power_of_two(auto.min) and auto_batch.is_power_of_two(auto.max)):
-    raise ValueError(f'auto_batch.min ({auto.min}) and max ({auto.max}) must be powers of two; {unit}')
+    raise ValueError(f'auto_batch.min ({auto.min}) and max ({auto.max}) must be powers of two; '
+                     f'{unit}')
   if auto.min > auto.max:
     raise ValueError(f'auto_batch.min ({auto.min}) is larger than auto_batch.max ({auto.max})')
   if config.rollout.P not in auto_batch.allowed_batches(auto.min, auto.max):

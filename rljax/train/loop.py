@@ -1,8 +1,8 @@
 """The RL loop: rollout -> reward -> advantages -> update, on one set of parameter arrays.
 
-`rljax.train.run.setup` checks the config and builds (or restores) everything a run holds; `rl_step` is
-one rollout batch, start to finish; `train` is the loop around it, owning only the budget,
-evaluation, checkpoints, preemption and the non-finite stop. The rollout schedule
+`rljax.train.run.setup` checks the config and builds (or restores) everything a run holds;
+`rl_step` is one rollout batch, start to finish; `train` is the loop around it, owning only the
+budget, evaluation, checkpoints, preemption and the non-finite stop. The rollout schedule
 (rljax.train.schedules) owns where a batch comes from; the algorithm (rljax.algos, by
 `config.algo`) owns how a rollout becomes a training batch and what its update does.
 """
@@ -93,7 +93,8 @@ def _done(train_cfg, meta):
   budget_spent = ((train_cfg.max_samples and meta['samples'] >= train_cfg.max_samples) or
                   (train_cfg.max_steps and meta['step'] >= train_cfg.max_steps))
   accuracy = meta['eval_accuracy']
-  return budget_spent or (train_cfg.target and accuracy is not None and accuracy >= train_cfg.target)
+  reached = train_cfg.target and accuracy is not None and accuracy >= train_cfg.target
+  return budget_spent or reached
 
 
 def _advance(meta, row, iterator):
