@@ -36,7 +36,8 @@ def run_params(workdir, step=None):
                      f'steps: {list(manager.all_steps())}')
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   manager.close()
-  return restored.state['params'], step
+  state = restored.state   # the carry's named slots, or the flat layout of older checkpoints
+  return (state['algo'] if 'algo' in state else state)['params'], step
 
 
 def export(workdir, base, out, dtype=None, step=None):
