@@ -53,7 +53,7 @@ def check(config):
 
 class Shape(NamedTuple):
   """A run of a config on a mesh with every array abstract (ShapeDtypeStructs that carry their
-  shardings): what the pre-flight sizes and rljax.plan compiles."""
+  shardings): what the pre-flight sizes and rljax.train.programs makes the run's programs of."""
   config: Any
   model: model_lib.Transformer
   mesh: jax.sharding.Mesh
