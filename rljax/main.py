@@ -64,7 +64,7 @@ def run(config, workdir):
   from rljax.train import preemption  # pylint: disable=g-import-not-at-top
   try:
     with preemption.StopRequest() as stop:
-      if config.get('mode', 'train') == 'protocol':
+      if config.mode == 'protocol':
         protocol.run(config, workdir)
       else:
         import jax  # pylint: disable=g-import-not-at-top
