@@ -44,6 +44,7 @@ def run_params(workdir, step=None):
   if isinstance(restored, str):
     raise ValueError(f'checkpoint step {step} in {directory} is damaged ({restored})')
   state, meta = restored
+  state = state['algo'] if 'algo' in state else state   # the carry's slots, or the flat layout
   return state['params'], meta['step']
 
 

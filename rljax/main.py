@@ -64,15 +64,17 @@ def run(config, workdir):
   from rljax.train import preemption  # pylint: disable=g-import-not-at-top
   try:
     with preemption.StopRequest() as stop:
-      if config.get('mode', 'train') == 'protocol':
+      if config.mode == 'protocol':
         protocol.run(config, workdir, stop)
       else:
         import jax  # pylint: disable=g-import-not-at-top
         from rljax.aot import planner as plan  # pylint: disable=g-import-not-at-top
-        line = plan.preflight(config)   # every process refuses what cannot fit
+        from rljax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+        shape = run_lib.checked_shape(config)   # checked and set up abstractly once
+        line = plan.preflight(config, shape=shape)   # every process refuses what cannot fit
         if jax.process_index() == 0:   # one line per run, not one per process
           print(line, flush=True)
-        train.train(config, workdir, stop)
+        train.train(config, workdir, stop, shape)
   except ValueError as error:  # bad input
     cli.fail(error, cli.EXIT_BAD_INPUT)
   except FloatingPointError as error:  # persistent NaN / inf

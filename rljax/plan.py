@@ -15,6 +15,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from rljax.aot import planner  # pylint: disable=g-import-not-at-top,wrong-import-position
+from rljax.aot import table  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rljax.aot import targets  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rljax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -64,7 +65,7 @@ def main(argv):
                           compile_programs_too=_COMPILE.value, decode_batches=batches)
   except ValueError as error:
     cli.fail(error, cli.EXIT_BAD_INPUT)
-  print(planner.format_report(report), flush=True)
+  print(table.format_report(report), flush=True)
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(planner.to_json(report), f, indent=1)

@@ -192,12 +192,14 @@ def put_batch(tree, mesh):
 
 def on_mesh(fn, mesh):
   """`fn` called (and so traced) with `mesh` as the context mesh (rljax.model.moe reads it); a jitted
-  `fn` keeps its `lower`, under that mesh too (rljax.plan compiles for meshes it cannot run on)."""
+  `fn` keeps its `lower` and `trace`, under that mesh too (rljax.plan compiles for meshes it
+  cannot run on)."""
   def call(*args, **kwargs):
     with jax.set_mesh(mesh):
       return fn(*args, **kwargs)
-  if hasattr(fn, 'lower'):
-    call.lower = on_mesh(fn.lower, mesh)
+  for method in ('lower', 'trace'):
+    if hasattr(fn, method):
+      setattr(call, method, on_mesh(getattr(fn, method), mesh))
   return call
 
 

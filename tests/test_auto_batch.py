@@ -233,7 +233,7 @@ def test_a_checkpoint_state_without_the_compile_fields_resumes_with_them_afresh(
   saved = {k: v for k, v in rebatch.initial_state(config).items()
            if k not in ('arrived', 'compile_s')}
   meta = dict(auto_batch=dict(saved, P=4, next_decision=4096))
-  loop.BatchSchedule(config, types.SimpleNamespace(config=config, algo=None), meta)
+  rebatch.BatchSchedule(config, types.SimpleNamespace(config=config, algo=None), meta)
   assert meta['auto_batch'] == dict(rebatch.initial_state(config), P=4, next_decision=4096)
 
 # ------------------------------------------------------------------------------ one short run

@@ -53,3 +53,35 @@ def test_nothing_points_outside_the_repository():
           for number, line in enumerate(path.read_text(errors='replace').splitlines(), 1)
           if OUTSIDE.search(line)]
   assert not hits, 'references to files outside the repository:\n' + '\n'.join(hits)
+
+
+def documented_fields(text):
+  """The config fields a reference page names: each table row's backticked names, under the
+  sections its heading names (a dotted name is whole; 'Top level' has no section)."""
+  fields, sections = set(), []
+  for line in text.splitlines():
+    if line.startswith('## '):
+      sections = CODE.findall(line) or ([''] if 'Top level' in line else [])
+    elif line.startswith('| `') and sections:
+      for name in CODE.findall(line.split('|')[1]):
+        fields.update([name] if '.' in name else
+                      [f'{section}.{name}'.lstrip('.') for section in sections])
+  return fields
+
+
+def config_fields(tree, prefix=''):
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      yield from config_fields(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}'
+
+
+@pytest.mark.parametrize('name', ['grpo', 'ppo', 'rloo'])
+def test_the_config_reference_names_every_field(name):
+  """Every field of each algorithm's training config has its row in docs/reference/config.md."""
+  import importlib   # pylint: disable=import-outside-toplevel
+  config = importlib.import_module(f'configs.{name}').get_config()
+  documented = documented_fields((ROOT / 'docs' / 'reference' / 'config.md').read_text())
+  missing = sorted(set(config_fields(config.to_dict())) - documented)
+  assert not missing, 'fields docs/reference/config.md does not name: ' + ', '.join(missing)

@@ -2,6 +2,9 @@
 a Qwen3-30B-A3B-wide MoE (real widths, one layer) compiles and fits a v5e-8 and a v5p-8, its
 decode loop moves activations only (no weights, no partial sums of the experts), and bad input
 is one clear error."""
+import dataclasses
+import functools
+import importlib
 import json
 import os
 import re
@@ -15,13 +18,16 @@ import pytest
 
 from configs import grpo as grpo_config
 from configs import ppo as ppo_config
+from rljax import algos
 from rljax.aot import hlo
 from rljax.aot import planner
 from rljax.aot import programs as compiled
+from rljax.aot import table
 from rljax.aot import targets
 from rljax.model import transformer as model_lib
 from rljax import sharding
 from rljax import tasks
+from rljax.train import programs as programs_lib
 from rljax.train import run as run_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,7 +196,7 @@ def v5p_8_sampler():
 @pytest.mark.e2e   # whole programs of a 30B-wide layer through XLA's TPU compiler
 def test_mid_size_moe_compiles_and_fits_a_v5e_8_with_headroom(v5e_8):
   target, report = v5e_8
-  print(planner.format_report(report))
+  print(table.format_report(report))
   V, D, H, N, K, E, F = 151936, 2048, 128, 32, 4, 128, 768
   assert report['params'] == 2 * V * D + D + (D * H * (2 * N + 2 * K) + 3 * E * D * F + D * E
                                               + 2 * H + 2 * D)
@@ -198,7 +204,8 @@ def test_mid_size_moe_compiles_and_fits_a_v5e_8_with_headroom(v5e_8):
   resident = report['memory']['resident']
   assert resident['params'] == pytest.approx(report['params'] * 4 / 8, rel=0.01)
   assert resident['optimizer'] == pytest.approx(2 * resident['params'], rel=0.01)
-  assert report['peak'] == max(sum(report['memory'][p].values()) for p in ('rollout', 'update'))
+  assert report['peak'] == max(sum(report['memory'][p].values())
+                               for p in ('rollout', 'update', 'make_batch', 'evaluate'))
   assert 2 * GiB < report['headroom'] < target.chip.hbm_bytes - resident['params'] * 3
 
 
@@ -237,11 +244,67 @@ def test_oversize_config_does_not_fit_with_breakdown():
     planner.plan(config, target, costs=False)
 
 
-def test_a_critic_based_algorithm_is_said_to_be_out_of_scope_not_to_fit_no_mesh():
+def planned_and_trained(config, target, tmp_path):
+  """The plan of `config` on `target` with costs, and the run `setup` builds of it on CPUs."""
+  config.rollout.update(temperature=0.7, top_k=5, top_p=0.9)   # a sampler of the config's own
+  report = planner.plan(config, targets.parse_target(target), {}, costs=True)
+  config.data.dir = str(tmp_path / 'data')
+  config.warmstart.enabled = False
+  config.metrics.update(tensorboard=False, progress=False)
+  run, _, _ = run_lib.setup(config, str(tmp_path / 'run'))
+  run.ckpt.close()
+  return report, run
+
+
+@pytest.mark.parametrize('name', algos.names())
+def test_every_algorithm_plans_its_own_programs_with_costs(name, tmp_path):
+  """GRPO, RLOO and PPO (its critic: resident, updated, in the bound): the plan compiles the
+  run's programs (rljax.train.programs) with the sampler settings the run samples with."""
+  module = importlib.import_module(f'configs.{name}')
+  config = module.get_config(f'runlocal,{algos.get(name).BATCH_ARG}=8')
+  config.train.micro_batch = 8   # PPO's batch is 8 responses, GRPO's and RLOO's 64
+  report, run = planned_and_trained(config, 'tpu:v5e-4', tmp_path)
+  assert set(report['programs']) == {'sampler', 'update', 'make_batch', 'evaluate'}
+  assert report['sampling'] == dataclasses.asdict(run.schedule.sampler.sampling)
+  assert report['sampling']['top_p'] == 0.9 and report['sampling']['group'] == config.rollout.G
+  assert report['roofline']['update']['bound_s'] > 0
+  critic = 'critic_params' in run.algo.state
+  assert ('critic' in report['memory']['resident']) == critic == (name == 'ppo')
+  assert ('critic' in report['memory']['update']) == critic
+  text = table.format_report(report)
+  assert 'make_batch compile' in text and 'evaluate memory / chip' in text
+
+
+def test_a_ppo_plan_bounds_its_critic_update():
+  """The critic's gradient (a second trunk on the same micro-batch) is in PPO's per-step costs:
+  at least as many FLOPs again as the policy's alone."""
   config = ppo_config.get_config('runlocal,B=8')
-  with pytest.raises(ValueError, match=r'^rljax.plan plans critic-free algorithms \(grpo, rloo\); '
-                                       r'ppo has a critic$'):
-    planner.plan(config, targets.parse_target('tpu:v5e-8'), costs=False)
+  mesh = sharding.make_mesh(dict(fsdp=4), targets.parse_target('tpu:v5e-4').devices())
+  s = run_lib.abstract_setup(config, mesh)
+  params_fn = lambda cfg: sharding.init_params(functools.partial(model_lib.init_params, cfg),
+                                               jax.random.PRNGKey(0), mesh)[0]
+  costs = [compiled.per_step_costs(s.model, params_fn, mesh, config.ppo, 8, 16, s.micro,
+                                   s.prompt_len, s.new_tokens, critic=critic)['micro']['flops']
+           for critic in (False, True)]
+  assert costs[1] > 1.9 * costs[0]
+
+
+@pytest.mark.parametrize('edit, target', [
+    (dict(slots=8, partial=True), 'tpu:v5e-4'),   # the partial pool's admit and advance
+    (dict(slots=8, devices=4), 'tpu:v5e-8'),      # a sampler on chips of its own
+])
+def test_partial_rollouts_and_a_split_mesh_plan_what_they_run(edit, target, tmp_path):
+  config = grpo_config.get_config('runlocal,P=8')
+  config.rollout.update(edit)
+  report, run = planned_and_trained(config, target, tmp_path)
+  assert report['sampling'] == dataclasses.asdict(run.schedule.sampler.sampling)
+  assert report['sampling']['slots'] == 8 and 'roofline' in report
+  assert ('sampler_mesh' in report) == ('devices' in edit)
+  s = run_lib.abstract_setup(config, sharding.make_mesh(dict(fsdp=4),
+                                                        targets.parse_target(target).devices()[:4]))
+  names = set(programs_lib.programs(s))
+  assert names == ({'admit', 'advance'} if 'partial' in edit else {'sample'}) | {
+      'update', 'make_batch', 'evaluate'}
 
 
 def test_preflight_states_the_run_and_refuses_what_cannot_fit():
@@ -381,7 +444,7 @@ def test_a_sampler_on_chips_of_its_own_is_planned_on_them():
               for x in jax.tree.leaves(shapes, is_leaf=lambda x: hasattr(x, 'value')))
   assert report['weight_transfer']['total'] == total
   assert total / 4 <= report['weight_transfer']['per_sampler_chip'] <= total
-  assert 'sampler mesh fsdp=4 on chips of its own' in planner.format_report(report)
+  assert 'sampler mesh fsdp=4 on chips of its own' in table.format_report(report)
 
   s = run_lib.abstract_setup(config, *sharding.make_meshes(dict(fsdp=-1), 4, target.devices()))
   costs = dict(decode=dict(flops=3e9, bytes_accessed=4e6), micro=dict(flops=1e12, bytes_accessed=0))

@@ -161,7 +161,7 @@ def test_nan_updates_are_skipped_and_counted_then_k_in_a_row_stop_the_run(tiny, 
   assert train_rows[0] == reference_rows[0]   # before the first fault: the reference run
   readable, unreadable = cli.checkpoints(workdir)
   assert sorted(readable) == [1, 2, 3, 4, 5] and not unreadable
-  params = {step: readable[step][0]['params'] for step in readable}
+  params = {step: readable[step][0]['algo']['params'] for step in readable}
   assert cli.same_arrays(params[2], params[1])       # skipped: unchanged
   assert not cli.same_arrays(params[3], params[2])   # a good step after it: updated
   assert cli.same_arrays(params[5], params[4])

@@ -16,6 +16,7 @@ from rljax.train import evaluation
 from rljax.train import loop as train
 from rljax.train import metrics
 from rljax.train import run as run_lib
+from rljax.train import schedules
 
 # The training row's contract (metrics.jsonl, read by other tools).
 CONTRACT = ('step', 'samples', 'tokens', 'reward_mean', 'lr', 'grad_norm', 'step_time_s',
@@ -36,15 +37,18 @@ def tiny(config_file, tmp_path, **train_overrides):
 def test_rl_step_samples_scores_and_updates(tmp_path):
   config = tiny(grpo_config, tmp_path)
   run, carry, meta = run_lib.setup(config, str(tmp_path / "run"))
-  assert meta['step'] == 0 and set(carry) == {'params', 'opt_state', 'rng'}
-  before = jax.tree.map(np.asarray, carry['params'])
+  assert meta['step'] == 0 and set(carry) == {'algo', 'rollout', 'rng', 'reference'}
+  assert set(carry['algo']) == {'params', 'opt_state'}
+  assert carry['rollout'] is None and carry['reference'] is None   # every step; no KL
+  before = jax.tree.map(np.asarray, carry['algo']['params'])
   carry, row = train.rl_step(run, carry, next(run.iterator), 1)
   assert row['step'] == 1 and row['retained'] == 16 and row['skipped_updates'] == 0
   assert set(CONTRACT) - {'samples', 'tokens'} <= set(row)   # the loop adds the running totals
   assert 1 <= row['tokens_step'] <= 16 * 3 and np.isfinite(row['grad_norm'])
   assert row['b_small'] == 8 and row['b_big'] == 16   # two micro-batches: noise-scale terms
   assert 0 < row['slot_utilization'] <= 1 and 1 <= row['decode_steps'] <= 3
-  moved = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - b).max(), carry['params'], before)
+  moved = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - b).max(), carry['algo']['params'],
+                       before)
   assert max(jax.tree.leaves(moved)) > 0
   run.ckpt.close()
 
@@ -130,11 +134,12 @@ def test_split_mesh_trains_one_step_behind_like_a_serial_loop(tmp_path):
 
   run, carry, _ = run_lib.setup(config, str(tmp_path / 'serial'))
   assert {d.id for d in run.mesh.devices.flat} == {0, 1, 2, 3}
-  assert {d.id for d in run.rollout_mesh.devices.flat} == {4, 5, 6, 7}
-  state = {k: carry[k] for k in ('params', 'opt_state')}
+  sampler = run.schedule.sampler
+  assert {d.id for d in sampler.mesh.devices.flat} == {4, 5, 6, 7}
+  state = carry['algo']
   keys = [train.step_key(carry['rng'], step) for step in (1, 2, 3)]
-  draw = lambda params, key: train.sample_rollout(run, run.to_sampler(params), next(run.iterator),
-                                                  key)
+  draw = lambda params, key: schedules.sample_rollout(
+      sampler, run.schedule.to_sampler(params), next(run.iterator), key)
   drawn = [draw(state['params'], train.step_key(keys[0], 100)), draw(state['params'], keys[0])]
   rewards_logged = []
   for step in (1, 2, 3):
@@ -153,7 +158,7 @@ def test_split_mesh_trains_one_step_behind_like_a_serial_loop(tmp_path):
     state, _ = run.algo.update(state, batch, None, train.step_key(keys[step - 1], 1))
   run.ckpt.close()
   same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
-                      restored['params'], state['params'])
+                      restored['algo']['params'], state['params'])
   assert all(jax.tree.leaves(same))
   rows = lambda: [{k: v for k, v in row.items() if not k.endswith('_s')}
                   for row in metrics.read_jsonl(f'{workdir}/metrics.jsonl')]

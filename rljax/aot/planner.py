@@ -3,16 +3,18 @@
   python -m rljax.plan --config=configs/grpo.py:P=1024,model=qwen3-30b-a3b --target=tpu:v5p-128
 
 Builds the run's state abstractly (jax.eval_shape), lays it out with rljax.sharding's rules on the
-target's compile-only devices (rljax.aot.targets) and compiles the programs a run executes (the
-rollout sampler at the config's lengths, the update with its micro-batches) plus one decode step
-and one micro-batch on their own (rljax.aot.programs). Reports per chip what must be resident
-together against HBM, compile times, collectives and kernels per decode step, collectives per
-update, and roofline lower bounds for a decode step (also at other batches: --decode_batches),
-the update and the RL step; as a table and as JSON (--json).
+target's compile-only devices (rljax.aot.targets) and compiles the programs a run executes, from
+the same function the trainer takes them from (rljax.train.programs: the rollout schedule's
+sampler or partial pool, the update, make_batch and the evaluator), plus one decode step and one
+micro-batch (and PPO's critic's) on their own (rljax.aot.programs). Reports per chip what must
+be resident together against HBM, compile times, collectives and kernels per decode step,
+collectives per update, and roofline lower bounds for a decode step (also at other batches:
+--decode_batches), the update and the RL step; as a table (rljax.aot.table) and as JSON (--json).
 Without --mesh it proposes a mesh: the first of fsdp over every chip, then fsdp x expert splits,
 that fits. A config that fits nowhere is one `rljax: error: ... does not fit` line with the
 memory per chip.
 """
+import dataclasses
 import functools
 import json
 import math
@@ -25,12 +27,14 @@ import numpy as np
 
 from rljax import algos
 from rljax.aot import programs as compiled
+from rljax.aot import table
 from rljax.aot import targets
 from rljax.model import transformer as model_lib
 from rljax.rollout import sampler
 from rljax import sharding
 from rljax import tasks
 from rljax.train import config_checks
+from rljax.train import programs as programs_lib
 from rljax.train import run as run_lib
 
 GiB = targets.GiB
@@ -86,12 +90,6 @@ def _itemsize(dtype):
   return np.dtype(jnp.dtype(dtype)).itemsize
 
 
-def memory_line(memory, hbm, where='per chip, HBM'):
-  """'params 7.1 + optimizer 14.2 + ... = 40.3 GiB per chip, HBM 95.74 GiB' for a breakdown."""
-  parts = ' + '.join(f'{k.replace("_", " ")} {v / GiB:.1f}' for k, v in memory.items())
-  return f'{parts} = {sum(memory.values()) / GiB:.1f} GiB {where} {hbm / GiB:.2f} GiB'
-
-
 def check_resident(s, chip, target_name):
   """What stays resident per chip ({'resident': ...} and, with a sampler on chips of its own,
   'sampler_resident'); ValueError('... does not fit ...') when params + optimizer state + KV
@@ -103,18 +101,13 @@ def check_resident(s, chip, target_name):
     if sum(memory.values()) > chip.hbm_bytes:
       where = 'the sampler chips hold ' if phase == 'sampler_resident' else ''
       raise ValueError(f'{_model_name(s)} does not fit {target_name} on mesh {_mesh_text(s)}: '
-                       f'{where}{memory_line(memory, chip.hbm_bytes)}')
+                       f'{where}{table.memory_line(memory, chip.hbm_bytes)}')
   return phases
 
 
 def _mesh_text(s):
-  text = _sizes_text(s.mesh.shape)
-  return f'{text} + sampler {_sizes_text(s.rollout_mesh.shape)}' if sampler_apart(s) else text
-
-
-def _sizes_text(shape):
-  sizes = {k: v for k, v in shape.items() if v > 1}
-  return ','.join(f'{k}={v}' for k, v in sizes.items()) or 'one device'
+  text = table.sizes_text(s.mesh.shape)
+  return f'{text} + sampler {table.sizes_text(s.rollout_mesh.shape)}' if sampler_apart(s) else text
 
 
 def _model_name(s):
@@ -124,40 +117,52 @@ def _model_name(s):
 
 
 def compile_programs(s, chip, target_name):
-  """Compiles the sampler and the update; returns their reports and the memory breakdown of each
-  phase (what is resident together), raising ValueError('does not fit') past HBM. A sampler on
-  chips of its own holds its params, not the optimizer state."""
+  """Compiles every program of the run (rljax.train.programs: its rollout schedule's, 'update',
+  'make_batch', 'evaluate'); returns their reports ('sampler': the schedule's decoding program)
+  and the memory breakdown of each phase (what is resident together), raising ValueError('does
+  not fit') past HBM. A sampler on chips of its own holds its params, not the optimizer state."""
   phases = check_resident(s, chip, target_name)
-  resident = phases['resident']
   programs = {}
-  group = run_lib.sampler_group(s.config, s.rollout_mesh)
-  for name, build in (('sampler', lambda: compiled.sampler(
-      s.model, s.sampler_params, s.rollout_mesh, s.batch // group, s.prompt_len, s.new_tokens,
-      slots=s.config.rollout.slots, group=group)),
-                      ('update', lambda: compiled.update(s.algo, s.mesh, s.batch, s.prompt_len,
-                                                         s.new_tokens))):
+  run_programs = programs_lib.programs(s)
+  rollout = 'advance' if 'advance' in run_programs else 'sample'
+  for name, key in (('sampler', rollout), ('update', 'update'), ('make_batch', 'make_batch'),
+                    ('evaluate', 'evaluate')):
+    program = run_programs[key]
+    graphs = sampler.GPU_GRAPHS if key in ('sample', 'evaluate') else None
     try:
-      programs[name] = build()
+      programs[name] = compiled.compile_lowered(program.fn.lower(*program.args), graphs)
     except MemoryError as error:
+      resident = table.memory_line(phases['resident'], chip.hbm_bytes)
       raise ValueError(f'{_model_name(s)} does not fit {target_name} on mesh '
                        f'{_mesh_text(s)}: the {name} runs out of device memory ({error}); '
-                       f'resident {memory_line(resident, chip.hbm_bytes)}') from None
-  sampler_mem, update_mem = programs['sampler']['memory'], programs['update']['memory']
-  held = phases.get('sampler_resident', resident)
-  optimizer = {} if sampler_apart(s) else dict(optimizer=held['optimizer'])
-  rollout = dict(params=held['params'], **optimizer,
-                 kv_cache_and_temporaries=sampler_mem['temporaries'],
-                 rollout_inputs_and_outputs=sampler_mem['arguments'] - held['params']
-                 + sampler_mem['outputs'])
-  update = dict(params=resident['params'], optimizer=resident['optimizer'],
-                gradients_and_temporaries=update_mem['temporaries'],
-                batch=update_mem['arguments'] - resident['params'] - resident['optimizer'])
-  for phase, memory in (('rollout', rollout), ('update', update)):
-    if sum(memory.values()) > chip.hbm_bytes:
+                       f'resident {resident}') from None
+  phases.update(program_phases(s, phases, programs))
+  for phase in ('rollout', 'update', 'make_batch', 'evaluate'):
+    if sum(phases[phase].values()) > chip.hbm_bytes:
       raise ValueError(f'{_model_name(s)} does not fit {target_name} on mesh '
                        f'{_mesh_text(s)}: the {phase} holds '
-                       f'{memory_line(memory, chip.hbm_bytes)}')
-  return programs, dict(phases, rollout=rollout, update=update)
+                       f'{table.memory_line(phases[phase], chip.hbm_bytes)}')
+  return programs, phases
+
+
+def program_phases(s, phases, programs):
+  """Per chip, what each compiled program holds while it runs, beside the state resident then:
+  the rollout (on the sampler's chips), the update, make_batch and the evaluator."""
+  resident = phases['resident']
+  state = {k: v for k, v in resident.items() if k != 'kv_cache'}   # params, optimizer, critic
+  held = phases.get('sampler_resident', resident)
+  sampler_mem = programs['sampler']['memory']
+  out = dict(rollout=dict(dict(params=held['params']) if sampler_apart(s) else state,
+                          kv_cache_and_temporaries=sampler_mem['temporaries'],
+                          rollout_inputs_and_outputs=sampler_mem['arguments'] - held['params']
+                          + sampler_mem['outputs']))
+  for name, inputs_held in (('update', sum(state.values())), ('make_batch', sum(state.values())),
+                            ('evaluate', resident['params'])):
+    mem = programs[name]['memory']
+    out[name] = dict(state, temporaries=mem['temporaries'],
+                     inputs_and_outputs=max(mem['arguments'] - inputs_held, 0) + mem['outputs']
+                     - mem['aliased'])
+  return out
 
 
 def active_params(cfg):
@@ -239,15 +244,16 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
   config = _with_mesh(config, mesh_cfg)
   config_checks.check(config, device_count=len(devices), process_count=1)
   start = time.perf_counter()
-  mesh, rollout_mesh = sharding.make_meshes(config.mesh, config.rollout.get('devices', 0), devices)
+  mesh, rollout_mesh = sharding.make_meshes(config.mesh, config.rollout.devices, devices)
   check_decode_batches(decode_batches, rollout_mesh)
-  check_covered(config)
   s = run_lib.abstract_setup(config, mesh, rollout_mesh)
   report = dict(target=target.name, chip=target.chip.name, chips=len(devices),
                 mesh=dict(mesh.shape), batch=s.batch, micro_batch=s.micro,
                 prompt_len=s.prompt_len, new_tokens=s.new_tokens,
-                params=int(sum(math.prod(x.shape) for x in jax.tree.leaves(s.algo.state['params']))),
-                active_params=active_params(s.model.cfg), hbm=target.chip.hbm_bytes)
+                params=int(sum(math.prod(x.shape)
+                               for x in jax.tree.leaves(s.algo.state['params']))),
+                active_params=active_params(s.model.cfg), hbm=target.chip.hbm_bytes,
+                sampling=dataclasses.asdict(s.sampling))
   if sampler_apart(s):
     report.update(sampler_mesh=dict(rollout_mesh.shape), weight_transfer=weight_transfer(s))
   if not compile_programs_too:
@@ -256,14 +262,15 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
     report['headroom'] = target.chip.hbm_bytes - report['peak']
     return report
   programs, memory = compile_programs(s, target.chip, target.name)
-  report.update(memory=memory, programs=programs, peak=max(sum(memory['rollout'].values()),
-                                                           sum(memory['update'].values())))
+  report.update(memory=memory, programs=programs,
+                peak=max(sum(memory[phase].values()) for phase in
+                         ('rollout', 'update', 'make_batch', 'evaluate')))
   report['headroom'] = target.chip.hbm_bytes - report['peak']
   if costs:
     per_step = compiled.per_step_costs(
-        s.model, lambda cfg: _abstract_params(cfg, mesh), mesh, config.grpo,
+        s.model, lambda cfg: _abstract_params(cfg, mesh), mesh, config[config.algo],
         decode_rows(s), s.prompt_len + s.new_tokens, s.micro, s.prompt_len, s.new_tokens,
-        decode_mesh=rollout_mesh)
+        decode_mesh=rollout_mesh, critic='critic_params' in s.algo.state)
     report['per_step'] = per_step
     report['roofline'] = roofline(s, target.chip, programs, per_step)
   if decode_batches:
@@ -290,7 +297,7 @@ def candidate_meshes(config, chips):
   """Meshes to try, in order: fsdp over every chip, then ever more expert parallelism (MoE),
   then tensor parallelism. With a sampler on chips of its own (rollout.devices), counted over the
   training chips, and fsdp takes what is left on each of the two meshes."""
-  apart = config.rollout.get('devices', 0)
+  apart = config.rollout.devices
   chips -= apart
   meshes = [dict(fsdp=chips)]
   experts = config.model.num_experts
@@ -305,18 +312,10 @@ def candidate_meshes(config, chips):
   return [dict(mesh, fsdp=-1) for mesh in meshes] if apart else meshes
 
 
-def check_covered(config):
-  """Raises ValueError for what the plan does not model: an algorithm with a critic."""
-  if 'critic_optimizer' in config:
-    raise ValueError(f'rljax.plan plans critic-free algorithms (grpo, rloo); {config.algo} has a '
-                     'critic')
-
-
 def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True,
          decode_batches=()):
   """`plan_mesh` on the given mesh, or on the first candidate mesh that fits."""
-  check_covered(config)   # neither is a failure of every mesh: said once, as itself
-  tasks.lengths(config)
+  tasks.lengths(config)   # a bad task is not a failure of every mesh: said once, as itself
   devices = target.devices()
   if mesh_cfg:
     return plan_mesh(config, target, mesh_cfg, devices, costs, compile_programs_too,
@@ -335,93 +334,16 @@ def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True,
   raise ValueError(f'no mesh fits {target.name}; the first tried: {(fit or failures)[0]}')
 
 
-def _gib(x):
-  return f'{x / GiB:.2f} GiB'
-
-
-def _collectives_text(part):
-  ops = ', '.join(f'{v["count"]} {op} {v["bytes"] / 2**20:.1f} MiB' for op, v in
-                  sorted(part['ops'].items()))
-  return f'{part["bytes"] / 2**20:.1f} MiB ({ops or "none"})'
-
-
-def format_report(r):
-  """The report as an aligned plain-text table."""
-  mesh = _sizes_text(r['mesh'])
-  rows = [('target', f'{r["target"]}: {r["chips"]} x {r["chip"]}, mesh {mesh}'
-                     + (f' + sampler mesh {_sizes_text(r["sampler_mesh"])} on chips of its own'
-                        if 'sampler_mesh' in r else '')
-                     + (' (proposed)' if r.get('proposed_mesh') else '')),
-          ('model', f'{r["params"] / 1e9:.2f}B parameters, {r["active_params"] / 1e9:.2f}B '
-                    'active per token'),
-          ('step', f'{r["batch"]} responses x ({r["prompt_len"]} prompt + {r["new_tokens"]} new '
-                   f'tokens), micro-batch {r["micro_batch"]}')]
-  for phase in ('resident', 'sampler_resident', 'rollout', 'update'):
-    if phase in r['memory']:
-      rows.append((f'{phase.replace("_", " ")} memory / chip',
-                   memory_line(r['memory'][phase], r['hbm'])))
-  if 'weight_transfer' in r:
-    moved = r['weight_transfer']
-    rows.append(('weights to the sampler', f'{_gib(moved["total"])} per step, '
-                 f'{_gib(moved["per_sampler_chip"])} into each sampler chip'))
-  rows.append(('peak / headroom', f'{_gib(r["peak"])} / {_gib(r["headroom"])}'))
-  if 'programs' not in r:
-    return _aligned(rows)
-  for name in ('sampler', 'update'):
-    program = r['programs'][name]
-    rows.append((f'{name} compile', f'{program["compile_s"]:.0f} s'))
-  loop = {'sampler': 'per decode step', 'update': 'per micro-batch'}
-  for name in ('sampler', 'update'):
-    part = r['programs'][name]['collectives']
-    rows.append((f'{name} collectives {loop[name]}', _collectives_text(part['loop'])))
-    rows.append((f'{name} collectives once', _collectives_text(part['outside'])))
-  rows.append(('sampler kernels per decode step', str(r['programs']['sampler']['loop_kernels'])))
-  graphs = r['programs']['sampler'].get('graphs')
-  if graphs:   # XLA:GPU: kernels inside CUDA graphs launch with their graph
-    rows.append(('sampler launches', f'{graphs["launches"]} per call; decode loop '
-                 + ('inside a CUDA graph: no launch per step, ' if graphs['loop_in_graph']
-                    else 'launched per step, ') + f'{graphs["loop_kernels"]} kernels per step'))
-  if 'roofline' in r:
-    roof = r['roofline']
-    for key, label in (('decode_step', 'decode step'), ('micro_batch', 'micro-batch'),
-                       ('update', 'update')):
-      b = roof[key]
-      ms = {k: f'{v * 1e3:.2f}' for k, v in b.items()}
-      rows.append((f'{label} bound', f'{ms["bound_s"]} ms (compute {ms["compute_s"]}, HBM '
-                                     f'{ms["memory_s"]}, collectives {ms["collectives_s"]} ms)'))
-    per_token = r['per_step']['micro']['flops'] * r['chips'] / (   # FLOPs per chip
-        r['micro_batch'] * (r['prompt_len'] + r['new_tokens']))
-    ratio = per_token / (6 * r['active_params'])
-    rows.append(('update FLOPs per token', f'{per_token:.3g} = {ratio:.2f} x (6 x active params)'))
-    rows.append(('update MFU ceiling', f'{100 * roof["mfu_ceiling"]:.0f}%'))
-    rollout = f'rollout {roof["rollout_s"]:.2f} s'
-    update = f'update {roof["update"]["bound_s"]:.2f} s'
-    phases = (f'max(weights {roof["transfer_s"]:.2f} s + {rollout}, {update})'   # overlapped
-              if 'transfer_s' in roof else f'{rollout} + {update}')
-    rows.append(('RL step bound', f'{phases} = {roof["rl_step_s"]:.2f} s'))
-  for b in r.get('decode_bounds', ()):
-    ms = {k: f'{v * 1e3:.3f}' for k, v in b.items() if k.endswith('_s')}
-    rows.append((f'decode step bound, batch {b["batch"]}',
-                 f'{ms["bound_s"]} ms (compute {ms["compute_s"]}, HBM {ms["memory_s"]}, '
-                 f'collectives {ms["collectives_s"]} ms), {b["kernels"]} kernels'))
-  return _aligned(rows)
-
-
-def _aligned(rows):
-  width = max(len(k) for k, _ in rows)
-  return '\n'.join(f'{k:<{width}}  {v}' for k, v in rows)
-
-
-def preflight(config, devices=None):
+def preflight(config, devices=None, shape=None):
   """What `python -m rljax.main` is about to run, from the config alone (nothing is allocated or
   compiled): model size, devices, and per device the parameters, optimizer state and KV cache.
-  ValueError on a bad config, or ('does not fit') when those alone exceed a device's memory."""
+  ValueError on a bad config, or ('does not fit') when those alone exceed a device's memory.
+  `shape`: run.checked_shape(config, devices), when the caller has it."""
   devices = jax.devices() if devices is None else devices
-  run_lib.check(config)
-  if config.get('auto_batch') and config.auto_batch.enabled:   # sized at the largest it may run
-    config = algos.with_batch(config, config.auto_batch.max)
-  s = run_lib.abstract_setup(config, *sharding.make_meshes(
-      config.mesh, config.rollout.get('devices', 0), devices))
+  s = shape or run_lib.checked_shape(config, devices)
+  if config.auto_batch.enabled:   # sized at the largest batch it may run
+    s = run_lib.abstract_setup(algos.with_batch(config, config.auto_batch.max), s.mesh,
+                               s.rollout_mesh)
   memory = resident_bytes(s)
   if sampler_apart(s):   # the larger of a training and a sampler device's
     memory = max(memory, sampler_resident_bytes(s), key=lambda m: sum(m.values()))
@@ -430,7 +352,7 @@ def preflight(config, devices=None):
   count = sum(math.prod(x.shape) for x in jax.tree.leaves(s.algo.state['params']))
   line = (f'rljax: {count / 1e6:,.1f}M parameters on {len(devices)} {devices[0].device_kind} '
           f'device(s), mesh {_mesh_text(s)}; '
-          f'{memory_line(memory, limit, "per device, device memory")}')
+          f'{table.memory_line(memory, limit, "per device, device memory")}')
   if sum(memory.values()) > limit:
     raise ValueError(f'{_model_name(s)} does not fit: {line[len("rljax: "):]}')
   if devices[0].platform == 'cpu' and active_params(s.model.cfg) > 1e8:

@@ -1,8 +1,9 @@
 """The programs of an RL step compiled for a mesh of compile-only devices (rljax.aot.targets), from
 abstract state: what one chip holds, what one step costs, what it communicates.
 
-Exactly the jitted functions a run executes (rljax.rollout.sampler's sampler, the algorithm's update from
-rljax.algos.grpo), lowered with ShapeDtypeStructs that carry rljax.sharding's layouts. XLA's cost
+The run's own programs come from rljax.train.programs (the planner lowers them with their
+abstract arguments, ShapeDtypeStructs that carry rljax.sharding's layouts); `sampler` here
+compiles a sampler at any batch, for measurements. XLA's cost
 analysis counts a while loop's body once, so per-step costs come from programs of one step: one
 decode step of the unrolled model at 1 and 2 layers (exact per layer, it has no loops), and one
 micro-batch's gradient with one scanned layer plus one remat'ed layer on its own.
@@ -18,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax.aot import hlo
+from rljax.model import critic as critic_lib
 from rljax.model import transformer as model_lib
 from rljax import policy_loss
 from rljax.rollout import sampler as sampler_lib
@@ -94,14 +96,6 @@ def policy_batch(mesh, batch, prompt_len, new_tokens):
       response_BxL=rows(new_tokens, jnp.int32), mask_BxL=rows(new_tokens, jnp.float32),
       old_logp_BxL=rows(new_tokens, jnp.float32), advantages_BxL=rows(new_tokens, jnp.float32),
       weights_BxL=rows(new_tokens, jnp.float32))
-
-
-def update(algo, mesh, batch, prompt_len, new_tokens):
-  """The algorithm's update (every epoch, minibatch and micro-batch) on one rollout batch."""
-  ref = algo.state['params'] if algo.needs_reference else None
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
-  return compile_lowered(algo.update.lower(
-      algo.state, policy_batch(mesh, batch, prompt_len, new_tokens), ref, key))
 
 
 def decode_step(cfg, mesh, batch, slots):
@@ -196,10 +190,27 @@ def decode_costs(cfg, mesh, batch, cache_len):
               kernels=at_depth(lambda p: p['loop_kernels']), collectives=two['collectives'])
 
 
+def critic_gradient(cfg, params, mesh, algo_cfg, micro, prompt_len, new_tokens):
+  """The critic's value-loss gradient on one micro-batch (PPO: a model of the policy's trunk)."""
+  critic = critic_lib.Critic(cfg)
+  loss_fn = critic_lib.make_critic_loss(critic, algo_cfg.value_clip, algo_cfg.moe_aux_coef, 1)
+  critic_params = critic_lib.from_policy(params, jax.random.PRNGKey(0), cfg)
+  critic_params['value_head'] = sharding.place(critic_params['value_head'], mesh)
+  rows = lambda length, dtype: batch_struct((micro, length), dtype, mesh)
+  batch = critic_lib.CriticBatch(
+      prompt_BxT=rows(prompt_len, jnp.int32), prompt_valid_BxT=rows(prompt_len, bool),
+      response_BxL=rows(new_tokens, jnp.int32), mask_BxL=rows(new_tokens, jnp.float32),
+      old_values_BxL=rows(new_tokens, jnp.float32), returns_BxL=rows(new_tokens, jnp.float32),
+      weights_BxL=rows(new_tokens, jnp.float32))
+  grad = sharding.on_mesh(jax.jit(jax.grad(lambda p, b: loss_fn(p, b)[0])), mesh)
+  return compile_lowered(grad.lower(critic_params, batch))
+
+
 def per_step_costs(model, params_fn, mesh, loss_cfg, decode_batch, slots, micro, prompt_len,
-                   new_tokens, decode_mesh=None):
+                   new_tokens, decode_mesh=None, critic=False):
   """FLOPs and bytes per device of one decode step (on `decode_mesh`, default `mesh`) and one
-  micro-batch gradient, at full depth."""
+  micro-batch gradient, at full depth; with a `critic` (PPO), its gradient on the micro-batch
+  too, the algorithm's section `loss_cfg` giving its value loss."""
   cfg = model.cfg
   step = decode_costs(cfg, decode_mesh or mesh, decode_batch, slots)
   keys = ('flops', 'bytes_accessed')
@@ -209,6 +220,8 @@ def per_step_costs(model, params_fn, mesh, loss_cfg, decode_batch, slots, micro,
                            micro, prompt_len, new_tokens)
   layer = layer_gradient(cfg, mesh, micro, prompt_len + new_tokens)
   train = {k: micro_1[k] + (cfg.num_layers - 1) * layer[k] for k in keys}
+  if critic:   # a second trunk, forward and backward, on the same micro-batch
+    critic_1 = critic_gradient(shallow, params_fn(shallow), mesh, loss_cfg, micro, prompt_len,
+                               new_tokens)
+    train = {k: train[k] + critic_1[k] + (cfg.num_layers - 1) * layer[k] for k in keys}
   return dict(decode=decode, decode_collectives=step['collectives'], micro=train)
-
-

@@ -30,7 +30,7 @@ class Flight(NamedTuple):
   """The pool between calls: R = Q x G records (group q's in rows q*G .. q*G+G-1), S slots."""
   prompt_RxT: jax.Array
   valid_RxT: jax.Array
-  answer_QxW: jax.Array     # each group's answer, utf-8 bytes, 0-padded (the verifier's input)
+  answer_QxW: jax.Array     # each group's bytes a caller keeps in the pool, or None (width 0)
   key_Rx2: jax.Array        # per-response key: token t draws with fold_in(key, t)
   cap_R: jax.Array          # response budget
   serial_Q: jax.Array       # admission order of the group (-1: free place)
@@ -45,14 +45,15 @@ class Flight(NamedTuple):
   admitted: jax.Array       # groups admitted so far
 
 
-def empty(model_cfg, groups, group, slots, prompt_len, max_len, answer_width, pad_id=0):
-  """A pool of `groups` free groups of `group` responses and `slots` idle decode slots."""
+def empty(model_cfg, groups, group, slots, prompt_len, max_len, answer_width=0, pad_id=0):
+  """A pool of `groups` free groups of `group` responses and `slots` idle decode slots, keeping
+  `answer_width` bytes per group (0: none; rljax's trainer keeps answers on the host by serial)."""
   num = groups * group
   zeros = lambda *shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
   return Flight(
       prompt_RxT=jnp.full((num, prompt_len), pad_id, jnp.int32),
-      valid_RxT=zeros(num, prompt_len, dtype=bool), answer_QxW=zeros(groups, answer_width,
-                                                                     dtype=jnp.uint8),
+      valid_RxT=zeros(num, prompt_len, dtype=bool),
+      answer_QxW=zeros(groups, answer_width, dtype=jnp.uint8) if answer_width else None,
       key_Rx2=zeros(num, 2, dtype=jnp.uint32), cap_R=zeros(num),
       serial_Q=jnp.full((groups,), -1, jnp.int32), status_R=zeros(num),
       tokens_RxL=jnp.full((num, max_len), pad_id, jnp.int32),
@@ -76,8 +77,8 @@ def _reset(flight, records_K, status, pad_id):
 
 def admit(flight, prompt_PxT, valid_PxT, answer_PxW, rng, caps_N, pad_id=0):
   """The P groups of these prompts (N = P x G responses, group-major, response n's key
-  fold_in(rng, n)) in the first P free places; the pool must have them (after `advance` it has
-  exactly the P places it returned)."""
+  fold_in(rng, n)) in the first P free places, serials `admitted` on; the pool must have them
+  (after `advance` it has exactly the P places it returned). `answer_PxW`: None without answers."""
   groups, P = flight.serial_Q.shape[0], prompt_PxT.shape[0]
   group = flight.status_R.shape[0] // groups
   place_P = jnp.argsort(flight.serial_Q >= 0, stable=True)[:P]   # free places first
@@ -86,7 +87,7 @@ def admit(flight, prompt_PxT, valid_PxT, answer_PxW, rng, caps_N, pad_id=0):
   flight = flight._replace(
       prompt_RxT=flight.prompt_RxT.at[rows_N].set(repeat(prompt_PxT)),
       valid_RxT=flight.valid_RxT.at[rows_N].set(repeat(valid_PxT)),
-      answer_QxW=flight.answer_QxW.at[place_P].set(answer_PxW),
+      answer_QxW=None if answer_PxW is None else flight.answer_QxW.at[place_P].set(answer_PxW),
       key_Rx2=flight.key_Rx2.at[rows_N].set(sampler_lib.response_keys(rng, P * group)),
       cap_R=flight.cap_R.at[rows_N].set(caps_N),
       serial_Q=flight.serial_Q.at[place_P].set(flight.admitted + jnp.arange(P)),
@@ -161,27 +162,15 @@ def refill(prompt_kv, flight, queue_R, head, tail, rows):
   `prompt_kv` (Prompts.kv). Returns (flight, the queue's new head)."""
   num, prompt_len = flight.prompt_RxT.shape
   group = num // flight.serial_Q.shape[0]
-  slots, num_slots = flight.slots, flight.slots.active_S.shape[0]
   pick_K = queue_R[jnp.minimum(head + jnp.arange(rows), num - 1)]
-  free_K = jnp.argsort(slots.active_S, stable=True)[:rows]
-  count = jnp.minimum(jnp.minimum(jnp.sum(~slots.active_S), tail - head), rows)
-  taken_K = jnp.arange(rows) < count
-  target_K = jnp.where(taken_K, free_K, num_slots)   # out of range: dropped
-  prompt_KxT, valid_KxT = flight.prompt_RxT[pick_K], flight.valid_RxT[pick_K]
-  cache = flight.cache
-  if prompt_len > 1:
-    put = lambda big, small: big.at[target_K, :, :prompt_len - 1].set(
-        small.reshape(rows, *small.shape[-3:]), mode='drop')
-    cache = jax.tree.map(lambda big, every: put(big, every[pick_K // group]), cache, prompt_kv)
-  set_at = lambda x, value: x.at[target_K].set(value, mode='drop')
-  flight = flight._replace(
-      cache=cache, kv_valid_SxC=flight.kv_valid_SxC.at[target_K, :prompt_len].set(
-          valid_KxT, mode='drop'),
-      slots=sampler_lib.Slots(set_at(slots.response_S, pick_K), set_at(slots.t_S, 0),
-                              set_at(slots.token_S, prompt_KxT[:, -1]),
-                              set_at(slots.active_S, True)),
-      status_R=flight.status_R.at[jnp.where(taken_K, pick_K, num)].set(DECODING, mode='drop'))
-  return flight, head + count
+  prompt_kv_K = (jax.tree.map(lambda every: every[pick_K // group], prompt_kv)
+                 if prompt_len > 1 else None)
+  cache, kv_valid_SxC, slots, taken_K = sampler_lib.fill_slots(
+      flight.cache, flight.kv_valid_SxC, flight.slots, pick_K, prompt_kv_K,
+      flight.valid_RxT[pick_K], flight.prompt_RxT[pick_K, -1], tail - head)
+  status_R = flight.status_R.at[jnp.where(taken_K, pick_K, num)].set(DECODING, mode='drop')
+  return flight._replace(cache=cache, kv_valid_SxC=kv_valid_SxC, slots=slots,
+                         status_R=status_R), head + jnp.sum(taken_K)
 
 
 class Finished(NamedTuple):
@@ -190,8 +179,9 @@ class Finished(NamedTuple):
   version_BxL: jax.Array
   prompt_BxT: jax.Array
   valid_BxT: jax.Array
-  answer_PxW: jax.Array
-  restarted: jax.Array   # responses dropped for staleness at the start of the call
+  answer_PxW: jax.Array   # None when the pool keeps no answers
+  serial_P: jax.Array     # each group's serial (admission order)
+  restarted: jax.Array    # responses dropped for staleness at the start of the call
 
 
 def advance(model, params, flight, version, max_staleness, cfg: sampler_lib.SamplingConfig,
@@ -254,23 +244,16 @@ def advance(model, params, flight, version, max_staleness, cfg: sampler_lib.Samp
 def decode_step(decoder, variables, flight, position0_R, version, cfg):
   """One token for every busy slot, written to its response with the policy version; a response
   that samples the stop token or reaches its cap is done and frees its slot."""
-  num, prompt_len = flight.prompt_RxT.shape
-  slots, max_len = flight.slots, flight.tokens_RxL.shape[1]
-  response_S = jnp.minimum(slots.response_S, num - 1)
-  t_S = jnp.minimum(slots.t_S, max_len - 1)
-  logits_Sx1xV, cache, _ = decoder.apply(
-      variables, slots.token_S[:, None], flight.kv_valid_SxC, flight.cache,
-      prompt_len - 1 + t_S, (position0_R[response_S] + t_S)[:, None])
-  token_S, logp_S = sampler_lib.sample_token(
-      logits_Sx1xV[:, 0], sampler_lib.token_keys(flight.key_Rx2[response_S], t_S), cfg)
-  row_S = jnp.where(slots.active_S, response_S, num)   # idle slots write nothing
-  stop_S = (token_S == cfg.eos_id) | (slots.t_S + 1 >= flight.cap_R[response_S])
-  at = lambda x, value: x.at[row_S, t_S].set(value, mode='drop')
+  cache, slots, step = sampler_lib.decode_slots(
+      decoder, variables, flight.cache, flight.kv_valid_SxC, flight.slots, flight.key_Rx2,
+      position0_R, flight.cap_R, flight.prompt_RxT.shape[1], cfg)
+  num = flight.status_R.shape[0]
+  at = lambda x, value: x.at[step.row_S, step.t_S].set(value, mode='drop')
   return flight._replace(
-      cache=cache, tokens_RxL=at(flight.tokens_RxL, token_S), logp_RxL=at(flight.logp_RxL, logp_S),
-      mask_RxL=at(flight.mask_RxL, True), version_RxL=at(flight.version_RxL, version),
-      status_R=flight.status_R.at[jnp.where(stop_S, row_S, num)].set(DONE, mode='drop'),
-      slots=sampler_lib.Slots(slots.response_S, slots.t_S + 1, token_S, slots.active_S & ~stop_S))
+      cache=cache, slots=slots, tokens_RxL=at(flight.tokens_RxL, step.token_S),
+      logp_RxL=at(flight.logp_RxL, step.logp_S), mask_RxL=at(flight.mask_RxL, True),
+      version_RxL=at(flight.version_RxL, version),
+      status_R=flight.status_R.at[jnp.where(step.stop_S, step.row_S, num)].set(DONE, mode='drop'))
 
 
 # What a refill changes, and what a decoding step changes: only these ride in the loops' carries.
@@ -293,8 +276,9 @@ def take_finished(flight, steps, decoded, num_groups, restarted):
   rollout = sampler_lib.Rollout(
       flight.tokens_RxL[rows_B], flight.logp_RxL[rows_B], mask_BxL, jnp.sum(mask_BxL, axis=1),
       steps, decoded.astype(jnp.float32) / jnp.maximum(steps * num_slots, 1).astype(jnp.float32))
+  answer_PxW = None if flight.answer_QxW is None else flight.answer_QxW[place_P]
   finished = Finished(rollout, flight.version_RxL[rows_B], flight.prompt_RxT[rows_B],
-                      flight.valid_RxT[rows_B], flight.answer_QxW[place_P], restarted)
+                      flight.valid_RxT[rows_B], answer_PxW, flight.serial_Q[place_P], restarted)
   flight = flight._replace(status_R=flight.status_R.at[rows_B].set(EMPTY),
                            serial_Q=flight.serial_Q.at[place_P].set(-1))
   return flight, finished

@@ -262,28 +262,65 @@ def prompt_rows(decoder, variables, prompt_PxT, valid_PxT, group):
       lambda x: x.reshape(num_prompts, *x.shape[-3:])[prompt_R], every)
 
 
+def fill_slots(cache, kv_valid_SxC, slots, response_K, prompt_kv_K, valid_KxT, token_K, waiting):
+  """Puts the first of the K responses `response_K` (at most `waiting`, and as many as slots are
+  free) into the first free slots, with their prompts' cache rows `prompt_kv_K` (None for
+  one-column prompts), prompt validity and first token to feed: the one refill of continuous
+  batching and of the partial pool. Returns (cache, kv_valid_SxC, slots, taken_K)."""
+  rows, prompt_len = valid_KxT.shape
+  num_slots = slots.active_S.shape[0]
+  free_K = jnp.argsort(slots.active_S, stable=True)[:rows]   # free slots first
+  count = jnp.minimum(jnp.minimum(jnp.sum(~slots.active_S), waiting), rows)
+  taken_K = jnp.arange(rows) < count
+  target_K = jnp.where(taken_K, free_K, num_slots)           # out of range: dropped
+  if prompt_kv_K is not None:
+    put = lambda big, small: big.at[target_K, :, :prompt_len - 1].set(
+        small.reshape(rows, *small.shape[-3:]), mode='drop')
+    cache = jax.tree.map(put, cache, prompt_kv_K)
+  kv_valid_SxC = kv_valid_SxC.at[target_K, :prompt_len].set(valid_KxT, mode='drop')
+  set_at = lambda x, value: x.at[target_K].set(value, mode='drop')
+  slots = Slots(set_at(slots.response_S, response_K), set_at(slots.t_S, 0),
+                set_at(slots.token_S, token_K), set_at(slots.active_S, True))
+  return cache, kv_valid_SxC, slots, taken_K
+
+
 def refill(prompt_kv, prompt_PxT, valid_PxT, group, cache, kv_valid_SxC, slots, pending, rows):
   """Puts the next `rows` pending responses, their prompts' cache rows from `prompt_kv`
   (`prompt_rows`), into the first free slots (fewer if fewer are free or pending). Response n is
   of prompt n // group. Returns (cache, kv_valid_SxC, slots, pending)."""
   num, prompt_len = prompt_PxT.shape[0] * group, prompt_PxT.shape[1]
-  num_slots = slots.active_S.shape[0]
-  free_R = jnp.argsort(slots.active_S, stable=True)[:rows]   # free slots first
-  count = jnp.minimum(jnp.minimum(jnp.sum(~slots.active_S), num - pending), rows)
-  taken_R = jnp.arange(rows) < count
-  target_R = jnp.where(taken_R, free_R, num_slots)           # out of range: dropped
   prompt_R = jnp.minimum(pending + jnp.arange(rows), num - 1) // group
-  prompt_RxT, valid_RxT = prompt_PxT[prompt_R], valid_PxT[prompt_R]
-  if prompt_len > 1:
-    put = lambda big, small: big.at[target_R, :, :prompt_len - 1].set(
-        small.reshape(rows, *small.shape[-3:]), mode='drop')
-    cache = jax.tree.map(put, cache, prompt_kv(prompt_R))
-  kv_valid_SxC = kv_valid_SxC.at[target_R, :prompt_len].set(valid_RxT, mode='drop')
-  slots = Slots(slots.response_S.at[target_R].set(pending + jnp.arange(rows), mode='drop'),
-                slots.t_S.at[target_R].set(0, mode='drop'),
-                slots.token_S.at[target_R].set(prompt_RxT[:, -1], mode='drop'),
-                slots.active_S.at[target_R].set(True, mode='drop'))
-  return cache, kv_valid_SxC, slots, pending + count
+  cache, kv_valid_SxC, slots, taken_R = fill_slots(
+      cache, kv_valid_SxC, slots, pending + jnp.arange(rows),
+      prompt_kv(prompt_R) if prompt_len > 1 else None, valid_PxT[prompt_R],
+      prompt_PxT[prompt_R, -1], num - pending)
+  return cache, kv_valid_SxC, slots, pending + jnp.sum(taken_R)
+
+
+class Decoded(NamedTuple):
+  """One decoding step of the slots: what each slot writes where (row N: nothing)."""
+  row_S: jax.Array     # the response written, or N for an idle slot
+  t_S: jax.Array       # its token index
+  token_S: jax.Array
+  logp_S: jax.Array
+  stop_S: jax.Array    # the response is finished (stop token or cap): its slot is freed
+
+
+def decode_slots(decoder, variables, cache, kv_valid_SxC, slots, keys_Nx2, position0_N, caps_N,
+                 prompt_len, cfg: SamplingConfig):
+  """One token for every slot, each with its response's key and position: the decoding step of
+  continuous batching and of the partial pool. Returns (cache, slots, Decoded)."""
+  num = keys_Nx2.shape[0]
+  response_S = jnp.minimum(slots.response_S, num - 1)
+  t_S = jnp.minimum(slots.t_S, cfg.max_new_tokens - 1)
+  logits_Sx1xV, cache, _ = decoder.apply(
+      variables, slots.token_S[:, None], kv_valid_SxC, cache, prompt_len - 1 + t_S,
+      (position0_N[response_S] + t_S)[:, None])
+  token_S, logp_S = sample_token(logits_Sx1xV[:, 0], token_keys(keys_Nx2[response_S], t_S), cfg)
+  row_S = jnp.where(slots.active_S, response_S, num)   # idle slots write nothing
+  stop_S = (token_S == cfg.eos_id) | (slots.t_S + 1 >= caps_N[response_S])
+  slots = Slots(slots.response_S, slots.t_S + 1, token_S, slots.active_S & ~stop_S)
+  return cache, slots, Decoded(row_S, t_S, token_S, logp_S, stop_S)
 
 
 def cache_rows(num, slots):
@@ -334,19 +371,10 @@ def generate_continuous(model, params, prompt_PxT, prompt_valid_PxT, keys_Nx2,
     steps, cache, kv_valid_SxC, slots, pending, out = state
     cache, kv_valid_SxC, slots, pending = jax.lax.while_loop(
         can_fill, fill, (cache, kv_valid_SxC, slots, pending))
-    response_S = jnp.minimum(slots.response_S, num - 1)
-    t_S = jnp.minimum(slots.t_S, max_len - 1)
-    logits_Sx1xV, cache, _ = decoder.apply(
-        variables, slots.token_S[:, None], kv_valid_SxC, cache, prompt_len - 1 + t_S,
-        (position0_N[response_S] + t_S)[:, None])
-    token_S, logp_S = sample_token(logits_Sx1xV[:, 0], token_keys(keys_Nx2[response_S], t_S), cfg)
-    row_S = jnp.where(slots.active_S, slots.response_S, num)   # idle slots write nothing
-    tokens_NxL, logp_NxL, mask_NxL = out
-    out = (tokens_NxL.at[row_S, t_S].set(token_S, mode='drop'),
-           logp_NxL.at[row_S, t_S].set(logp_S, mode='drop'),
-           mask_NxL.at[row_S, t_S].set(True, mode='drop'))
-    stop_S = (token_S == cfg.eos_id) | (slots.t_S + 1 >= caps_N[response_S])
-    slots = Slots(slots.response_S, slots.t_S + 1, token_S, slots.active_S & ~stop_S)
+    cache, slots, step = decode_slots(decoder, variables, cache, kv_valid_SxC, slots, keys_Nx2,
+                                      position0_N, caps_N, prompt_len, cfg)
+    at = lambda x, value: x.at[step.row_S, step.t_S].set(value, mode='drop')
+    out = tuple(at(x, value) for x, value in zip(out, (step.token_S, step.logp_S, True)))
     return steps + 1, cache, kv_valid_SxC, slots, pending, out
 
   def cond(state):

@@ -353,20 +353,24 @@ class Checkpointer:
     why = None if legacy else _mismatch(restored.state, restored.meta, restored.manifest)
     return _agreed(why or (restored.state, restored.meta))
 
-  def restore(self, state_template=None, discard=False):
+  def restore(self, state_template=None, discard=False, legacy=None):
     """(state, meta) of the newest step that restores and matches its manifest on every process,
     or None when there is no checkpoint. The damaged steps after it are set aside. With no intact
     step: Damaged, leaving every step in place (a re-run must not start afresh on its own), or
     with `discard` (a cache that can be rebuilt) all set aside and None.
 
     The template fixes structure, shapes, dtypes and shardings (its values are not used); None
-    restores the arrays as saved.
+    restores the arrays as saved. `legacy`: (template of an older layout, (state, meta) in it ->
+    (state, meta)), tried on a step that does not restore into `state_template`.
     """
     abstract = (None if state_template is None else
                 jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template))
     damaged = {}
     for step in _seen_by_any(self._reader.all_steps()):
       restored = self.restore_step(step, abstract)
+      if isinstance(restored, str) and legacy:
+        older = self.restore_step(step, jax.tree.map(ocp.utils.to_shape_dtype_struct, legacy[0]))
+        restored = restored if isinstance(older, str) else legacy[1](*older)
       if isinstance(restored, str):
         damaged[step] = restored
         continue

@@ -11,6 +11,7 @@ from rljax.model import moe
 from rljax import optim
 from rljax import sharding
 from rljax.train import auto_batch
+from rljax.train import schedules
 
 
 def _positive(name, value):
@@ -47,13 +48,10 @@ def check(config, device_count=None, process_count=None):
   _positive('rollout.temperature', rollout.temperature)
   if not 0 < rollout.top_p <= 1:
     raise ValueError(f'rollout.top_p must be in (0, 1], got {rollout.top_p}')
-  if rollout.get('slots', 0) < 0:
+  if rollout.slots < 0:
     raise ValueError(f'rollout.slots must be >= 0 (0: static batching), got {rollout.slots}')
-  if rollout.get('partial', False):
-    _check_partial(config)
-  if rollout.get('devices', 0):
-    _check_split(config, jax.device_count() if device_count is None else device_count,
-                 jax.process_count() if process_count is None else process_count)
+  schedules.check(config, jax.device_count() if device_count is None else device_count,
+                  jax.process_count() if process_count is None else process_count)
   if rollout.top_k < 0 or rollout.max_new_tokens < 0:
     raise ValueError(f'rollout.top_k and max_new_tokens must be >= 0 (0: off / from the task), got '
                      f'{rollout.top_k} and {rollout.max_new_tokens}')
@@ -76,7 +74,8 @@ def check(config, device_count=None, process_count=None):
   if config.model.moe_impl not in moe.EXPERT_IMPLS:
     raise ValueError(f'model.moe_impl must be one of {sorted(moe.EXPERT_IMPLS)}, got '
                      f'{config.model.moe_impl!r}')
-  if config.model.num_experts and not 0 < config.model.experts_per_token <= config.model.num_experts:
+  model = config.model
+  if model.num_experts and not 0 < model.experts_per_token <= model.num_experts:
     raise ValueError(f'model.experts_per_token ({config.model.experts_per_token}) must be in '
                      f'[1, num_experts={config.model.num_experts}]')
   if config.model.num_heads % config.model.num_kv_heads:
@@ -85,52 +84,12 @@ def check(config, device_count=None, process_count=None):
   if 'mesh' in config:
     _check_mesh(config, batch, minibatch,
                 (jax.device_count() if device_count is None else device_count)
-                - rollout.get('devices', 0),
+                - rollout.devices,
                 jax.process_count() if process_count is None else process_count)
   if 'debug' in config:
     step_set(config.debug.nan_steps)
-  if config.get('auto_batch') and config.auto_batch.enabled:
+  if config.auto_batch.enabled:
     _check_auto_batch(config, device_count, process_count)
-
-
-def _check_partial(config):
-  """Partial rollouts decode over continuous-batching slots, at one batch, in one process."""
-  rollout = config.rollout
-  if algos.get(config.algo).BATCH_ARG != 'P':
-    raise ValueError(f'rollout.partial trains whole groups of G responses (grpo, rloo), not '
-                     f'{config.algo}')
-  if rollout.get('slots', 0) < 2:
-    raise ValueError(f'rollout.partial needs rollout.slots >= 2 (continuous batching), got '
-                     f'{rollout.get("slots", 0)}')
-  if not (isinstance(rollout.max_staleness, int) and rollout.max_staleness >= 0):
-    raise ValueError(f'rollout.max_staleness must be an integer >= 0, got {rollout.max_staleness!r}')
-  if config.get('auto_batch') and config.auto_batch.enabled:
-    raise ValueError('rollout.partial needs a fixed batch: its pool holds two batches of groups; '
-                     'turn auto_batch off (P=auto) or rollout.partial off')
-  if jax.process_count() > 1:
-    raise ValueError('rollout.partial runs in one process (its pool is not split over hosts)')
-
-
-def _check_split(config, device_count, process_count):
-  """rollout.devices: the sampler on devices of its own, one step behind, in one process."""
-  rollout = config.rollout
-  if not (isinstance(rollout.devices, int) and 0 < rollout.devices < device_count):
-    raise ValueError(f'rollout.devices must be an integer in [0, {device_count}) (0: the sampler '
-                     f'shares the training devices), got {rollout.devices!r}')
-  if rollout.get('partial', False):
-    raise ValueError('rollout.partial and rollout.devices cannot be combined; choose one')
-  if config.get('auto_batch') and config.auto_batch.enabled:
-    raise ValueError('rollout.devices needs a fixed batch: the batch drawn ahead has its size; '
-                     'turn auto_batch off (P=auto) or set rollout.devices=0')
-  if process_count > 1:
-    raise ValueError('rollout.devices runs in one process (its two meshes are not split over '
-                     'hosts)')
-  sizes = sharding.mesh_shape(config.mesh, rollout.devices)
-  data_parallel = math.prod(sizes[axis] for axis in sharding.BATCH_AXES)
-  if rollout.P * rollout.G % data_parallel:
-    raise ValueError(f'the batch P*G ({rollout.P * rollout.G}) is not divisible by the sampler '
-                     f'mesh\'s data-parallel size {data_parallel} (rollout.devices '
-                     f'{rollout.devices}, mesh {sizes})')
 
 
 def _check_auto_batch(config, device_count, process_count):
@@ -138,7 +97,8 @@ def _check_auto_batch(config, device_count, process_count):
   auto, arg = config.auto_batch, algos.get(config.algo).BATCH_ARG
   unit = f'auto_batch bounds are in rollout.P ({arg} of {config.algo})'
   if not (auto_batch.is_power_of_two(auto.min) and auto_batch.is_power_of_two(auto.max)):
-    raise ValueError(f'auto_batch.min ({auto.min}) and max ({auto.max}) must be powers of two; {unit}')
+    raise ValueError(f'auto_batch.min ({auto.min}) and max ({auto.max}) must be powers of two; '
+                     f'{unit}')
   if auto.min > auto.max:
     raise ValueError(f'auto_batch.min ({auto.min}) is larger than auto_batch.max ({auto.max})')
   if config.rollout.P not in auto_batch.allowed_batches(auto.min, auto.max):
@@ -151,7 +111,7 @@ def _check_auto_batch(config, device_count, process_count):
   if auto.throughput_file and not os.path.isfile(auto.throughput_file):
     raise ValueError(f'auto_batch.throughput_file {auto.throughput_file} is not a file')
   for section in ('optimizer', 'critic_optimizer'):
-    if section in config and config[section].get('decay', 'constant') != 'constant':
+    if section in config and config[section].decay != 'constant':
       raise ValueError(f"auto_batch needs {section}.decay='constant' (a decay's horizon is in "
                        f'updates, which a changing batch moves), got {config[section].decay!r}')
   for P in auto_batch.allowed_batches(auto.min, auto.max):

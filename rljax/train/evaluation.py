@@ -9,7 +9,6 @@ import numpy as np
 
 from rljax.data import rewards
 from rljax.data import sources as data
-from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 
 
@@ -26,20 +25,22 @@ def to_host(tree, mesh):
   return jax.tree.map(np.asarray, multihost_utils.global_array_to_host_local_array(tree, mesh, specs))
 
 
-def make_evaluator(model, tokenizer, prompts, answers, reward_fn, prompt_len, max_new_tokens, mesh,
-                   slots=0):
-  """Returns `evaluate(params) -> (accuracy, correct_N bool array)`; compiled once. `slots`:
-  continuous-batching decode slots (rollout.slots; 0: static batching)."""
-  num = len(prompts)
+def eval_rows(num, mesh):
+  """(rows per process, rows this process decodes: padded to the data-parallel devices it holds,
+  its first row)."""
   per_process = -(-num // jax.process_count())
-  local_rows = -(-per_process // (sharding.data_parallel_size(mesh) // jax.process_count()))
-  local_rows *= sharding.data_parallel_size(mesh) // jax.process_count()
-  first = jax.process_index() * per_process
+  local_devices = sharding.data_parallel_size(mesh) // jax.process_count()
+  return per_process, -(-per_process // local_devices) * local_devices, (jax.process_index()
+                                                                        * per_process)
+
+
+def make_evaluator(greedy, tokenizer, prompts, answers, reward_fn, prompt_len, mesh):
+  """Returns `evaluate(params) -> (accuracy, correct_N bool array)`, decoding with `greedy`
+  (rljax.train.programs' 'evaluate': compiled once)."""
+  num = len(prompts)
+  per_process, local_rows, first = eval_rows(num, mesh)
   rows = [min(first + i, num - 1) for i in range(local_rows)]    # pad by repeating the last prompt
   prompt_BxT, valid_BxT = data.encode_prompts([prompts[r] for r in rows], tokenizer, prompt_len)
-  greedy = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
-      max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-      greedy=True, slots=slots)), mesh)
   real = min(max(num - first, 0), per_process)
 
   def evaluate(params):

@@ -1,22 +1,19 @@
 """The RL loop: rollout -> reward -> advantages -> update, on one set of parameter arrays.
 
-`rljax.train.run.setup` checks the config and builds (or restores) everything a run holds; `rl_step` is
-one rollout batch, start to finish; `train` is the loop around it, owning only the budget,
-evaluation, checkpoints, preemption and the non-finite stop. The algorithm (rljax.algos, by
+`rljax.train.run.setup` checks the config and builds (or restores) everything a run holds;
+`rl_step` is one rollout batch, start to finish; `train` is the loop around it, owning only the
+budget, evaluation, checkpoints, preemption and the non-finite stop. The rollout schedule
+(rljax.train.schedules) owns where a batch comes from; the algorithm (rljax.algos, by
 `config.algo`) owns how a rollout becomes a training batch and what its update does.
 """
 import time
 
 from absl import logging
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
-import numpy as np
 
 from rljax import algos
 from rljax.data import rewards
-from rljax.data import sources as data
-from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import stats
@@ -25,6 +22,7 @@ from rljax.train import metrics as metrics_lib
 from rljax.train import preemption
 from rljax.train import rebatch
 from rljax.train import run as run_lib
+from rljax.train import schedules
 from rljax.train import workdir as workdir_lib
 
 
@@ -35,115 +33,28 @@ def rollout_stats(rewards_B, rollout):
               tokens=jnp.sum(rollout.lengths_B), **sampler_lib.rollout_metrics(rollout))
 
 
-step_key = jax.jit(jax.random.fold_in)
-
-
-def sample_rollout(run, params, examples, rng):
-  """G responses to each of the P prompts of `examples`, all decoded in this step. Returns the
-  rollout, its prompt rows, its answers (group-major) and no extra stats."""
-  G = run.config.rollout.G
-  answers = [answer for answer in examples['answer'] for _ in range(G)]   # group-major rows
-  prompt_PxT, valid_PxT = data.encode_prompts(examples['prompt'], run.task.tokenizer,
-                                              run.prompt_len)
-  repeat = lambda n: sharding.put_batch((np.repeat(prompt_PxT, n, 0), np.repeat(valid_PxT, n, 0)),
-                                        run.rollout_mesh)
-  sampled = repeat(G // run.group)   # each sampled row makes run.group responses
-  rollout = run.sample(params, *sampled, jax.device_put(rng, sharding.replicated(run.rollout_mesh)))
-  prompt_BxT, valid_BxT = sampled if run.group == 1 else repeat(G)
-  return rollout, prompt_BxT, valid_BxT, answers, {}
-
-
-def encode_answers(answers, width):
-  """Answers as 0-padded utf-8 rows of `width` bytes: how a batch carried between steps (the
-  partial-rollout pool, the batch drawn ahead) keeps them."""
-  rows = np.zeros((len(answers), width), np.uint8)
-  for i, answer in enumerate(answers):
-    raw = str(answer).encode()
-    if len(raw) > width:
-      raise ValueError(f'an answer of {len(raw)} bytes does not fit the {width} bytes a batch '
-                       f'carried between steps keeps: {answer[:40]!r}...; train without '
-                       'rollout.partial and rollout.devices')
-    rows[i, :len(raw)] = np.frombuffer(raw, np.uint8)
-  return rows
-
-
-def decode_answers(answer_PxW):
-  """The answers `encode_answers` stored."""
-  return [bytes(row).rstrip(b'\0').decode() for row in np.asarray(answer_PxW)]
-
-
-def partial_rollout(run, carry, examples, rng, step):
-  """rollout.partial: this step's P prompts join the pool (the first step also admits the next
-  batch, so the pool holds two batches of groups); decoding under the current policy runs until P
-  groups are finished, and those are this step's batch. Returns the new pool too."""
-  P, G = run.config.rollout.P, run.config.rollout.G
-  flight = carry['flight']
-  first = int(flight.admitted) == 0
-  for i, batch in enumerate([examples] + ([next(run.iterator)] if first else [])):
-    prompt_PxT, valid_PxT = data.encode_prompts(batch['prompt'], run.task.tokenizer,
-                                                run.prompt_len)
-    caps_N = np.full(P * G, flight.tokens_RxL.shape[1], np.int32)   # the response budget
-    flight = run.partial.admit(flight, prompt_PxT, valid_PxT,
-                               encode_answers(batch['answer'], run_lib.ANSWER_BYTES),
-                               step_key(rng, 100 + i), caps_N)
-  version, max_staleness = step - 1, run.config.rollout.max_staleness
-  flight, finished = run.partial.advance(carry['params'], flight, version, max_staleness)
-  answers = [answer for answer in decode_answers(finished.answer_PxW) for _ in range(G)]
-  stats = dict(partial_lib.staleness_stats(finished.version_BxL, finished.rollout.mask_BxL,
-                                           version, max_staleness), restarted=finished.restarted)
-  return flight, (finished.rollout, finished.prompt_BxT, finished.valid_BxT, answers, stats)
-
-
-def overlapped_rollout(run, carry, examples, rng, step):
-  """rollout.devices: the sampler's devices draw the next batch (of `examples`) from the policy
-  before this step's update, while the training devices update on the batch drawn one step
-  earlier: every batch is one policy version old (the first two come from the initial policy).
-  Returns the batch drawn ahead, for the carry, and this step's batch on the training mesh."""
-  params = run.to_sampler(carry['params'])
-  pending = carry['pending']
-  if step == 1:   # nothing drawn ahead yet: the first batch is drawn now, from the same policy
-    pending = draw_ahead(run, params, examples, step_key(rng, 100))
-    examples = next(run.iterator)
-  drawn = draw_ahead(run, params, examples, rng)   # runs on while this step scores and updates
-  pending = jax.device_put(pending, jax.tree.map(
-      lambda x: sharding.batch_sharding(run.mesh, x.ndim), pending))
-  answers = [a for a in decode_answers(pending['answer_PxW']) for _ in range(run.config.rollout.G)]
-  return drawn, (pending['rollout'], pending['prompt_BxT'], pending['valid_BxT'], answers, {})
-
-
-def draw_ahead(run, params, examples, rng):
-  """`sample_rollout` kept as arrays on the sampler's mesh, its answers encoded alongside."""
-  rollout, prompt_BxT, valid_BxT, _, _ = sample_rollout(run, params, examples, rng)
-  answer_PxW = sharding.place(encode_answers(examples['answer'], run_lib.ANSWER_BYTES),
-                              run.rollout_mesh)
-  return dict(rollout=rollout, prompt_BxT=prompt_BxT, valid_BxT=valid_BxT, answer_PxW=answer_PxW)
+step_key = schedules.step_key
 
 
 def rl_step(run, carry, examples, step):
-  """One rollout batch of `examples` (P prompts): sample G responses each, score them, turn them
-  into the algorithm's batch and update. Returns the new carry and the step's training row (the
-  loop adds the running totals)."""
-  state = {k: v for k, v in carry.items() if k not in ('rng', 'reference', 'flight', 'pending')}
-  ref_params, rng = carry.get('reference'), step_key(carry['rng'], step)
+  """One rollout batch of `examples` (P prompts): the schedule draws G responses each, which are
+  scored, turned into the algorithm's batch and trained on. Returns the new carry and the step's
+  training row (the loop adds the running totals)."""
+  state, ref_params, rng = carry['algo'], carry['reference'], step_key(carry['rng'], step)
   start = time.perf_counter()
-  if run.partial:
-    flight, sampled = partial_rollout(run, carry, examples, rng, step)
-    carry = dict(carry, flight=flight)
-  elif 'pending' in carry:
-    pending, sampled = overlapped_rollout(run, carry, examples, rng, step)
-    carry = dict(carry, pending=pending)
-  else:
-    sampled = sample_rollout(run, state['params'], examples, rng)
-  rollout, prompt_BxT, valid_BxT, answers, partial_stats = sampled
+  rollout_state, sampled = run.schedule.draw(state['params'], carry['rollout'], examples, rng,
+                                             step)
+  rollout = sampled.rollout
   response_tokens = evaluation.to_host(rollout.tokens_BxL, run.mesh)   # the verifier needs text
   times = dict(rollout_time_s=time.perf_counter() - start)
 
   reward_start = time.perf_counter()
   rewards_B, reward_failures = rewards.score_batch(
-      run.task.reward_fn, evaluation.decode_responses(run.task.tokenizer, response_tokens), answers)
+      run.task.reward_fn, evaluation.decode_responses(run.task.tokenizer, response_tokens),
+      sampled.answers)
   rewards_B = sharding.put_batch(rewards_B, run.mesh)
-  batch, batch_stats = run.algo.make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT,
-                                           ref_params)
+  batch, batch_stats = run.algo.make_batch(state, rollout, rewards_B, sampled.prompt_BxT,
+                                           sampled.valid_BxT, ref_params)
   if step in run.nan_steps:   # fault injection: every float NaN, as a diverged step's batch is
     batch = jax.tree.map(lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
                          batch)
@@ -154,11 +65,11 @@ def rl_step(run, carry, examples, step):
   update_metrics = jax.device_get(update_metrics)
   times['update_time_s'] = time.perf_counter() - update_start
   times['step_time_s'] = time.perf_counter() - start
-  batch_stats, rollout_numbers = jax.device_get((dict(batch_stats, **partial_stats),
+  batch_stats, rollout_numbers = jax.device_get((dict(batch_stats, **sampled.stats),
                                                  rollout_stats(rewards_B, rollout)))
   row = training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
   row.update(reward_failures=reward_failures, data_skipped=run.iterator.skipped)
-  return dict(carry, **state), row
+  return dict(carry, algo=state, rollout=rollout_state), row
 
 
 def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics):
@@ -182,7 +93,8 @@ def _done(train_cfg, meta):
   budget_spent = ((train_cfg.max_samples and meta['samples'] >= train_cfg.max_samples) or
                   (train_cfg.max_steps and meta['step'] >= train_cfg.max_steps))
   accuracy = meta['eval_accuracy']
-  return budget_spent or (train_cfg.target and accuracy is not None and accuracy >= train_cfg.target)
+  reached = train_cfg.target and accuracy is not None and accuracy >= train_cfg.target
+  return budget_spent or reached
 
 
 def _advance(meta, row, iterator):
@@ -194,91 +106,28 @@ def _advance(meta, row, iterator):
   return meta
 
 
-def _eval_due(config, row, samples_before, samples_after):
-  """Every train.eval_every steps; with auto_batch every as many samples as those steps hold at
-  the starting batch, so the eval grid stays in samples while the batch changes."""
-  if not rebatch.enabled(config):
-    return row['step'] % config.train.eval_every == 0
-  every = config.train.eval_every * algos.batch_size(config)
-  return samples_after // every > samples_before // every
-
-
-class BatchSchedule:
-  """config.auto_batch in the loop: measures, decides at the decision points and switches `run`
-  to the batch decided (rljax.train.rebatch; its state rides in the checkpoint's meta)."""
-
-  def __init__(self, config, run, meta):
-    self.config, self.settings = config, config.auto_batch
-    self.programs = {config.rollout.P: (run.config, run.algo)}   # what setup compiled
-    self.compiled = set()   # batches that ran in this process: their next steps do not compile
-    # A checkpoint's state may predate fields the rule reads now: they start afresh.
-    meta['auto_batch'] = dict(rebatch.initial_state(config), **meta.get('auto_batch', {}))
-
-  def resume(self, run, meta):
-    """`run` at the batch its checkpoint left it at."""
-    return run_lib.at_batch(run, self.config, meta['auto_batch']['P'], self.programs, meta['data'])
-
-  def after_step(self, run, meta, row):
-    """Records the step; at a decision point decides, logs the decision into `row` and switches.
-    Returns the (run, meta) the next step uses."""
-    state = meta['auto_batch']
-    seconds, per_s = _agreed(row['step_time_s'], row['samples_per_s'])
-    measured = dict(row, step_time_s=seconds, samples_per_s=per_s)
-    state = rebatch.record(state, measured, state['P'] in self.compiled, self.settings)
-    self.compiled.add(state['P'])
-    row['batch'] = algos.batch_size(run.config)
-    if rebatch.due(state, meta['samples'], self.settings):
-      P = state['P']
-      remaining = rebatch.remaining_samples(self.config.train, meta['samples'], meta['step'],
-                                            row['batch'])
-      state, fields = rebatch.decide(state, meta['samples'], remaining, self.settings,
-                                     self.config.rollout.G)
-      row.update(fields)
-      if state['P'] != P:
-        data_state = data.continue_with_batch(run.iterator.state(), P)
-        run = run_lib.at_batch(run, self.config, state['P'], self.programs, data_state)
-        meta = dict(meta, data=run.iterator.state())
-        row['auto_lr'] = float(run.algo.schedules['lr'](run.algo.updates_per_batch * row['step']))
-        run.writer.say(_switch_line(row, algos.get(self.config.algo).BATCH_ARG))
-    return run, dict(meta, auto_batch=state)
-
-
-def _agreed(*values):
-  """Process 0's `values` on every process (collective: every step, everywhere): step times
-  differ between hosts, and every process must take the same decision."""
-  if jax.process_count() == 1:
-    return values
-  return tuple(float(v) for v in multihost_utils.broadcast_one_to_all(np.float32(values)))
-
-
-def _switch_line(row, batch_arg):
-  return (f"step {row['step']} | auto batch {batch_arg} {row['auto_from']} -> "
-          f"{row['auto_to']} | lr {row['lr']:.2e} -> {row['auto_lr']:.2e} | B_noise "
-          f"{row['auto_noise_scale']:.0f} [{row['auto_noise_lo']:.0f}, "
-          f"{row['auto_noise_hi'] or float('inf'):.0f}] | predicted gain {row['auto_gain']:.2f} "
-          f"(lower end {row['auto_gain_lo']:.2f})")
-
-
 def _check_updates(run, carry, row, workdir):
   """Warns of skipped non-finite updates; stops the run after `max_bad_steps` in a row."""
   step, limit = row['step'], run.config.optimizer.max_bad_steps
   if row['skipped_updates']:
     logging.warning('step %d: %d non-finite update(s) skipped', step, row['skipped_updates'])
-  if max(int(carry[key].notfinite_count) for key in carry if key.endswith('opt_state')) >= limit:
+  state = carry['algo']
+  if max(int(state[key].notfinite_count) for key in state if key.endswith('opt_state')) >= limit:
     run.ckpt.close()   # lets the in-flight save commit; skipped updates left its params good
     raise FloatingPointError(
         f'{limit} non-finite updates in a row at step {step}; stopping. The last good checkpoint '
         f'is step {run.ckpt.latest_step()} in {workdir}/checkpoints.')
 
 
-def train(config, workdir, stop=None):
+def train(config, workdir, stop=None, shape=None):
   """Trains one configuration in `workdir`; resumes from its latest checkpoint. Returns last eval.
 
   Bad input raises ValueError before anything is compiled. `stop` (a preemption.StopRequest) ends
-  the run after the current step with a checkpoint of it, raising preemption.Preempted.
+  the run after the current step with a checkpoint of it, raising preemption.Preempted. `shape`:
+  the config checked and set up abstractly (run.checked_shape), when the caller has it.
   """
-  run, carry, meta = run_lib.setup(config, workdir)
-  schedule = BatchSchedule(config, run, meta) if rebatch.enabled(config) else None
+  run, carry, meta = run_lib.setup(config, workdir, shape)
+  schedule = rebatch.BatchSchedule(config, run, meta) if rebatch.enabled(config) else None
   if schedule:
     run = schedule.resume(run, meta)
   noise = stats.NoiseScaleWindow(metrics_lib.read_jsonl(run.writer.path))   # goes on on resume
@@ -287,7 +136,7 @@ def train(config, workdir, stop=None):
           f'{meta["samples"]} samples); nothing to do. Raise train.max_steps or '
           'train.max_samples to continue it', flush=True)
   if meta['step'] == 0:
-    meta['eval_accuracy'], correct = run.evaluate(carry['params'])
+    meta['eval_accuracy'], correct = run.evaluate(carry['algo']['params'])
     run.writer.eval(0, 0, meta['eval_accuracy'], correct, 0.0)
   while not _done(config.train, meta):
     carry, row = rl_step(run, carry, next(run.iterator), meta['step'] + 1)
@@ -297,15 +146,15 @@ def train(config, workdir, stop=None):
       run, meta = schedule.after_step(run, meta, row)
     run.writer.train(row, console=row['step'] % config.train.log_every == 0)
     _check_updates(run, carry, row, workdir)
-    if _eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
-      meta['eval_accuracy'], correct = run.evaluate(carry['params'])
+    if rebatch.eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
+      meta['eval_accuracy'], correct = run.evaluate(carry['algo']['params'])
       run.writer.eval(row['step'], meta['samples'], meta['eval_accuracy'], correct,
                       meta['wallclock_s'])
     done = _done(config.train, meta)   # the evaluation may have reached the target
     # Every process gets the same answer at the same step; a request during the last step is moot.
     stopping = stop is not None and stop.agreed() and not done
-    run.ckpt.save(meta['step'], carry, dict(meta, config=workdir_lib.config_json(config)),
-                  force=done or stopping)
+    saved = dict(meta, answers=run.schedule.answers, config=workdir_lib.config_json(config))
+    run.ckpt.save(meta['step'], carry, saved, force=done or stopping)
     if stopping:
       run.ckpt.close()
       raise preemption.Preempted(meta['step'])

@@ -11,10 +11,15 @@ Batches go to the rule in responses (P x G), the unit of the noise scale.
 import json
 import math
 
+import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
+from rljax import algos
+from rljax.data import sources as data
 from rljax import stats
 from rljax.train import auto_batch
+from rljax.train import run as run_lib
 
 NOISE_BLOCK = 5   # steps per bootstrap block of the noise-scale interval
 
@@ -112,3 +117,81 @@ def decide(state, samples, remaining, settings, G):
 def _number(x):
   """JSON has no inf or nan: None for them."""
   return float(x) if np.isfinite(x) else None
+
+
+def eval_due(config, row, samples_before, samples_after):
+  """Every train.eval_every steps; with auto_batch every as many samples as those steps hold at
+  the starting batch, so the eval grid stays in samples while the batch changes."""
+  if not enabled(config):
+    return row['step'] % config.train.eval_every == 0
+  every = config.train.eval_every * algos.batch_size(config)
+  return samples_after // every > samples_before // every
+
+
+class BatchSchedule:
+  """config.auto_batch in the loop: measures, decides at the decision points and switches `run`
+  to the batch decided (rljax.train.rebatch; its state rides in the checkpoint's meta)."""
+
+  def __init__(self, config, run, meta):
+    self.config, self.settings = config, config.auto_batch
+    self.programs = {config.rollout.P: (run.config, run.algo)}   # what setup compiled
+    self.compiled = set()   # batches that ran in this process: their next steps do not compile
+    # A checkpoint's state may predate fields the rule reads now: they start afresh.
+    meta['auto_batch'] = dict(initial_state(config), **meta.get('auto_batch', {}))
+
+  def resume(self, run, meta):
+    """`run` at the batch its checkpoint left it at."""
+    return at_batch(run, self.config, meta['auto_batch']['P'], self.programs, meta['data'])
+
+  def after_step(self, run, meta, row):
+    """Records the step; at a decision point decides, logs the decision into `row` and switches.
+    Returns the (run, meta) the next step uses."""
+    state = meta['auto_batch']
+    seconds, per_s = _agreed(row['step_time_s'], row['samples_per_s'])
+    measured = dict(row, step_time_s=seconds, samples_per_s=per_s)
+    state = record(state, measured, state['P'] in self.compiled, self.settings)
+    self.compiled.add(state['P'])
+    row['batch'] = algos.batch_size(run.config)
+    if due(state, meta['samples'], self.settings):
+      P = state['P']
+      remaining = remaining_samples(self.config.train, meta['samples'], meta['step'],
+                                            row['batch'])
+      state, fields = decide(state, meta['samples'], remaining, self.settings,
+                                     self.config.rollout.G)
+      row.update(fields)
+      if state['P'] != P:
+        data_state = data.continue_with_batch(run.iterator.state(), P)
+        run = at_batch(run, self.config, state['P'], self.programs, data_state)
+        meta = dict(meta, data=run.iterator.state())
+        row['auto_lr'] = float(run.algo.schedules['lr'](run.algo.updates_per_batch * row['step']))
+        run.writer.say(_switch_line(row, algos.get(self.config.algo).BATCH_ARG))
+    return run, dict(meta, auto_batch=state)
+
+
+def _agreed(*values):
+  """Process 0's `values` on every process (collective: every step, everywhere): step times
+  differ between hosts, and every process must take the same decision."""
+  if jax.process_count() == 1:
+    return values
+  return tuple(float(v) for v in multihost_utils.broadcast_one_to_all(np.float32(values)))
+
+
+def _switch_line(row, batch_arg):
+  return (f"step {row['step']} | auto batch {batch_arg} {row['auto_from']} -> "
+          f"{row['auto_to']} | lr {row['lr']:.2e} -> {row['auto_lr']:.2e} | B_noise "
+          f"{row['auto_noise_scale']:.0f} [{row['auto_noise_lo']:.0f}, "
+          f"{row['auto_noise_hi'] or float('inf'):.0f}] | predicted gain {row['auto_gain']:.2f} "
+          f"(lower end {row['auto_gain_lo']:.2f})")
+
+
+def at_batch(run, base_config, P, programs, data_state):
+  """`run` at batch P (config.auto_batch): its config, algorithm and prompt iterator. The
+  algorithm's jitted programs are built once per batch and kept in `programs` ({P: (config,
+  algo)}), so each batch compiles once; its optimizer has the lr rule at the new batch, and the
+  state it updates (the carry, Adam's moments included) goes on unchanged."""
+  if P not in programs:
+    config = algos.with_batch(base_config, P)
+    programs[P] = config, run_lib.jit_schedules(run_lib.abstract_setup(config, run.mesh).algo)
+  config, algo = programs[P]
+  return run._replace(config=config, algo=algo,
+                      iterator=run_lib.make_iterator(config, run.task, data_state))

@@ -1,0 +1,102 @@
+"""Every jitted program of a run, with abstract arguments that carry their shardings: `setup` runs
+these programs and `python -m rljax.plan` compiles them (rljax.aot.planner), so what is planned is
+what is trained, the rollout schedule's programs, the evaluator and `make_batch` included.
+"""
+import dataclasses
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rljax.rollout import partial as partial_lib
+from rljax.rollout import sampler as sampler_lib
+from rljax import sharding
+from rljax.train import evaluation
+
+
+class Program(NamedTuple):
+  fn: Callable   # jitted, traced under its mesh (sharding.on_mesh): fn(*args), fn.lower(*args)
+  args: tuple    # abstract arguments: ShapeDtypeStructs carrying their shardings
+
+
+def rows(mesh, num, *dims, dtype=jnp.int32):
+  """An abstract batch of `num` rows split over the data-parallel axes of `mesh`."""
+  return jax.ShapeDtypeStruct((num, *dims), dtype, sharding=sharding.batch_sharding(mesh,
+                                                                                     1 + len(dims)))
+
+
+def key(mesh):
+  return jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
+
+
+def greedy(sampling):
+  """The evaluator's sampler settings: the argmax of the raw logits, one response per prompt."""
+  return dataclasses.replace(sampling, temperature=1.0, top_k=0, top_p=1.0, greedy=True, group=1)
+
+
+def programs(s) -> dict:
+  """{name: Program} of the run of rljax.train.run.Shape `s`: 'evaluate', 'make_batch', 'update'
+  and the rollout schedule's, 'sample' (its sampler) or, with rollout.partial, 'admit' and
+  'advance' (rljax.rollout.partial)."""
+  out = dict(evaluate=evaluator(s), **rollout_programs(s))
+  out.update(algorithm_programs(s))
+  return out
+
+
+def evaluator(s):
+  """Greedy decoding of this process's eval prompts (rljax.train.evaluation) in one call."""
+  fn = sharding.on_mesh(sampler_lib.make_sampler(s.model, greedy(s.sampling)), s.mesh)
+  num = evaluation.eval_rows(s.config.train.eval_size, s.mesh)[1]
+  return Program(fn, (s.algo.state['params'], rows(s.mesh, num, s.prompt_len),
+                      rows(s.mesh, num, s.prompt_len, dtype=bool), key(s.mesh)))
+
+
+def rollout_programs(s):
+  """The schedule's programs: the sampler at P x G / group prompt rows, or the partial pool's."""
+  rollout = s.config.rollout
+  if rollout.partial:
+    return partial_programs(s)
+  fn = sharding.on_mesh(sampler_lib.make_sampler(s.model, s.sampling), s.rollout_mesh)
+  num = rollout.P * rollout.G // s.sampling.group
+  return dict(sample=Program(fn, (s.sampler_params, rows(s.rollout_mesh, num, s.prompt_len),
+                                  rows(s.rollout_mesh, num, s.prompt_len, dtype=bool),
+                                  key(s.rollout_mesh))))
+
+
+def partial_programs(s):
+  """rollout.partial's `admit` and `advance`, on the pool of two batches of groups."""
+  P, G, pad_id = s.config.rollout.P, s.config.rollout.G, s.sampling.pad_id
+  pool = jax.eval_shape(lambda: partial_lib.empty(
+      s.model.cfg, 2 * P, G, s.config.rollout.slots, s.prompt_len, s.new_tokens, pad_id=pad_id))
+  pool = sharding.abstract(pool, jax.tree.map(lambda _: sharding.replicated(s.mesh), pool))
+  admit = jax.jit(functools.partial(partial_lib.admit, pad_id=pad_id), donate_argnums=0)
+  advance = jax.jit(functools.partial(partial_lib.advance, s.model, cfg=s.sampling,
+                                      num_groups=P), donate_argnums=1)
+  host = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct(
+      shape, dtype, sharding=sharding.replicated(s.mesh))
+  return dict(
+      admit=Program(sharding.on_mesh(admit, s.mesh), (
+          pool, host(P, s.prompt_len), host(P, s.prompt_len, dtype=bool), None, key(s.mesh),
+          host(P * G))),
+      advance=Program(sharding.on_mesh(advance, s.mesh),
+                      (s.algo.state['params'], pool, host(), host())))
+
+
+def algorithm_programs(s):
+  """The algorithm's `make_batch` on a rollout batch and its `update` on the batch it makes."""
+  batch, length = s.batch, s.new_tokens
+  rollout = sampler_lib.Rollout(
+      rows(s.mesh, batch, length), rows(s.mesh, batch, length, dtype=jnp.float32),
+      rows(s.mesh, batch, length, dtype=bool), rows(s.mesh, batch),
+      jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(s.mesh)),
+      jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding.replicated(s.mesh)))
+  state = s.algo.state
+  ref = state['params'] if s.algo.needs_reference else None
+  make_args = (state, rollout, rows(s.mesh, batch, dtype=jnp.float32),
+               rows(s.mesh, batch, s.prompt_len), rows(s.mesh, batch, s.prompt_len, dtype=bool),
+               ref)
+  made = s.algo.make_batch.trace(*make_args).out_info[0]
+  made = jax.tree.map(lambda x: rows(s.mesh, x.shape[0], *x.shape[1:], dtype=x.dtype), made)
+  return dict(make_batch=Program(s.algo.make_batch, make_args),
+              update=Program(s.algo.update, (state, made, ref, key(s.mesh))))

@@ -1,0 +1,275 @@
+"""Rollout schedules: where a step's batch comes from. `setup` picks one from the config (`make`)
+and `rljax.train.loop.rl_step` calls its `draw` without asking which it is:
+
+  EachStep    every step samples G responses to each of its P prompts under the current policy;
+  Partial     rollout.partial: a pool of 2P groups decoded over continuous-batching slots, whose
+              unfinished responses go on decoding at the next step (rljax.rollout.partial);
+  DrawnAhead  rollout.devices: the sampler, on devices of its own, draws the next step's batch
+              while the training devices update on the batch drawn one step before.
+
+Each has `init()` (its state in the carry's `rollout` slot, checkpointed; None for EachStep) and
+`draw(params, state, examples, rng, step) -> (state, Sampled)`. Answers stay on the host: a
+schedule that carries a batch between steps keeps them in `answers` (saved in the checkpoint's
+meta), keyed by the serial of their group, so no answer length depends on the schedule.
+"""
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import numpy as np
+
+from rljax import algos
+from rljax.data import sources as data
+from rljax.rollout import partial as partial_lib
+from rljax.rollout import sampler as sampler_lib
+from rljax import sharding
+
+step_key = jax.jit(jax.random.fold_in)
+LEGACY_ANSWER_BYTES = 256   # answers' room in checkpoints written before `answers` (utf-8 rows)
+
+
+class Sampled(NamedTuple):
+  """A step's batch on the training mesh: B = P x G responses, group-major."""
+  rollout: sampler_lib.Rollout
+  prompt_BxT: jax.Array
+  valid_BxT: jax.Array
+  answers: list   # B answers, on the host: the verifier's input
+  stats: dict     # the schedule's own numbers for the training row
+
+
+class Sampler(NamedTuple):
+  """What every schedule samples with."""
+  sample: Callable   # (params, prompt_PxT, valid_PxT, rng) -> Rollout of P x group responses
+  sampling: sampler_lib.SamplingConfig   # its settings; `group`: responses per prompt row
+  G: int             # responses per prompt
+  tokenizer: Any
+  prompt_len: int
+  mesh: jax.sharding.Mesh   # the sampler's
+
+
+def sample_rollout(sampler, params, examples, rng):
+  """G responses to each of the P prompts of `examples`, decoded now, on the sampler's mesh."""
+  G = sampler.G
+  answers = [answer for answer in examples['answer'] for _ in range(G)]   # group-major rows
+  prompt_PxT, valid_PxT = data.encode_prompts(examples['prompt'], sampler.tokenizer,
+                                              sampler.prompt_len)
+  repeat = lambda n: sharding.put_batch((np.repeat(prompt_PxT, n, 0), np.repeat(valid_PxT, n, 0)),
+                                        sampler.mesh)
+  sampled = repeat(G // sampler.sampling.group)   # each sampled row makes `group` responses
+  rollout = sampler.sample(params, *sampled,
+                           jax.device_put(rng, sharding.replicated(sampler.mesh)))
+  prompt_BxT, valid_BxT = sampled if sampler.sampling.group == 1 else repeat(G)
+  return Sampled(rollout, prompt_BxT, valid_BxT, answers, {})
+
+
+def _answer_rows(rows):
+  """Answers from the 0-padded utf-8 rows of a legacy checkpoint."""
+  return [bytes(row).rstrip(b'\0').decode() for row in np.asarray(rows)]
+
+
+class EachStep:
+  """Every step samples its own batch under the current policy (the default)."""
+  legacy_key = None   # its carry had no rollout state
+
+  def __init__(self, sampler):
+    self.sampler, self.answers, self.iterator = sampler, None, None
+
+  def init(self):
+    return None
+
+  def draw(self, params, state, examples, rng, step):
+    del step
+    return state, sample_rollout(self.sampler, params, examples, rng)
+
+
+class Partial:
+  """rollout.partial: this step's P prompts join the pool (the first step also admits the next
+  batch, so the pool holds two batches of groups); decoding under the current policy runs until P
+  groups are finished, and those are this step's batch."""
+  legacy_key = 'flight'
+
+  @staticmethod
+  def check(config, process_count):
+    """Partial rollouts decode whole groups over continuous-batching slots, at one batch, in one
+    process."""
+    rollout = config.rollout
+    if algos.get(config.algo).BATCH_ARG != 'P':
+      raise ValueError(f'rollout.partial trains whole groups of G responses (grpo, rloo), not '
+                       f'{config.algo}')
+    if rollout.slots < 2:
+      raise ValueError(f'rollout.partial needs rollout.slots >= 2 (continuous batching), got '
+                       f'{rollout.slots}')
+    if not (isinstance(rollout.max_staleness, int) and rollout.max_staleness >= 0):
+      raise ValueError(f'rollout.max_staleness must be an integer >= 0, got '
+                       f'{rollout.max_staleness!r}')
+    if config.auto_batch.enabled:
+      raise ValueError('rollout.partial needs a fixed batch: its pool holds two batches of '
+                       'groups; turn auto_batch off (P=auto) or rollout.partial off')
+    if process_count > 1:
+      raise ValueError('rollout.partial runs in one process (its pool is not split over hosts)')
+
+  def __init__(self, sampler, programs, rollout_cfg):
+    self.sampler, self.iterator = sampler, None   # the run's prompt iterator, set by setup
+    self.admit, self.advance, self.pool = programs   # jitted admit and advance; the empty pool
+    self.P, self.max_staleness = rollout_cfg.P, rollout_cfg.max_staleness
+    self.answers = {}   # str(serial of a group in the pool) -> its answer
+
+  def init(self):
+    return self.pool
+
+  def draw(self, params, flight, examples, rng, step):
+    admitted = int(flight.admitted)
+    batches = [examples] + ([next(self.iterator)] if admitted == 0 else [])
+    for i, batch in enumerate(batches):
+      prompt_PxT, valid_PxT = data.encode_prompts(batch['prompt'], self.sampler.tokenizer,
+                                                  self.sampler.prompt_len)
+      caps_N = np.full(len(prompt_PxT) * self.sampler.G, flight.tokens_RxL.shape[1], np.int32)
+      flight = self.admit(flight, prompt_PxT, valid_PxT, None, step_key(rng, 100 + i), caps_N)
+      self.answers.update({str(admitted + i * self.P + p): str(answer)
+                           for p, answer in enumerate(batch['answer'])})
+    version = step - 1
+    flight, finished = self.advance(params, flight, version, self.max_staleness)
+    answers = [self.answers.pop(str(serial)) for serial in np.asarray(finished.serial_P)]
+    answers = [answer for answer in answers for _ in range(self.sampler.G)]
+    stats = dict(partial_lib.staleness_stats(finished.version_BxL, finished.rollout.mask_BxL,
+                                             version, self.max_staleness),
+                 restarted=finished.restarted)
+    return flight, Sampled(finished.rollout, finished.prompt_BxT, finished.valid_BxT, answers,
+                           stats)
+
+  def legacy(self, flight):
+    """The pool as checkpoints kept it before `answers`: its answers as rows in the pool."""
+    rows = np.zeros((flight.serial_Q.shape[0], LEGACY_ANSWER_BYTES), np.uint8)
+    return dict(flight._asdict(), answer_QxW=sharding.place(rows, self.sampler.mesh))
+
+  def from_legacy(self, old):
+    """(pool, answers) of a pool `legacy` restored."""
+    answers = {str(serial): answer for serial, answer in
+               zip(np.asarray(old['serial_Q']), _answer_rows(old['answer_QxW'])) if serial >= 0}
+    return partial_lib.Flight(**dict(old, answer_QxW=None)), answers
+
+
+class DrawnAhead:
+  """rollout.devices: the sampler's devices draw the next batch (of `examples`) from the policy
+  before this step's update, while the training devices update on the batch drawn one step
+  earlier: every batch is one policy version old (the first two come from the initial policy)."""
+  legacy_key = 'pending'
+
+  @staticmethod
+  def check(config, device_count, process_count):
+    """The sampler on devices of its own, one step behind, in one process."""
+    rollout = config.rollout
+    if not (isinstance(rollout.devices, int) and 0 < rollout.devices < device_count):
+      raise ValueError(f'rollout.devices must be an integer in [0, {device_count}) (0: the '
+                       f'sampler shares the training devices), got {rollout.devices!r}')
+    if rollout.partial:
+      raise ValueError('rollout.partial and rollout.devices cannot be combined; choose one')
+    if config.auto_batch.enabled:
+      raise ValueError('rollout.devices needs a fixed batch: the batch drawn ahead has its size; '
+                       'turn auto_batch off (P=auto) or set rollout.devices=0')
+    if process_count > 1:
+      raise ValueError('rollout.devices runs in one process (its two meshes are not split over '
+                       'hosts)')
+    sizes = sharding.mesh_shape(config.mesh, rollout.devices)
+    data_parallel = math.prod(sizes[axis] for axis in sharding.BATCH_AXES)
+    if rollout.P * rollout.G % data_parallel:
+      raise ValueError(f'the batch P*G ({rollout.P * rollout.G}) is not divisible by the '
+                       f'sampler mesh\'s data-parallel size {data_parallel} (rollout.devices '
+                       f'{rollout.devices}, mesh {sizes})')
+
+  def __init__(self, sampler, to_sampler, mesh, empty):
+    self.sampler, self.to_sampler, self.mesh = sampler, to_sampler, mesh
+    self.iterator, self.empty = None, empty   # the run's prompt iterator, set by setup
+    self.answers = []   # the P answers of the batch drawn ahead
+
+  def init(self):
+    return self.empty
+
+  def _draw(self, params, examples, rng):
+    sampled = sample_rollout(self.sampler, params, examples, rng)
+    ahead = dict(rollout=sampled.rollout, prompt_BxT=sampled.prompt_BxT,
+                 valid_BxT=sampled.valid_BxT)
+    return ahead, [str(answer) for answer in examples['answer']]
+
+  def draw(self, params, ahead, examples, rng, step):
+    params, answers = self.to_sampler(params), self.answers
+    if step == 1:   # nothing drawn ahead yet: the first batch is drawn now, from the same policy
+      ahead, answers = self._draw(params, examples, step_key(rng, 100))
+      examples = next(self.iterator)
+    drawn, self.answers = self._draw(params, examples, rng)   # runs on while this step updates
+    ahead = jax.device_put(ahead, jax.tree.map(
+        lambda x: sharding.batch_sharding(self.mesh, x.ndim), ahead))
+    answers = [answer for answer in answers for _ in range(self.sampler.G)]
+    return drawn, Sampled(ahead['rollout'], ahead['prompt_BxT'], ahead['valid_BxT'], answers, {})
+
+  def legacy(self, ahead):
+    """The batch drawn ahead as checkpoints kept it before `answers`: its answers as rows."""
+    prompts = ahead['prompt_BxT'].shape[0] // self.sampler.G
+    rows = jax.device_put(np.zeros((prompts, LEGACY_ANSWER_BYTES), np.uint8),
+                          sharding.batch_sharding(self.sampler.mesh, 2))
+    return dict(ahead, answer_PxW=rows)
+
+  def from_legacy(self, old):
+    """(batch drawn ahead, answers) of a batch `legacy` restored."""
+    return {k: v for k, v in old.items() if k != 'answer_PxW'}, _answer_rows(old['answer_PxW'])
+
+
+def empty_ahead(sampler, params, P):
+  """rollout.devices: the batch drawn ahead as zeros laid out where the sampler leaves it: what a
+  checkpoint restores it into."""
+  rows = P * sampler.G
+  prompt = jax.ShapeDtypeStruct((rows // sampler.sampling.group, sampler.prompt_len), np.int32)
+  valid = jax.ShapeDtypeStruct(prompt.shape, np.bool_)
+  with jax.set_mesh(sampler.mesh):
+    rollout = jax.eval_shape(sampler.sample, params, prompt, valid, jax.random.PRNGKey(0))
+  ahead = dict(rollout=rollout,
+               prompt_BxT=jax.ShapeDtypeStruct((rows, sampler.prompt_len), np.int32),
+               valid_BxT=jax.ShapeDtypeStruct((rows, sampler.prompt_len), np.bool_))
+  zeros = lambda x: jax.device_put(np.zeros(x.shape, x.dtype),
+                                   sharding.batch_sharding(sampler.mesh, x.ndim))
+  return jax.tree.map(zeros, ahead)
+
+
+def check(config, device_count, process_count):
+  """ValueError naming the first bad rollout.partial or rollout.devices field."""
+  if config.rollout.partial:
+    Partial.check(config, process_count)
+  if config.rollout.devices:
+    DrawnAhead.check(config, device_count, process_count)
+
+
+def make(config, s, sampler, programs, to_sampler):
+  """The schedule `config` asks for (rollout.partial, rollout.devices, or every step) for the run
+  of Shape `s`, sampling with `sampler` and, for rollout.partial, `programs`
+  (rljax.train.programs)."""
+  if config.rollout.partial:
+    pool = partial_lib.empty(s.model.cfg, 2 * config.rollout.P, config.rollout.G,
+                             config.rollout.slots, s.prompt_len, s.new_tokens,
+                             pad_id=s.sampling.pad_id)
+    return Partial(sampler, (programs['admit'].fn, programs['advance'].fn,
+                             sharding.place(pool, s.mesh)), config.rollout)
+  if config.rollout.devices:
+    return DrawnAhead(sampler, to_sampler, s.mesh,
+                      empty_ahead(sampler, s.sampler_params, config.rollout.P))
+  return EachStep(sampler)
+
+
+def legacy_carry(carry, schedule):
+  """`carry` in the flat layout checkpoints had before the carry's named slots."""
+  old = dict(carry['algo'], rng=carry['rng'])
+  if carry['reference'] is not None:
+    old['reference'] = carry['reference']
+  if schedule.legacy_key:
+    old[schedule.legacy_key] = schedule.legacy(carry['rollout'])
+  return old
+
+
+def from_legacy(old, meta, carry, schedule):
+  """(carry, meta) of a checkpoint in the flat layout, restored from `legacy_carry(carry)`."""
+  new = dict(algo={k: old[k] for k in carry['algo']}, rng=old['rng'],
+             reference=old.get('reference'), rollout=None)
+  if schedule.legacy_key:
+    new['rollout'], answers = schedule.from_legacy(old[schedule.legacy_key])
+    meta = dict(meta, answers=answers)
+  return new, meta
+
