@@ -225,7 +225,7 @@ def _restore(ckpt, carry, schedule):
   layout of checkpoints written before them (converted)."""
   legacy = (schedules.legacy_carry(carry, schedule),
             lambda old, meta: schedules.from_legacy(old, meta, carry, schedule))
-  carry, meta = ckpt.restore(carry, legacy)
+  carry, meta = ckpt.restore(carry, legacy=legacy)
   schedule.answers = meta.get('answers', schedule.answers)
   logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
   return carry, meta
