@@ -111,12 +111,14 @@ def base_config(P, G, runlocal, seed, model=''):
   # predicted progress per second, decided every `every_samples` samples from the noise scale of
   # the last `window` steps and samples/s measured over `probe_steps` steps at each batch tried
   # (or read from throughput_file, JSON {"P": [samples/s, ...]}). It moves only when the gain's
-  # lower end clears 1 + margin and the time lost by staying has repaid a compile of compile_s
-  # seconds (negative: the run's longest compiling step). The config arg P=auto (B=auto) turns it
-  # on: enable_auto_batch.
+  # lower end clears 1 + margin and the rest of the budget repays a compile of compile_s seconds
+  # (negative: the run's longest compiling step); each move is checked after
+  # verify_samples more samples by its measured progress, and undone if it lost progress per second.
+  # The config arg P=auto (B=auto) turns it on: enable_auto_batch.
   config.auto_batch = dict(enabled=False, min=2 if runlocal else 16, max=32 if runlocal else 256,
                            every_samples=2048 if runlocal else 65_536, probe_steps=8, margin=0.1,
-                           window=50, throughput_file='', compile_s=-1.0)
+                           window=50, throughput_file='', compile_s=-1.0,
+                           verify_samples=8192 if runlocal else 262_144)
 
   # Fault injection for reliability tests: RL steps whose advantages are made NaN, e.g. '3' or '3-9'.
   config.debug = dict(nan_steps='')

@@ -53,22 +53,34 @@ def test_tries_an_unmeasured_bigger_batch_once_then_its_measurement_decides():
   assert auto_batch.decide(32, BATCHES, noise, flat, 0.1, left=16).batch == 32   # no gain to go
 
 
-def test_a_move_waits_until_the_time_lost_by_staying_repays_its_compile():
+def test_a_move_waits_until_the_rest_of_the_budget_or_without_one_the_time_lost_repays_its_compile():
   table = table_of({16: 1000.0, 32: 2000.0})   # gain lower end (1960 / 1020) x efficiency
   noise = Estimate(5000, 5000, 5000)
   gain_lo = auto_batch.step_gain(16, 32, noise, table)[1]
-  lost_per_s = 1 - 1 / gain_lo
-  # Ski rental: compile 10 s; each second at 16 loses lost_per_s seconds against 32.
-  needed_s = 10.0 / lost_per_s
+  needed_s = 10.0 / (1 - 1 / gain_lo)   # compile 10 s; each second at 16 loses 1 - 1/gain
   decide = lambda here, remaining: auto_batch.decide(
       16, BATCHES, noise, table, 0.1, costs=auto_batch.Costs(here, remaining, 10.0))
-  early = decide(0.99 * needed_s, 1e6)
-  assert early.batch == 16 and 'compile' in early.reason
-  assert decide(1.01 * needed_s, 1e6).batch == 32
-  assert decide(1e6, 0.99 * needed_s).batch == 16   # the rest of the budget cannot repay it
-  assert decide(1e6, 1.01 * needed_s).batch == 32
+  # With a budget, its rest decides, whatever the time spent so far.
+  assert decide(0.0, 1.01 * needed_s).batch == 32
+  short = decide(1e6, 0.99 * needed_s)
+  assert short.batch == 16 and 'compile' in short.reason
+  # Without one (ski rental), the time already lost by staying must reach the compile's.
+  assert decide(0.99 * needed_s, np.inf).batch == 16
+  assert decide(1.01 * needed_s, np.inf).batch == 32
   # A free compile (FREE, the default) leaves goodput alone to decide.
   assert auto_batch.decide(16, BATCHES, noise, table, 0.1).batch == 32
+
+
+def test_a_kept_move_s_measured_progress_judges_the_next_doubling_where_the_noise_scale_holds():
+  table = table_of({16: 1000.0, 32: 1500.0})   # 64 untried: guessed at 2250
+  noise = Estimate(60, 40, 90)   # small: the noise scale predicts a doubling loses
+  assert auto_batch.decide(32, BATCHES, noise, table, 0.1).batch == 32
+  tried = auto_batch.decide(32, BATCHES, noise, table, 0.1, measured=0.95)
+  assert tried.batch == 64 and tried.gain == pytest.approx(1.5 * 0.95) and 'measured' in tried.reason
+  # Progress that fell as much as the throughput rose is no reason; nor is a compile not repaid.
+  assert auto_batch.decide(32, BATCHES, noise, table, 0.1, measured=0.7).batch == 32
+  costly = auto_batch.Costs(0.0, 1.0, 10.0)
+  assert auto_batch.decide(32, BATCHES, noise, table, 0.1, costs=costly, measured=1.0).batch == 32
 
 
 def test_costs_are_seconds_at_the_current_batch_and_the_budget_left():
@@ -140,18 +152,21 @@ def settings(**overrides):
   return config.auto_batch
 
 
-def test_record_skips_the_compiling_step_and_keeps_the_first_probe_steps():
+def test_record_skips_the_compiling_step_and_keeps_the_first_probe_steps_and_a_trail():
   state = rebatch.initial_state(grpo_config.get_config('runlocal,P=auto'))
-  row = dict(samples_per_s=5.0, step_time_s=3.0, grad_sq_small=2.0, grad_sq_big=1.0, b_small=8.0, b_big=16.0)
-  state = rebatch.record(state, row, measurable=False, settings=settings(probe_steps=2))
+  row = dict(samples_per_s=5.0, step_time_s=3.0, grad_sq_small=2.0, grad_sq_big=1.0, b_small=8.0,
+             b_big=16.0, reward_mean=0.5, retained=16)
+  few = settings(probe_steps=2, verify_samples=32)
+  state = rebatch.record(state, row, 16, measurable=False, settings=few)
   assert state['throughput'] == {} and len(state['noise_terms']) == 1
-  state = rebatch.record(state, dict(row, step_time_s=9.0), False, settings(probe_steps=2))
+  state = rebatch.record(state, dict(row, step_time_s=9.0), 32, False, few)
   assert state['compile_s'] == 9.0   # the longest compiling step
-  for value in (6.0, 7.0, 8.0):
-    state = rebatch.record(state, dict(row, samples_per_s=value), True, settings(probe_steps=2))
+  for samples, value in ((48, 6.0), (64, 7.0), (80, 8.0)):
+    state = rebatch.record(state, dict(row, samples_per_s=value), samples, True, few)
   assert state['throughput'] == {'2': [6.0, 7.0]} and len(state['noise_terms']) == 5
   assert state['compile_s'] == 9.0
-  assert rebatch.measured_rounds(state, settings(probe_steps=2)) == {2: [6.0, 7.0]}
+  assert rebatch.measured_rounds(state, few) == {2: [6.0, 7.0]}
+  assert [t[0] for t in state['trail']] == [32, 48, 64, 80]   # the last 2 x verify_samples
   assert json.loads(json.dumps(state)) == state   # rides in the checkpoint's JSON meta
 
 
@@ -236,6 +251,58 @@ def test_a_checkpoint_state_without_the_compile_fields_resumes_with_them_afresh(
   rebatch.BatchSchedule(config, types.SimpleNamespace(config=config, algo=None), meta)
   assert meta['auto_batch'] == dict(rebatch.initial_state(config), P=4, next_decision=4096)
 
+def drive(rewards_after, tmp_path, steps=400, seed=0):
+  """rebatch.advance over synthetic rows: P=2 (16 responses) moves to P=4 at the first decision
+  (a large noise scale, samples/s 1.6x from a file, free compile); after the move the training
+  reward follows `rewards_after(samples)`. Returns the rows' added fields and the states."""
+  config = grpo_config.get_config('runlocal,P=auto')
+  throughput = tmp_path / 'throughput.json'
+  throughput.write_text(json.dumps({'2': [500, 505, 495], '4': [800, 810, 790]}))
+  config.auto_batch.update(min=2, max=4, every_samples=1024, verify_samples=2048, compile_s=0.0,
+                           throughput_file=str(throughput))
+  rng = np.random.default_rng(seed)
+  state, samples, log = rebatch.initial_state(config), 0, []
+  for step in range(1, steps + 1):
+    batch = state['P'] * 8
+    samples += batch
+    moved_at = state['check']['at'] if state['check'] else None
+    reward = (0.2 + 0.003 * np.sqrt(samples) if moved_at is None else rewards_after(samples))
+    row = dict(samples_per_s=500.0, step_time_s=0.1, grad_sq_small=626 * rng.uniform(0.9, 1.1),
+               grad_sq_big=313.5 * rng.uniform(0.9, 1.1), b_small=8.0, b_big=16.0,
+               reward_mean=reward + rng.normal(0, 0.02 * np.sqrt(16 / batch)), retained=batch)
+    state, fields = rebatch.advance(state, row, samples, step, batch, True, config)
+    log.append((samples, fields, state))
+  return log
+
+
+def first(log, key):
+  return next((samples, fields, state) for samples, fields, state in log if key in fields)
+
+
+def test_a_move_that_stopped_progress_is_undone_and_its_batch_needs_the_return_bar(tmp_path):
+  log = drive(lambda samples: 0.2 + 0.003 * np.sqrt(1024), tmp_path)   # flat after the move
+  moved_at, move, _ = first(log, 'auto_from')
+  assert (moved_at, move['auto_from'], move['auto_to']) == (1024, 2, 4)
+  checked_at, check, state = first(log, 'auto_check_verdict')
+  assert checked_at == 1024 + 2048 and check['auto_check_verdict'] == 'undo'
+  assert (check['auto_from'], check['auto_to'], state['P'], state['left']) == (4, 2, 2, 4)
+  assert check['auto_check_hi'] * 1.6 < 1 and state['measured'] is None
+
+
+def test_a_move_that_kept_its_progress_is_kept_and_measured(tmp_path):
+  log = drive(lambda samples: 0.2 + 0.003 * np.sqrt(samples), tmp_path)   # the same curve
+  checked_at, check, state = first(log, 'auto_check_verdict')
+  assert check['auto_check_verdict'] == 'keep, measured' and state['P'] == 4
+  assert check['auto_check_lo'] <= 1 <= check['auto_check_hi']
+  assert state['measured'] == check['auto_check_progress']
+  assert check['auto_check_predicted'] == pytest.approx(
+      auto_batch.efficiency(32, 5000) / auto_batch.efficiency(16, 5000), rel=0.05)
+  # No decision while a move waits for its check; the next one comes right after it.
+  decisions = [samples for samples, fields, _ in log if 'auto_reason' in fields]
+  assert decisions[0] == 1024 and decisions[1] > checked_at
+  assert json.loads(json.dumps(state)) == state
+
+
 # ------------------------------------------------------------------------------ one short run
 
 TIMING = ('step_time_s', 'rollout_time_s', 'reward_time_s', 'update_time_s', 'samples_per_s',
@@ -244,7 +311,7 @@ TIMING = ('step_time_s', 'rollout_time_s', 'reward_time_s', 'update_time_s', 'sa
 
 def tiny_auto(tmp_path):
   """A random tiny policy on 1-digit addition, P=4 then 8 (x G=4), samples/s from a file so the
-  schedule is the same on every run: the first decision (step 6) doubles P."""
+  schedule is the same on every run: the first decision (step 6) doubles P, step 8 checks it."""
   config = grpo_config.get_config('runlocal,P=auto,G=4')
   config.data.update(dir=str(tmp_path / 'data'), digits=1, num_train=200, num_test=20)
   config.warmstart.enabled = False
@@ -252,7 +319,7 @@ def tiny_auto(tmp_path):
   throughput = tmp_path / 'throughput.json'
   throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198]}))
   config.auto_batch.update(min=4, max=8, every_samples=96, throughput_file=str(throughput),
-                           compile_s=0.0)
+                           compile_s=0.0, verify_samples=64)
   config.rollout.P = 4
   config.train.update(max_samples=0, max_steps=8, eval_every=4, eval_size=8, micro_batch=8,
                       checkpoint_every=1, keep_checkpoints=10)
@@ -275,8 +342,10 @@ def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identical
   assert steps[-1]['lr'] == pytest.approx(steps[0]['lr'] * 2 ** 0.5, rel=1e-6)   # sqrt rule
   assert switch['auto_lr'] == pytest.approx(steps[-1]['lr'], rel=1e-6)
   assert [row['samples'] for row in rows if row.get('eval')] == [0, 64, 128, 160]   # in samples
-  # Killed after step 7, at P=8 mid-schedule (its later checkpoint never written): the resumed
-  # run logs the same rows and ends with the same arrays and schedule.
+  assert 'auto_check_verdict' in steps[7] and steps[7]['auto_check_to'] == 8
+  # Killed after step 7, at P=8 mid-schedule and mid-check (its later checkpoint never written):
+  # the resumed run logs the same rows, its check included, and ends with the same arrays and
+  # schedule.
   shutil.copytree(reference, killed)
   shutil.rmtree(killed / 'checkpoints' / '8')
   loop.train(tiny_auto(tmp_path), str(killed))

@@ -14,11 +14,16 @@ and the batch moves only when the lower end of the predicted gain clears 1 + mar
 two at a time, with a stricter bar for going back to the batch it just left (hysteresis), and it
 never moves on a noise scale that is not finite. Batches are counted in samples (responses).
 
-A move also costs a compile, which Pollux (no compiler) does not pay. Not knowing how long the run
-will go on, the rule pays it the way the ski-rental problem buys skis (Karlin et al. 1988): once
-the time already lost by staying (the seconds at the current batch times 1 - 1/gain) has reached
-the compile's seconds, never when the rest of the budget cannot repay it. Whatever the run's
-length, that spends at most twice what knowing it in advance would.
+A move also costs a compile, which Pollux (no compiler) does not pay. When the run has a budget
+(train.max_samples or max_steps) the rule moves once the gain over the rest of it repays the
+compile. Without one it pays the compile the way the ski-rental problem buys skis (Karlin et al.
+1988): once the time already lost by staying (the seconds at the current batch times 1 - 1/gain)
+has reached the compile's seconds; whatever the run's length, that spends at most twice what
+knowing it in advance would.
+
+Every move is then checked by the progress it measurably made (rljax.train.auto_check): a move
+that lost progress per second beyond noise is undone, and a move that cost no more progress per
+sample than predicted lets its measurement, not the noise scale, judge the next doubling up.
 """
 import math
 from typing import NamedTuple
@@ -100,32 +105,52 @@ def best_batch(batches, noise, table):
   return max(batches, key=lambda b: (goodput(b, noise.value, table), -b))
 
 
+def throughput_ratio(current, target, table):
+  """(point, lower end) of samples/s at `target` over `current`; a guess has no spread of its
+  own (the optimistic guess is what a probe tests)."""
+  now, then = table[current], throughput_guess(target, table)
+  return then.value / now.value, (then.lo / now.hi if target in table else then.value / now.value)
+
+
 def step_gain(current, target, noise, table):
   """(point, lower end) of goodput(target) / goodput(current): the throughput ratio's lower end
   times the efficiency ratio at the end of the noise interval that least favours moving."""
-  now, then = table[current], throughput_guess(target, table)
   worst_noise = noise.lo if target > current else noise.hi   # bigger B_noise favours bigger B
   worst_eff = (efficiency(target, worst_noise) / efficiency(current, worst_noise)
                if math.isfinite(worst_noise) else 1.0)
-  point = then.value / now.value * efficiency(target, noise.value) / efficiency(current, noise.value)
-  if target in table:
-    lo = then.lo / now.hi * worst_eff
-  else:   # a guess has no spread of its own; the optimistic guess is what a probe tests
-    lo = then.value / now.value * worst_eff
-  return point, lo
+  point, lo = throughput_ratio(current, target, table)
+  return point * efficiency(target, noise.value) / efficiency(current, noise.value), lo * worst_eff
 
 
 def repays_compile(gain, costs):
-  """Ski rental: the seconds lost by staying, at 1 - 1/gain of each second, have reached the
-  compile's, and the rest of the budget is long enough to lose as many again."""
-  return (1 - 1 / gain) * min(costs.here_s, costs.remaining_s) >= costs.compile_s
+  """At 1 - 1/gain of each second gained by moving: the rest of the budget repays the compile
+  or, with no budget (ski rental), the seconds already lost by staying have reached it."""
+  horizon = costs.remaining_s if math.isfinite(costs.remaining_s) else costs.here_s
+  return (1 - 1 / gain) * horizon >= costs.compile_s
 
 
-def decide(current, batches, noise, table, margin, left=None, costs=FREE):
+def decide(current, batches, noise, table, margin, left=None, costs=FREE, measured=None):
   """The batch to run next. `table`: {batch: Estimate of samples/s} measured so far (it must hold
   `current`); `left`: the batch the last move came from, which a return must beat by
   (1 + margin)**2 rather than 1 + margin, so a decision is never undone by noise alone; `costs`:
-  a move waits until its compile is repaid (`repays_compile`, at the gain's lower end)."""
+  a move waits until its compile is repaid (`repays_compile`, at the gain's lower end);
+  `measured`: the progress per sample the last move kept (auto_check), which judges a doubling
+  up where the noise scale would hold."""
+  by_noise = _by_noise_scale(current, batches, noise, table, margin, left, costs)
+  if by_noise.batch != current or measured is None or current * 2 not in batches:
+    return by_noise
+  point, lo = throughput_ratio(current, current * 2, table)
+  point, lo = point * min(measured, 1.0), lo * min(measured, 1.0)
+  bar = (1 + margin) ** 2 if current * 2 == left else 1 + margin
+  if lo <= bar or not repays_compile(lo, costs):
+    return by_noise
+  return Decision(current * 2, by_noise.best, point, lo,
+                  f'try: measured progress {measured:.2f} per sample, gain lower end {lo:.3f} > '
+                  f'{bar:.3f}')
+
+
+def _by_noise_scale(current, batches, noise, table, margin, left, costs):
+  """decide's answer from the noise scale's prediction alone."""
   if not finite_noise(noise):
     return Decision(current, current, 1.0, 1.0, 'noise scale not estimable: hold')
   best = best_batch(batches, noise, table)
@@ -138,7 +163,7 @@ def decide(current, batches, noise, table, margin, left=None, costs=FREE):
     return Decision(current, best, point, lo, f'hold: gain lower end {lo:.3f} <= {bar:.3f}')
   if not repays_compile(lo, costs):
     return Decision(current, best, point, lo, (
-        f'hold: gain lower end {lo:.3f} > {bar:.3f}, but {(1 - 1 / lo) * costs.here_s:.1f} s lost '
-        f'so far, {(1 - 1 / lo) * costs.remaining_s:.1f} s to gain, < {costs.compile_s:.1f} s compile'))
+        f'hold: gain lower end {lo:.3f} > {bar:.3f}, but the compile ({costs.compile_s:.1f} s) '
+        'is not repaid yet'))
   verb = 'try' if target not in table else 'move'
   return Decision(target, best, point, lo, f'{verb}: gain lower end {lo:.3f} > {bar:.3f}')

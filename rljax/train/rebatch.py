@@ -5,7 +5,9 @@ process, and the decision points.
 The state is plain JSON: the current batch `P` (the algorithm's unit: GRPO's prompts, PPO's B),
 the sample count of the next decision, the batch the last move left, the sample count at which the
 run reached the current batch, samples/s of the first measured steps at each batch tried, the
-longest compiling step, and the noise-scale terms of the last `window` steps.
+longest compiling step, the noise-scale terms of the last `window` steps, the training reward of
+the steps of the last two `verify_samples` (`trail`), the move being checked (`check`) and the
+progress per sample the last checked move kept (`measured`).
 Batches go to the rule in responses (P x G), the unit of the noise scale.
 """
 import json
@@ -19,6 +21,7 @@ from rljax import algos
 from rljax.data import sources as data
 from rljax import stats
 from rljax.train import auto_batch
+from rljax.train import auto_check
 from rljax.train import run as run_lib
 
 NOISE_BLOCK = 5   # steps per bootstrap block of the noise-scale interval
@@ -30,13 +33,16 @@ def enabled(config):
 
 def initial_state(config):
   return dict(P=config.rollout.P, next_decision=config.auto_batch.every_samples, left=None,
-              arrived=0, throughput={}, compile_s=0.0, noise_terms=[])
+              arrived=0, throughput={}, compile_s=0.0, noise_terms=[], trail=[], check=None,
+              measured=None)
 
 
-def record(state, row, measurable, settings):
-  """`state` after the training row of one step at state['P']. `measurable`: the step did not
-  compile (the first step at a batch in a process does), so its samples/s is a measurement; a
-  step that compiled tells what a compile costs."""
+def record(state, row, samples, measurable, settings):
+  """`state` after the training row of one step at state['P'] that brought the run to `samples`.
+  `measurable`: the step did not compile (the first step at a batch in a process does), so its
+  samples/s is a measurement; a step that compiled tells what a compile costs."""
+  trail = [t for t in state['trail'] if t[0] > samples - 2 * settings.verify_samples]
+  trail.append([samples, row['reward_mean'], row['retained']])
   terms = state['noise_terms']
   if 'grad_sq_small' in row:
     terms = (terms + [[row[key] for key in stats.NOISE_KEYS]])[-settings.window:]
@@ -45,7 +51,7 @@ def record(state, row, measurable, settings):
   if measurable and len(rounds.get(key, [])) < settings.probe_steps:
     rounds[key] = rounds.get(key, []) + [row['samples_per_s']]
   compile_s = state['compile_s'] if measurable else max(state['compile_s'], row['step_time_s'])
-  return dict(state, noise_terms=terms, throughput=rounds, compile_s=compile_s)
+  return dict(state, noise_terms=terms, throughput=rounds, compile_s=compile_s, trail=trail)
 
 
 def measured_rounds(state, settings):
@@ -58,8 +64,15 @@ def measured_rounds(state, settings):
 
 
 def due(state, samples, settings):
-  """A decision point: `every_samples` since the last one, and the current batch measured."""
-  return samples >= state['next_decision'] and state['P'] in measured_rounds(state, settings)
+  """A decision point: `every_samples` since the last one, the current batch measured and the
+  last move checked."""
+  return (samples >= state['next_decision'] and state['P'] in measured_rounds(state, settings)
+          and not state['check'])
+
+
+def check_due(state, samples, settings):
+  """The last move has run `verify_samples` samples: time to check it."""
+  return bool(state['check']) and samples >= state['check']['at'] + settings.verify_samples
 
 
 def noise_estimate(state):
@@ -104,14 +117,42 @@ def decide(state, samples, remaining, settings, G):
   table = throughput_table(measured_rounds(state, settings), G)
   now = state['P'] * G
   decision = auto_batch.decide(now, batches, noise, table, settings.margin, left,
-                               costs(state, samples, remaining, table[now].value, settings))
+                               costs(state, samples, remaining, table[now].value, settings),
+                               state['measured'])
   P = decision.batch // G
   fields = dict(auto_from=state['P'], auto_to=P, auto_best=decision.best // G,
                 auto_noise_scale=_number(noise.value), auto_noise_lo=_number(noise.lo),
                 auto_noise_hi=_number(noise.hi), auto_gain=decision.gain,
                 auto_gain_lo=decision.gain_lo, auto_reason=decision.reason)
-  moved = dict(P=P, left=state['P'], arrived=samples) if P != state['P'] else {}
-  return dict(state, next_decision=samples + settings.every_samples, **moved), fields
+  state = dict(state, next_decision=samples + settings.every_samples)
+  if P == state['P']:
+    return state, fields
+  predicted = decision.gain / auto_batch.throughput_ratio(now, decision.batch, table)[0]
+  check = dict(came_from=state['P'], went_to=P, at=samples, predicted=predicted,
+               since=max(state['arrived'], samples - settings.verify_samples))
+  return dict(state, P=P, left=state['P'], arrived=samples, check=check, measured=None), fields
+
+
+def verify(state, samples, settings, G):
+  """(the state after checking the last move by its measured progress, the fields it adds to the
+  training row): auto_check.judge; an 'undo' moves back to the batch the move came from."""
+  check = state['check']
+  steps = np.array([t for t in state['trail'] if t[0] > check['since']])
+  table = throughput_table(measured_rounds(state, settings), G)
+  ratio = auto_batch.throughput_ratio(check['came_from'] * G, check['went_to'] * G, table)[0]
+  found = auto_check.judge(steps[:, 0], steps[:, 1], steps[:, 2], check['at'], ratio,
+                           check['predicted'])
+  fields = dict(auto_check_from=check['came_from'], auto_check_to=check['went_to'],
+                auto_check_progress=_number(found.progress), auto_check_lo=_number(found.lo),
+                auto_check_hi=_number(found.hi), auto_check_predicted=check['predicted'],
+                auto_check_goodput_hi=_number(found.goodput_hi), auto_check_verdict=found.verdict)
+  kept = found.progress if found.verdict == 'keep, measured' else None
+  state = dict(state, check=None, measured=kept)
+  if found.verdict == 'undo':
+    state = dict(state, P=check['came_from'], left=check['went_to'], arrived=samples)
+    fields.update(auto_from=check['went_to'], auto_to=check['came_from'],
+                  auto_reason='undo: measured progress per second below 1')
+  return state, fields
 
 
 def _number(x):
@@ -144,28 +185,39 @@ class BatchSchedule:
     return at_batch(run, self.config, meta['auto_batch']['P'], self.programs, meta['data'])
 
   def after_step(self, run, meta, row):
-    """Records the step; at a decision point decides, logs the decision into `row` and switches.
-    Returns the (run, meta) the next step uses."""
-    state = meta['auto_batch']
+    """Records the step; checks the last move or decides when due, logs it into `row` and
+    switches. Returns the (run, meta) the next step uses."""
+    state, P = meta['auto_batch'], meta['auto_batch']['P']
     seconds, per_s = _agreed(row['step_time_s'], row['samples_per_s'])
-    measured = dict(row, step_time_s=seconds, samples_per_s=per_s)
-    state = record(state, measured, state['P'] in self.compiled, self.settings)
-    self.compiled.add(state['P'])
     row['batch'] = algos.batch_size(run.config)
-    if due(state, meta['samples'], self.settings):
-      P = state['P']
-      remaining = remaining_samples(self.config.train, meta['samples'], meta['step'],
-                                            row['batch'])
-      state, fields = decide(state, meta['samples'], remaining, self.settings,
-                                     self.config.rollout.G)
-      row.update(fields)
-      if state['P'] != P:
-        data_state = data.continue_with_batch(run.iterator.state(), P)
-        run = at_batch(run, self.config, state['P'], self.programs, data_state)
-        meta = dict(meta, data=run.iterator.state())
-        row['auto_lr'] = float(run.algo.schedules['lr'](run.algo.updates_per_batch * row['step']))
-        run.writer.say(_switch_line(row, algos.get(self.config.algo).BATCH_ARG))
+    state, fields = advance(state, dict(row, step_time_s=seconds, samples_per_s=per_s),
+                            meta['samples'], meta['step'], row['batch'], P in self.compiled,
+                            self.config)
+    self.compiled.add(P)
+    row.update(fields)
+    if 'auto_check_verdict' in row:
+      run.writer.say(_check_line(row))
+    if state['P'] != P:
+      data_state = data.continue_with_batch(run.iterator.state(), P)
+      run = at_batch(run, self.config, state['P'], self.programs, data_state)
+      meta = dict(meta, data=run.iterator.state())
+      row['auto_lr'] = float(run.algo.schedules['lr'](run.algo.updates_per_batch * row['step']))
+      run.writer.say(_switch_line(row, algos.get(self.config.algo).BATCH_ARG))
     return run, dict(meta, auto_batch=state)
+
+
+def advance(state, row, samples, step, batch, measurable, config):
+  """(the state after one step's training row, the fields it adds to the row): records the step
+  (`measurable`: it did not compile), then checks the last move or decides, whichever is due.
+  `samples`, `step`: the run's after the step; `batch`: its responses."""
+  settings, G = config.auto_batch, config.rollout.G
+  state = record(state, row, samples, measurable, settings)
+  if check_due(state, samples, settings):
+    return verify(state, samples, settings, G)
+  if due(state, samples, settings):
+    remaining = remaining_samples(config.train, samples, step, batch)
+    return decide(state, samples, remaining, settings, G)
+  return state, {}
 
 
 def _agreed(*values):
@@ -177,11 +229,20 @@ def _agreed(*values):
 
 
 def _switch_line(row, batch_arg):
-  return (f"step {row['step']} | auto batch {batch_arg} {row['auto_from']} -> "
-          f"{row['auto_to']} | lr {row['lr']:.2e} -> {row['auto_lr']:.2e} | B_noise "
-          f"{row['auto_noise_scale']:.0f} [{row['auto_noise_lo']:.0f}, "
-          f"{row['auto_noise_hi'] or float('inf'):.0f}] | predicted gain {row['auto_gain']:.2f} "
-          f"(lower end {row['auto_gain_lo']:.2f})")
+  noise = ''
+  if row.get('auto_noise_scale') is not None and 'auto_check_verdict' not in row:
+    noise = (f" | B_noise {row['auto_noise_scale']:.0f} [{row['auto_noise_lo'] or 0:.0f}, "
+             f"{row['auto_noise_hi'] or float('inf'):.0f}] | predicted gain {row['auto_gain']:.2f}")
+  return (f"step {row['step']} | auto batch {batch_arg} {row['auto_from']} -> {row['auto_to']} | "
+          f"lr {row['lr']:.2e} -> {row['auto_lr']:.2e}{noise} | {row['auto_reason']}")
+
+
+def _check_line(row):
+  interval = lambda x: 'nan' if x is None else f'{x:.2f}'
+  return (f"step {row['step']} | auto batch check {row['auto_check_from']} -> "
+          f"{row['auto_check_to']}: progress per sample {interval(row['auto_check_progress'])} "
+          f"[{interval(row['auto_check_lo'])}, {interval(row['auto_check_hi'])}] (predicted "
+          f"{row['auto_check_predicted']:.2f}) | {row['auto_check_verdict']}")
 
 
 def at_batch(run, base_config, P, programs, data_state):
