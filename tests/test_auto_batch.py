@@ -156,7 +156,7 @@ def test_record_skips_the_compiling_step_and_keeps_the_first_probe_steps_and_a_t
   state = rebatch.initial_state(grpo_config.get_config('runlocal,P=auto'))
   row = dict(samples_per_s=5.0, step_time_s=3.0, grad_sq_small=2.0, grad_sq_big=1.0, b_small=8.0,
              b_big=16.0, reward_mean=0.5, retained=16)
-  few = settings(probe_steps=2, verify_samples=32)
+  few = settings(probe_steps=2, verify_samples=16)
   state = rebatch.record(state, row, 16, measurable=False, settings=few)
   assert state['throughput'] == {} and len(state['noise_terms']) == 1
   state = rebatch.record(state, dict(row, step_time_s=9.0), 32, False, few)
@@ -166,7 +166,7 @@ def test_record_skips_the_compiling_step_and_keeps_the_first_probe_steps_and_a_t
   assert state['throughput'] == {'2': [6.0, 7.0]} and len(state['noise_terms']) == 5
   assert state['compile_s'] == 9.0
   assert rebatch.measured_rounds(state, few) == {2: [6.0, 7.0]}
-  assert [t[0] for t in state['trail']] == [32, 48, 64, 80]   # the last 2 x verify_samples
+  assert [t[0] for t in state['trail']] == [32, 48, 64, 80]   # the last 4 x verify_samples
   assert json.loads(json.dumps(state)) == state   # rides in the checkpoint's JSON meta
 
 

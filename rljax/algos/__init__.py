@@ -51,12 +51,15 @@ def batch_size(config):
   return config.rollout.P * config.rollout.G
 
 
-def with_batch(config, value):
+def with_batch(config, value, micro_batches=None):
   """A copy of `config` whose batch argument is `value`; micro-batches (memory only) capped at
-  the new batch."""
+  the new batch, or `micro_batches` of them a minibatch (auto_batch keeps its starting count, so
+  the noise scale's two micro-batch sizes scale with the batch)."""
   config = ml_collections.ConfigDict(config.to_dict())
   config.rollout.P = value
   config.train.micro_batch = min(config.train.micro_batch, batch_size(config))
+  if micro_batches:
+    config.train.micro_batch = batch_size(config) // config.train.num_minibatches // micro_batches
   return config
 
 

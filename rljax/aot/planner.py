@@ -342,8 +342,8 @@ def preflight(config, devices=None, shape=None):
   devices = jax.devices() if devices is None else devices
   s = shape or run_lib.checked_shape(config, devices)
   if config.auto_batch.enabled:   # sized at the largest batch it may run
-    s = run_lib.abstract_setup(algos.with_batch(config, config.auto_batch.max), s.mesh,
-                               s.rollout_mesh)
+    largest = algos.with_batch(config, config.auto_batch.max, algos.micro_batches(config))
+    s = run_lib.abstract_setup(largest, s.mesh, s.rollout_mesh)
   memory = resident_bytes(s)
   if sampler_apart(s):   # the larger of a training and a sampler device's
     memory = max(memory, sampler_resident_bytes(s), key=lambda m: sum(m.values()))

@@ -114,8 +114,9 @@ def _check_auto_batch(config, device_count, process_count):
     if section in config and config[section].decay != 'constant':
       raise ValueError(f"auto_batch needs {section}.decay='constant' (a decay's horizon is in "
                        f'updates, which a changing batch moves), got {config[section].decay!r}')
+  micro_batches = algos.micro_batches(config)   # kept at every batch
   for P in auto_batch.allowed_batches(auto.min, auto.max):
-    _check_batch(algos.with_batch(config, P), P, device_count, process_count)
+    _check_batch(algos.with_batch(config, P, micro_batches), P, device_count, process_count)
 
 
 def _check_batch(config, P, device_count, process_count):

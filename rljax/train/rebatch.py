@@ -6,7 +6,7 @@ The state is plain JSON: the current batch `P` (the algorithm's unit: GRPO's pro
 the sample count of the next decision, the batch the last move left, the sample count at which the
 run reached the current batch, samples/s of the first measured steps at each batch tried, the
 longest compiling step, the noise-scale terms of the last `window` steps, the training reward of
-the steps of the last two `verify_samples` (`trail`), the move being checked (`check`) and the
+the steps of the last four `verify_samples` (`trail`), the move being checked (`check`) and the
 progress per sample the last checked move kept (`measured`).
 Batches go to the rule in responses (P x G), the unit of the noise scale.
 """
@@ -41,7 +41,7 @@ def record(state, row, samples, measurable, settings):
   """`state` after the training row of one step at state['P'] that brought the run to `samples`.
   `measurable`: the step did not compile (the first step at a batch in a process does), so its
   samples/s is a measurement; a step that compiled tells what a compile costs."""
-  trail = [t for t in state['trail'] if t[0] > samples - 2 * settings.verify_samples]
+  trail = [t for t in state['trail'] if t[0] > samples - 4 * settings.verify_samples]
   trail.append([samples, row['reward_mean'], row['retained']])
   terms = state['noise_terms']
   if 'grad_sq_small' in row:
@@ -129,7 +129,7 @@ def decide(state, samples, remaining, settings, G):
     return state, fields
   predicted = decision.gain / auto_batch.throughput_ratio(now, decision.batch, table)[0]
   check = dict(came_from=state['P'], went_to=P, at=samples, predicted=predicted,
-               since=max(state['arrived'], samples - settings.verify_samples))
+               since=max(state['arrived'], samples - 3 * settings.verify_samples))
   return dict(state, P=P, left=state['P'], arrived=samples, check=check, measured=None), fields
 
 
@@ -251,7 +251,7 @@ def at_batch(run, base_config, P, programs, data_state):
   algo)}), so each batch compiles once; its optimizer has the lr rule at the new batch, and the
   state it updates (the carry, Adam's moments included) goes on unchanged."""
   if P not in programs:
-    config = algos.with_batch(base_config, P)
+    config = algos.with_batch(base_config, P, algos.micro_batches(base_config))
     programs[P] = config, run_lib.jit_schedules(run_lib.abstract_setup(config, run.mesh).algo)
   config, algo = programs[P]
   return run._replace(config=config, algo=algo,

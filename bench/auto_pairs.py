@@ -1,0 +1,140 @@
+"""`P=auto` against fixed batches, paired: per seed one run at each fixed batch and one `P=auto`
+run, from one shared warm start and the same seed, in an order that alternates from seed to seed,
+so that the machine's drift falls on every arm alike. Reports, per arm, the training seconds
+(cumulative step time: compiles included, evaluations excluded) and samples to each target, and
+the paired ratio of `P=auto` to each fixed batch (geometric mean of the per-seed ratios with a
+t-interval on their logs, and the median with its distribution-free interval).
+
+  PYTHONPATH=. python bench/auto_pairs.py --workdir=/tmp/pairs --warmstart=WS --seeds=0-7 \
+      --fixed=2,8 --targets=0.5119,0.5524 --lr=1.77e-5 --max_samples=32768
+
+The arms are `python -m rljax.main --config=configs/grpo.py:runlocal,P=...` runs with the deep
+protocol preset's settings (constant lr at the base batch 16 with the sqrt rule, evaluations of
+1000 held-out prompts, micro-batches of half the batch up to 64) and an evaluation every
+`--eval_every_samples` samples. A finished run is not run again; `--analyse` reads the runs only.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from rljax import stats
+from rljax.train import metrics
+
+
+def run_args(arm, seed, args):
+  """The rljax.main command line of `arm` ('auto' or a fixed P) at `seed`."""
+  batch = 16 if arm == 'auto' else int(arm) * 8
+  extra = [] if arm == 'auto' else [f'--config.train.micro_batch={min(64, batch // 2)}']
+  return [sys.executable, '-m', 'rljax.main', f'--config=configs/grpo.py:runlocal,P={arm}',
+          f'--workdir={arm_dir(args.workdir, arm, seed)}', f'--config.seed={seed}',
+          f'--config.warmstart.dir={args.warmstart}', '--config.warmstart.seed=0',
+          '--config.optimizer.decay=constant', f'--config.optimizer.lr={args.lr}',
+          '--config.optimizer.base_batch=16', '--config.train.eval_size=1000',
+          f'--config.train.max_samples={args.max_samples}',
+          f'--config.train.eval_every={max(1, args.eval_every_samples // batch)}',
+          '--config.train.checkpoint_every=100000', '--config.metrics.tensorboard=False',
+          f'--config.auto_batch.max={args.auto_max}', *extra, *args.extra]
+
+
+def arm_dir(workdir, arm, seed):
+  return os.path.join(workdir, f'seed_{seed}', f'P{arm}')
+
+
+def run_all(arms, seeds, args):
+  """Runs every (seed, arm) not finished yet; the order of the arms alternates by seed."""
+  for k, seed in enumerate(seeds):
+    for arm in (arms if k % 2 == 0 else arms[::-1]):
+      directory = arm_dir(args.workdir, arm, seed)
+      if os.path.exists(os.path.join(directory, 'done.json')):
+        continue
+      os.makedirs(directory, exist_ok=True)
+      start = time.time()
+      with open(os.path.join(directory, 'log.txt'), 'w') as log:
+        subprocess.run(run_args(arm, seed, args), stdout=log, stderr=subprocess.STDOUT, check=True)
+      with open(os.path.join(directory, 'done.json'), 'w') as f:
+        json.dump(dict(process_s=time.time() - start), f)
+      print(f'seed {seed} P={arm}: {time.time() - start:.0f} s', flush=True)
+
+
+def to_target(directory, target, window):
+  """(samples, training seconds) at the first crossing of `target` by the eval curve smoothed
+  over `window` evaluations; nan when it never crosses."""
+  rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
+  evals = [r for r in rows if r.get('eval')]
+  train = [r for r in rows if not r.get('eval')]
+  samples = stats.first_crossing([r['samples'] for r in evals],
+                                 stats.smooth([r['eval_accuracy'] for r in evals], window), target)
+  run = dict(train=dict(step_time_s=[r['step_time_s'] for r in train],
+                        samples=[r['samples'] for r in train]))
+  return samples, float(stats.wallclock_at(run, samples)) if np.isfinite(samples) else np.nan
+
+
+def paired_ratio(auto_s, fixed_s):
+  """Geometric mean of per-seed ratios with a t-interval on their logs; the median ratio with
+  its order-statistic interval (None when there are too few pairs for 95%)."""
+  logs = np.log(np.asarray(auto_s) / np.asarray(fixed_s))
+  logs = logs[np.isfinite(logs)]
+  n = len(logs)
+  half = stats.t_quantile(0.95, n - 1) * logs.std(ddof=1) / np.sqrt(n) if n > 1 else np.nan
+  ordered = np.sort(np.exp(logs))
+  k = int(np.floor(n / 2 - 0.98 * np.sqrt(n)))   # binomial order statistics, ~95%
+  median_ci = (ordered[k], ordered[n - 1 - k]) if k >= 0 and n >= 6 else None
+  return dict(n=n, gmean=float(np.exp(logs.mean())), lo=float(np.exp(logs.mean() - half)),
+              hi=float(np.exp(logs.mean() + half)), median=float(np.median(np.exp(logs))),
+              median_ci=median_ci)
+
+
+def moves(directory):
+  rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
+  return [(r['samples'], r['auto_from'], r['auto_to']) for r in rows
+          if 'auto_from' in r and r['auto_from'] != r['auto_to']]
+
+
+def analyse(arms, seeds, args):
+  table = {}
+  for target in args.targets:
+    per_arm = {arm: [to_target(arm_dir(args.workdir, arm, s), target, args.window) for s in seeds]
+               for arm in arms}
+    table[target] = per_arm
+    print(f'\ntarget {target}: samples / training seconds per seed')
+    for arm in arms:
+      cells = ' '.join(f'{n / 1000:.1f}k/{t:.1f}s' for n, t in per_arm[arm])
+      print(f'  P={arm}: {cells}')
+    for arm in arms[:-1]:
+      found = paired_ratio([t for _, t in per_arm['auto']], [t for _, t in per_arm[arm]])
+      print(f'  auto / P={arm}: {found}')
+  for s in seeds:
+    print(f'seed {s} moves (samples, from, to): {moves(arm_dir(args.workdir, "auto", s))}')
+  return table
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--workdir', required=True)
+  parser.add_argument('--warmstart', required=True, help='a shared warm-start directory')
+  parser.add_argument('--seeds', default='0-7')
+  parser.add_argument('--fixed', default='2,8', help='fixed P arms (the first is the base)')
+  parser.add_argument('--targets', default='0.5119,0.5524')
+  parser.add_argument('--lr', type=float, default=1.77e-5)
+  parser.add_argument('--max_samples', type=int, default=32768)
+  parser.add_argument('--eval_every_samples', type=int, default=2048)
+  parser.add_argument('--auto_max', type=int, default=32)
+  parser.add_argument('--window', type=int, default=3)
+  parser.add_argument('--analyse', action='store_true', help='read the runs only')
+  args, args.extra = parser.parse_known_args(argv)
+  first, _, last = args.seeds.partition('-')
+  seeds = list(range(int(first), int(last or first) + 1))
+  args.targets = [float(t) for t in args.targets.split(',')]
+  arms = args.fixed.split(',') + ['auto']
+  if not args.analyse:
+    run_all(arms, seeds, args)
+  analyse(arms, seeds, args)
+
+
+if __name__ == '__main__':
+  main()
