@@ -1,6 +1,10 @@
 """Rebuilds a protocol workdir's report from its logs, without training:
 
   python -m rljax.analysis --workdir=DIR
+  python -m rljax.analysis --workdir=NEW --quick_from=DIR --seeds=2 --calibration_seeds=1
+
+The second builds in NEW the quick mode's view of the full sweep in DIR (rljax.protocol.quick_view:
+the runs a quick run with its seed offset trains, taken from the sweep) and its report.
 """
 import os
 import sys
@@ -8,6 +12,7 @@ import sys
 from absl import app
 from absl import flags
 
+from rljax.protocol import quick_view
 from rljax.protocol import report as report_lib
 
 
@@ -24,6 +29,9 @@ def main(argv):
   if not flags.FLAGS.workdir:
     _fail('--workdir is required')
   try:
+    if flags.FLAGS.quick_from:
+      quick_view.build(flags.FLAGS.quick_from, flags.FLAGS.workdir, flags.FLAGS.seeds,
+                       flags.FLAGS.calibration_seeds)
     report = report_lib.write_report(flags.FLAGS.workdir)
   except (OSError, ValueError) as e:
     _fail(e)
@@ -34,4 +42,7 @@ def main(argv):
 if __name__ == '__main__':
   # Defined here, not at import: rljax.main defines its own --workdir and may import this module.
   flags.DEFINE_string('workdir', None, 'Protocol workdir with arms/, throughput/, protocol.json.')
+  flags.DEFINE_string('quick_from', '', 'A full sweep whose quick-mode view to build in --workdir.')
+  flags.DEFINE_integer('seeds', 2, 'With --quick_from: the base arm seeds the view takes.')
+  flags.DEFINE_integer('calibration_seeds', 1, 'With --quick_from: seeds per calibration lr.')
   app.run(main)

@@ -64,3 +64,24 @@ def test_the_report_comparison_fails_where_it_must():
                 {'a': [1.0, 2, 'x'], 'b': {'q': 0.25}}):
     with pytest.raises(AssertionError):
       assert_same_report(wrong, report)
+
+
+DEEP = [r for r in RUNS if 'deep' in os.path.basename(r)]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize('archive', DEEP, ids=os.path.basename)
+def test_the_quick_view_of_a_deep_sweep_answers_a_larger_batch_at_a_third_of_its_samples(
+    archive, tmp_path):
+  with tarfile.open(archive) as tar:
+    tar.extractall(tmp_path / 'sweep', filter='data')
+  result = subprocess.run([sys.executable, '-m', 'rljax.analysis', f'--workdir={tmp_path / "quick"}',
+                           f'--quick_from={tmp_path / "sweep"}', '--seeds=2',
+                           '--calibration_seeds=1'], capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stderr
+  quick = json.loads((tmp_path / 'quick' / 'report.json').read_bytes())
+  full = json.loads((tmp_path / 'sweep' / 'report.json').read_bytes())
+  assert quick['mode'] == 'quick' and quick['recommended'] > full['base_batch']
+  assert quick['cost']['quick'] <= full['cost']['full_sweep'] / 3
+  sweep_row = next(c for c in full['decision']['candidates'] if c['batch'] == quick['recommended'])
+  assert sweep_row['relative_wallclock_ci'][1] < 1   # the sweep also measured the quick pick faster
