@@ -7,8 +7,10 @@
 Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized protocol for 2 cores:
 docs/guide/protocol.md; GRPO: a base of 16 responses, targets deep in training, where a larger
 batch can win), shallow (with runlocal, GRPO: the earlier preset, base 128, a target a few points
-above the warm start), small (with runlocal, GRPO: base 16, the shallow target), seeds (seeds per
-arm to start with). Every arm is configs/<algo>.py at one batch:
+above the warm start), small (with runlocal, GRPO: base 16, the shallow target), quick (the quick
+answer alone: calibration at one seed per lr, the base arm at two seeds, the throughput rounds;
+with the deep runlocal preset a third of its full sweep's training samples), seeds (seeds per arm
+to start with). Every arm is configs/<algo>.py at one batch:
 `--config.arm.a.b=value` changes a field of every arm (e.g. --config.arm.data.dir=/tmp/data),
 `--config.protocol.x=value` a protocol setting (e.g. --config.protocol.sweep='(8,16,32)').
 Batches are given as the algo's batch argument (GRPO: P prompts of G responses; PPO: B).
@@ -31,7 +33,7 @@ def arm_config(algo, arg):
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, algo='grpo', runlocal=False, small=False, shallow=False,
-                         seeds=-1)   # -1: the preset's
+                         quick=False, seeds=-1)   # -1: the preset's
   for name in ('small', 'shallow'):
     if arg[name] and not (arg.runlocal and arg.algo == 'grpo'):
       raise ValueError(f'config arg {name}: a GRPO runlocal preset; give algo=grpo,runlocal,{name}')
@@ -114,6 +116,9 @@ def get_config(arg=None):
                            throughput_rounds=8, throughput_steps=8, confirm_seeds=6)
   if deep:
     deep_preset(config)
+  if arg.quick:   # the answer from the base arm's noise scale (docs/guide/protocol.md)
+    config.protocol.update(quick=True, calibration_seeds=1, confirm=False,
+                           num_seeds=2 if arg.seeds == -1 else arg.seeds)
   return config
 
 

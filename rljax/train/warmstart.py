@@ -18,6 +18,7 @@ from absl import logging
 import jax
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 
 from rljax.data import sources as data
 from rljax import losses
@@ -73,14 +74,36 @@ def make_supervised_loss(model, moe_aux_coef):
 
 def _cached(path, init_params):
   """(params, info) of the cache at `path` (its newest intact step), or None: no cache, or only
-  damaged ones (set aside)."""
+  damaged ones (set aside). A cache an rljax before checkpoint manifests wrote (params/ and
+  info.json, written last) is read as it was written, with one warning line, and saved again in
+  today's layout."""
   if not os.path.isdir(os.path.join(path, 'checkpoints')):
-    return None
+    return _legacy(path, init_params)
   reader = checkpoint.Checkpointer(path, read_only=True)
   try:
     return reader.restore(init_params, discard=True)
   finally:
     reader.close()
+
+
+def _legacy(path, init_params):
+  if not os.path.exists(os.path.join(path, 'info.json')):
+    return None
+  with open(os.path.join(path, 'info.json')) as f:
+    info = json.load(f)
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, init_params)
+  params = ocp.StandardCheckpointer().restore(os.path.join(path, 'params'), abstract)
+  if jax.process_index() == 0:
+    print(f'rljax: warning: warm start {path} was written by an rljax before checkpoint '
+          'manifests; reusing it and saving it again with one', flush=True)
+  _save(path, params, dict(info, steps=int(info['steps'])))
+  return params, info
+
+
+def _save(path, params, info):
+  cache = checkpoint.Checkpointer(path, every=1, keep=1)   # a step appears only when complete
+  cache.save(info['steps'], params, info, force=True)
+  cache.close()
 
 
 def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_dir, prompt_len,
@@ -126,7 +149,5 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
   if accuracy < ws.threshold:
     logging.warning('warm start reached only %.3f < threshold %.3f after %d steps',
                     accuracy, ws.threshold, step)
-  cache = checkpoint.Checkpointer(path, every=1, keep=1)   # a step appears only when complete
-  cache.save(step, params, info, force=True)
-  cache.close()
+  _save(path, params, info)
   return params, info
