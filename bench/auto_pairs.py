@@ -5,8 +5,8 @@ so that the machine's drift falls on every arm alike. Reports, per arm, the trai
 the paired ratio of `P=auto` to each fixed batch (geometric mean of the per-seed ratios with a
 t-interval on their logs, and the median with its distribution-free interval).
 
-  PYTHONPATH=. python bench/auto_pairs.py --workdir=/tmp/pairs --warmstart=WS --seeds=0-7 \
-      --fixed=2,8 --targets=0.5119,0.5524 --lr=1.77e-5 --max_samples=32768
+  JAX_COMPILATION_CACHE_DIR=/tmp/pairs/jax_cache PYTHONPATH=. python bench/auto_pairs.py \
+      --workdir=/tmp/pairs --warmstart=WS --seeds=0-7 --fixed=2,8
 
 The arms are `python -m rljax.main --config=configs/grpo.py:runlocal,P=...` runs with the deep
 protocol preset's settings (constant lr at the base batch 16 with the sqrt rule, evaluations of
@@ -119,9 +119,9 @@ def main(argv=None):
   parser.add_argument('--warmstart', required=True, help='a shared warm-start directory')
   parser.add_argument('--seeds', default='0-7')
   parser.add_argument('--fixed', default='2,8', help='fixed P arms (the first is the base)')
-  parser.add_argument('--targets', default='0.5119,0.5524')
+  parser.add_argument('--targets', default='0.4713,0.5119')
   parser.add_argument('--lr', type=float, default=1.77e-5)
-  parser.add_argument('--max_samples', type=int, default=32768)
+  parser.add_argument('--max_samples', type=int, default=20480)
   parser.add_argument('--eval_every_samples', type=int, default=2048)
   parser.add_argument('--auto_max', type=int, default=32)
   parser.add_argument('--window', type=int, default=3)
