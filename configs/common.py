@@ -109,8 +109,8 @@ def base_config(P, G, runlocal, seed, model=''):
   # The batch chosen during the run (docs/guide/auto_batch.md): among the powers of two in
   # [min, max], in the algorithm's unit (rollout.P: GRPO's prompts, PPO's B), the one of most
   # predicted progress per second, decided every `every_samples` samples from the noise scale of
-  # the last `window` steps and samples/s measured over `probe_steps` steps at each batch tried
-  # (or read from throughput_file, JSON {"P": [samples/s, ...]}). It moves only when the gain's
+  # the last `window` steps and samples/s over the latest `window` (at least `probe_steps`) steps
+  # at each batch tried (or read from throughput_file, JSON {"P": [samples/s, ...]}). It moves only when the gain's
   # lower end clears 1 + margin and the rest of the budget repays a compile of compile_s seconds
   # (negative: the run's longest compiling step); each move is checked after
   # verify_samples more samples by its measured progress, and undone if it lost progress per second.

@@ -152,7 +152,7 @@ def settings(**overrides):
   return config.auto_batch
 
 
-def test_record_skips_the_compiling_step_and_keeps_the_first_probe_steps_and_a_trail():
+def test_record_skips_the_compiling_step_keeps_the_latest_steps_and_a_trail():
   state = rebatch.initial_state(grpo_config.get_config('runlocal,P=auto'))
   row = dict(samples_per_s=5.0, step_time_s=3.0, grad_sq_small=2.0, grad_sq_big=1.0, b_small=8.0,
              b_big=16.0, reward_mean=0.5, retained=16)
@@ -163,9 +163,12 @@ def test_record_skips_the_compiling_step_and_keeps_the_first_probe_steps_and_a_t
   assert state['compile_s'] == 9.0   # the longest compiling step
   for samples, value in ((48, 6.0), (64, 7.0), (80, 8.0)):
     state = rebatch.record(state, dict(row, samples_per_s=value), samples, True, few)
-  assert state['throughput'] == {'2': [6.0, 7.0]} and len(state['noise_terms']) == 5
+  assert state['throughput'] == {'2': [6.0, 7.0, 8.0]} and len(state['noise_terms']) == 5
   assert state['compile_s'] == 9.0
-  assert rebatch.measured_rounds(state, few) == {2: [6.0, 7.0]}
+  assert rebatch.measured_rounds(state, few) == {2: [6.0, 7.0, 8.0]}
+  for samples in range(96, 96 + 16 * 60, 16):   # the latest `window` steps only
+    state = rebatch.record(state, dict(row, samples_per_s=float(samples)), samples, True, few)
+  assert state['throughput']['2'] == [float(s) for s in range(96 + 16 * 10, 96 + 16 * 60, 16)]
   assert [t[0] for t in state['trail']] == [32, 48, 64, 80]   # the last 4 x verify_samples
   assert json.loads(json.dumps(state)) == state   # rides in the checkpoint's JSON meta
 

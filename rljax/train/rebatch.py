@@ -4,10 +4,10 @@ process, and the decision points.
 
 The state is plain JSON: the current batch `P` (the algorithm's unit: GRPO's prompts, PPO's B),
 the sample count of the next decision, the batch the last move left, the sample count at which the
-run reached the current batch, samples/s of the first measured steps at each batch tried, the
-longest compiling step, the noise-scale terms of the last `window` steps, the training reward of
-the steps of the last four `verify_samples` (`trail`), the move being checked (`check`) and the
-progress per sample the last checked move kept (`measured`).
+run reached the current batch, samples/s of the latest `window` measured steps at each batch
+tried, the longest compiling step, the noise-scale terms of the last `window` steps, the training
+reward of the steps of the last four `verify_samples` (`trail`), the move being checked (`check`)
+and the progress per sample the last checked move kept (`measured`).
 Batches go to the rule in responses (P x G), the unit of the noise scale.
 """
 import json
@@ -48,8 +48,8 @@ def record(state, row, samples, measurable, settings):
     terms = (terms + [[row[key] for key in stats.NOISE_KEYS]])[-settings.window:]
   rounds = dict(state['throughput'])
   key = str(state['P'])
-  if measurable and len(rounds.get(key, [])) < settings.probe_steps:
-    rounds[key] = rounds.get(key, []) + [row['samples_per_s']]
+  if measurable:   # the latest `window` steps at the batch: a drifting host is followed
+    rounds[key] = (rounds.get(key, []) + [row['samples_per_s']])[-settings.window:]
   compile_s = state['compile_s'] if measurable else max(state['compile_s'], row['step_time_s'])
   return dict(state, noise_terms=terms, throughput=rounds, compile_s=compile_s, trail=trail)
 
