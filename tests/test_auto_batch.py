@@ -169,7 +169,7 @@ def test_record_skips_the_compiling_step_keeps_the_latest_steps_and_a_trail():
   for samples in range(96, 96 + 16 * 60, 16):   # the latest `window` steps only
     state = rebatch.record(state, dict(row, samples_per_s=float(samples)), samples, True, few)
   assert state['throughput']['2'] == [float(s) for s in range(96 + 16 * 10, 96 + 16 * 60, 16)]
-  assert [t[0] for t in state['trail']] == [32, 48, 64, 80]   # the last 4 x verify_samples
+  assert [t[0] for t in state['trail']] == [992, 1008, 1024, 1040]   # the last 4 x verify_samples
   assert json.loads(json.dumps(state)) == state   # rides in the checkpoint's JSON meta
 
 
