@@ -5,6 +5,11 @@ so that the machine's drift falls on every arm alike. Reports, per arm, the trai
 the paired ratio of `P=auto` to each fixed batch (geometric mean of the per-seed ratios with a
 t-interval on their logs, and the median with its distribution-free interval).
 
+A host shared with other jobs makes measured seconds noisy, compiles most of all. With
+`--throughput_from=D` (a protocol workdir) the same ratios are also given in modelled seconds:
+each step's samples at the samples/s of D's interleaved throughput rounds for its batch
+(log-log interpolated between measured batches), plus `--compile_s` per batch the run compiled.
+
   JAX_COMPILATION_CACHE_DIR=/tmp/pairs/jax_cache PYTHONPATH=. python bench/auto_pairs.py \
       --workdir=/tmp/pairs --warmstart=WS --seeds=0-7 --fixed=2,8
 
@@ -74,6 +79,31 @@ def to_target(directory, target, window):
   return samples, float(stats.wallclock_at(run, samples)) if np.isfinite(samples) else np.nan
 
 
+def rounds_rate(workdir):
+  """samples/s(batch) from a protocol report's throughput rounds, log-log interpolated."""
+  with open(os.path.join(workdir, 'report.json')) as f:
+    rows = sorted((r['batch'], r['median']) for r in json.load(f)['throughput'])
+  log_b, log_r = np.log([b for b, _ in rows]), np.log([r for _, r in rows])
+  return lambda batch: float(np.exp(np.interp(np.log(batch), log_b, log_r)))
+
+
+def modelled_to_target(directory, target, window, rate, compile_s):
+  """Modelled seconds to the first crossing: samples at the rounds' rate per batch, plus one
+  compile per batch the run trained at."""
+  rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
+  evals = [r for r in rows if r.get('eval')]
+  train = [r for r in rows if not r.get('eval')]
+  samples = stats.first_crossing([r['samples'] for r in evals],
+                                 stats.smooth([r['eval_accuracy'] for r in evals], window), target)
+  if not np.isfinite(samples):
+    return np.nan
+  before = [r for r in train if r['samples'] - r['retained'] < samples]
+  batch = lambda r: r.get('batch', r['retained'])   # P=auto's rows name their batch
+  seconds = sum(min(r['retained'], samples - r['samples'] + r['retained']) / rate(batch(r))
+                for r in before)
+  return seconds + compile_s * len({batch(r) for r in before})
+
+
 def paired_ratio(auto_s, fixed_s):
   """Geometric mean of per-seed ratios with a t-interval on their logs; the median ratio with
   its order-statistic interval (None when there are too few pairs for 95%)."""
@@ -107,7 +137,16 @@ def analyse(arms, seeds, args):
       print(f'  P={arm}: {cells}')
     for arm in arms[:-1]:
       found = paired_ratio([t for _, t in per_arm['auto']], [t for _, t in per_arm[arm]])
-      print(f'  auto / P={arm}: {found}')
+      print(f'  auto / P={arm}, measured seconds: {found}')
+    if args.throughput_from:
+      rate = rounds_rate(args.throughput_from)
+      modelled = {arm: [modelled_to_target(arm_dir(args.workdir, arm, s), target, args.window, rate,
+                                           args.compile_s) for s in seeds] for arm in arms}
+      print('  modelled seconds: ' + '; '.join(
+          f'P={arm} ' + ' '.join(f'{t:.1f}' for t in modelled[arm]) for arm in arms))
+      for arm in arms[:-1]:
+        print(f'  auto / P={arm}, modelled seconds: '
+              f'{paired_ratio(modelled["auto"], modelled[arm])}')
   for s in seeds:
     print(f'seed {s} moves (samples, from, to): {moves(arm_dir(args.workdir, "auto", s))}')
   return table
@@ -126,6 +165,8 @@ def main(argv=None):
   parser.add_argument('--auto_max', type=int, default=32)
   parser.add_argument('--window', type=int, default=3)
   parser.add_argument('--analyse', action='store_true', help='read the runs only')
+  parser.add_argument('--throughput_from', default='', help='a protocol workdir: modelled seconds')
+  parser.add_argument('--compile_s', type=float, default=0.0, help='modelled seconds per compile')
   args, args.extra = parser.parse_known_args(argv)
   first, _, last = args.seeds.partition('-')
   seeds = list(range(int(first), int(last or first) + 1))

@@ -40,7 +40,7 @@ def get_config(arg=None):
   if arg.small and arg.shallow:
     raise ValueError('config args small and shallow: two presets; give one')
   deep = arg.runlocal and arg.algo == 'grpo' and not (arg.small or arg.shallow)
-  seeds = (4 if arg.small or deep else 3) if arg.seeds == -1 else arg.seeds
+  seeds = (8 if deep else 4 if arg.small else 3) if arg.seeds == -1 else arg.seeds
   arm = arm_config(arg.algo, 'runlocal' if arg.runlocal else '')
   unit = arm.rollout.G   # responses per batch argument (GRPO: G responses to each of P prompts)
   if deep:           # batches in responses (G=8: P = 2, 8, 32); evals every 8192 samples
@@ -128,12 +128,14 @@ def deep_preset(config):
   top, and lr0 is calibrated on a proxy target (protocol.target) reached a third of the way into
   that budget, at a quarter of the sweep's training samples or less. Evaluations on all 1000
   held-out prompts of the task's test split: a larger split changes the training split and with
-  it the warm start, from which RL plateaued at 0.44-0.47 within the budget."""
+  it the warm start, from which RL plateaued at 0.44-0.47 within the budget. Eight seeds per arm
+  (and up to four staged): the decision's power at the paper's truth
+  (docs/guide/protocol_results.md, "Power and cost")."""
   config.protocol.update(
       target=0.50, stop_at_target=False, target_fractions=(0.5, 0.7, 0.9),
       max_samples=65_536, eval_every_samples=8192, smooth_window=3,
       calibration_factors=(0.5, 1.0, 2.0), calibration_eval_every_samples=2048,
-      calibration_max_samples=32_768, max_seeds=8, extra_seeds=4, throughput_rounds=10,
+      calibration_max_samples=32_768, max_seeds=12, extra_seeds=4, throughput_rounds=10,
       throughput_steps=16, confirm_seeds=4)
   config.arm.optimizer.update(lr=1e-4, decay='constant')   # the README run's lr scale
   config.arm.warmstart.eval_every = 25   # the README run's warm start (0.37 on this CPU)

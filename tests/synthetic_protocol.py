@@ -113,7 +113,7 @@ def write_workdir(root, truth, rng, model, seeds, rounds, prompts):
   return seed_sd
 
 
-def run_protocol(root, truth, rng, model=DEEP, seeds=4, rounds=10, max_seeds=8, extra_seeds=4,
+def run_protocol(root, truth, rng, model=DEEP, seeds=8, rounds=10, max_seeds=12, extra_seeds=4,
                  prompts=None):
   """A synthetic protocol through the real report code and the driver's staged seeds."""
   prompts = prompts or model.prompts
