@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 
-# jax, orbax (rljax.train.checkpoint) are imported in the functions that use them: rljax.protocol.report reads
+# jax, orbax (rljax.train.checkpoint) are imported in the functions that use them: rljax.protocol.layout reads
 # and writes the protocol's JSON through this module in processes that never start jax.
 
 RESUMABLE = ('train.max_samples', 'train.max_steps', 'train.target', 'train.log_every',
