@@ -1,6 +1,6 @@
 """The size rules of rljax/ that docs/architecture.md states: no function over 60 lines, no file
-over 450. Read with `ast` from every file; a function counts from its first decorator to its last line,
-nested functions inside it included."""
+over 450. Read with `ast` from every file; a function counts from its first decorator to its last
+line, nested functions inside it included."""
 import ast
 import os
 
