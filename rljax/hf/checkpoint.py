@@ -33,7 +33,7 @@ TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jin
 def policy_config(config) -> model_lib.ModelConfig:
   """The policy of a training config: config.model, or with --config.init.hf_path the checkpoint's
   architecture with config.model's runtime fields (moe_impl, dtypes, remat)."""
-  hf_path = config.init.hf_path if 'init' in config else ''
+  hf_path = config.init.hf_path
   if not hf_path:
     return model_lib.ModelConfig.from_config(config.model)
   runtime = {k: config.model[k] for k in architecture.RUNTIME_FIELDS if k in config.model}

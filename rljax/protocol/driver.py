@@ -42,6 +42,7 @@ from rljax.protocol import report as report_lib
 from rljax.train import config_checks
 from rljax.train import loop as train
 from rljax.train import metrics as metrics_lib
+from rljax.train import run as run_lib
 from rljax.train import workdir as workdir_lib
 
 
@@ -294,10 +295,10 @@ def measure_throughput(config, workdir, value, lr0, round_index, stop=None):
   cfg.train.max_samples, cfg.train.max_steps = 0, p.throughput_warmup + p.throughput_steps
   cfg.train.target, cfg.train.checkpoint_every = 0.0, 0
   cfg.train.eval_every = cfg.train.max_steps + 1   # evals are not part of the steady state
-  config_checks.check(cfg)
+  shape = run_lib.checked_shape(cfg)   # checked and set up abstractly once, before the old run goes
   run_dir = os.path.join(workdir, 'throughput', str(batch), f'run_{round_index}')
   shutil.rmtree(run_dir, ignore_errors=True)   # a fresh measurement, never a resumed one
-  train.train(cfg, run_dir, stop)
+  train.train(cfg, run_dir, stop, shape)
   result = dict(batch=batch, round=round_index, value=value,
                 **summarise_throughput(run_dir, p.throughput_warmup))
   layout.write(workdir, 'throughput', result, batch=batch, round=round_index)

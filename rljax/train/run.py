@@ -114,7 +114,7 @@ def _model_and_task(config):
 
 def _initial_params(config, model, task, evaluate, rng, mesh, workdir, lengths):
   """The policy to start from: a Hugging Face checkpoint, or a random init and the warm start."""
-  hf_path = tasks.hf_path(config)
+  hf_path = config.init.hf_path
   init_fn = functools.partial(model_lib.init_params, model.cfg)
   if hf_path:   # each tensor read straight onto its shards; no warm start
     shardings = sharding.param_shardings(jax.eval_shape(init_fn, rng), mesh)
@@ -162,8 +162,7 @@ def setup(config, workdir, shape=None):
     task = tasks.make_task(config)
   except OSError as error:
     raise ValueError(f'cannot build or read the dataset: {error}') from None
-  config_checks.check_lengths(shape.prompt_len, shape.new_tokens, shape.model.cfg,
-                              task.tokenizer.vocab_size)
+  config_checks.check_vocabulary(shape.model.cfg, task.tokenizer.vocab_size)
   shape = shape._replace(sampling=sampling_config(
       config, shape.new_tokens, shape.sampling.group, task.tokenizer.eos_id,
       task.tokenizer.pad_id))

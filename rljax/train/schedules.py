@@ -231,10 +231,21 @@ def empty_ahead(sampler, params, P):
 
 
 def check(config, device_count, process_count):
-  """ValueError naming the first bad rollout.partial or rollout.devices field."""
-  if config.rollout.partial:
+  """ValueError naming the first bad field of the rollout section: the sampler's settings, then
+  rollout.partial's and rollout.devices'."""
+  rollout, t = config.rollout, config.rollout.temperature
+  if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+    raise ValueError(f'rollout.temperature must be a positive number, got {t!r}')
+  if not 0 < rollout.top_p <= 1:
+    raise ValueError(f'rollout.top_p must be in (0, 1], got {rollout.top_p}')
+  if rollout.slots < 0:
+    raise ValueError(f'rollout.slots must be >= 0 (0: static batching), got {rollout.slots}')
+  if rollout.top_k < 0 or rollout.max_new_tokens < 0:
+    raise ValueError(f'rollout.top_k and max_new_tokens must be >= 0 (0: off / from the task), got '
+                     f'{rollout.top_k} and {rollout.max_new_tokens}')
+  if rollout.partial:
     Partial.check(config, process_count)
-  if config.rollout.devices:
+  if rollout.devices:
     DrawnAhead.check(config, device_count, process_count)
 
 

@@ -135,7 +135,7 @@ def prepare(workdir, config):
       os.path.join(workdir, 'config.json'))
   changed = differences(saved, current) if saved is not None else []
   if changed:
-    if not config.train.get('overwrite', False):
+    if not config.train.overwrite:
       shown = '; '.join(changed[:3]) + (f'; and {len(changed) - 3} more' if len(changed) > 3 else '')
       raise ValueError(
           f'workdir {workdir} holds another run, with a different config ({shown}). Re-run with '
