@@ -230,6 +230,25 @@ def empty_ahead(sampler, params, P):
   return jax.tree.map(zeros, ahead)
 
 
+def sampler_group(config, mesh):
+  """Responses per prompt the sampler makes from one prefill of it: rollout.G when the P prompt
+  rows split evenly over the data-parallel devices of its `mesh`, else 1 (the prompts repeated G
+  times)."""
+  if config.rollout.P % sharding.data_parallel_size(mesh):
+    return 1
+  return config.rollout.G
+
+
+def sampling_config(config, new_tokens, group, eos_id=1, pad_id=0):
+  """The rollout sampler's settings for `config`, the one place they are made (the evaluator's
+  are these, greedy: rljax.train.programs.greedy). The stop and padding ids: the task
+  tokenizer's; by default the character tokenizer's, which a plan, building no tokenizer, uses."""
+  rollout = config.rollout
+  return sampler_lib.SamplingConfig(
+      max_new_tokens=new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=rollout.temperature,
+      top_k=rollout.top_k, top_p=rollout.top_p, slots=rollout.slots, group=group)
+
+
 def check(config, device_count, process_count):
   """ValueError naming the first bad field of the rollout section: the sampler's settings, then
   rollout.partial's and rollout.devices'."""
