@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from rljax import stats
+from rljax.protocol import curves
 from rljax.train import metrics
 
 
@@ -66,17 +67,22 @@ def run_all(arms, seeds, args):
       print(f'seed {seed} P={arm}: {time.time() - start:.0f} s', flush=True)
 
 
-def to_target(directory, target, window):
-  """(samples, training seconds) at the first crossing of `target` by the eval curve smoothed
-  over `window` evaluations; nan when it never crosses."""
+def crossing(directory, target, window):
+  """(samples at the first crossing of `target` by the eval curve smoothed over `window`
+  evaluations, nan when it never crosses; the run's training rows)."""
   rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
   evals = [r for r in rows if r.get('eval')]
-  train = [r for r in rows if not r.get('eval')]
-  samples = stats.first_crossing([r['samples'] for r in evals],
-                                 stats.smooth([r['eval_accuracy'] for r in evals], window), target)
+  samples = curves.first_crossing([r['samples'] for r in evals],
+                                  curves.smooth([r['eval_accuracy'] for r in evals], window), target)
+  return samples, [r for r in rows if not r.get('eval')]
+
+
+def to_target(directory, target, window):
+  """(samples, training seconds) at the first crossing."""
+  samples, train = crossing(directory, target, window)
   run = dict(train=dict(step_time_s=[r['step_time_s'] for r in train],
                         samples=[r['samples'] for r in train]))
-  return samples, float(stats.wallclock_at(run, samples)) if np.isfinite(samples) else np.nan
+  return samples, float(curves.wallclock_at(run, samples)) if np.isfinite(samples) else np.nan
 
 
 def rounds_rate(workdir):
@@ -90,11 +96,7 @@ def rounds_rate(workdir):
 def modelled_to_target(directory, target, window, rate, compile_s):
   """Modelled seconds to the first crossing: samples at the rounds' rate per batch, plus one
   compile per batch the run trained at."""
-  rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
-  evals = [r for r in rows if r.get('eval')]
-  train = [r for r in rows if not r.get('eval')]
-  samples = stats.first_crossing([r['samples'] for r in evals],
-                                 stats.smooth([r['eval_accuracy'] for r in evals], window), target)
+  samples, train = crossing(directory, target, window)
   if not np.isfinite(samples):
     return np.nan
   before = [r for r in train if r['samples'] - r['retained'] < samples]

@@ -17,6 +17,7 @@ continuous: the compiled temporaries (past HBM: what libtpu says they need) and 
 chip (rljax.aot.planner.kv_cache_bytes).
 """
 import argparse
+import dataclasses
 import re
 import sys
 
@@ -117,8 +118,9 @@ def tpu_rows(target_name, P, G, slots, lengths):
 def tpu_temporaries(s, mesh, prompts, prompt_len, new_tokens, slots, group):
   """The compiled sampler's temporaries per chip, or past HBM the bytes libtpu says it needs."""
   try:
-    return programs.sampler(s.model, s.algo.state['params'], mesh, prompts, prompt_len, new_tokens,
-                            slots=slots, group=group)['memory']['temporaries']
+    sampling = dataclasses.replace(s.sampling, max_new_tokens=new_tokens, slots=slots, group=group)
+    return programs.sampler(s.model, s.algo.state['params'], mesh, sampling, prompts,
+                            prompt_len)['memory']['temporaries']
   except MemoryError as error:   # '... required for HLO temporaries (43.23G) exceeds ...'
     return float(re.search(r'temporaries \(([\d.]+)G\)', str(error)).group(1)) * 2**30
 

@@ -16,6 +16,7 @@ from absl import flags
 from absl import logging
 
 from rljax import cli
+from rljax.hf import architecture
 from rljax.hf import checkpoint as hf
 from rljax.train import checkpoint
 
@@ -50,8 +51,8 @@ def run_params(workdir, step=None):
 
 def export(workdir, base, out, dtype=None, step=None):
   """Writes RUN's params with BASE's config.json and tokenizer into OUT; returns the step."""
-  config = hf.read_config(base)
-  cfg = hf.model_config(config)
+  config = architecture.read_config(base)
+  cfg = architecture.model_config(config)
   params, step = run_params(workdir, step)
   hf.save_params(params, cfg, out, config=config, dtype=dtype, tokenizer_dir=base)
   return step
@@ -61,7 +62,7 @@ def summary(out):
   """'N safetensors files, X MB, DTYPE': what an export wrote into `out`."""
   files = [name for name in os.listdir(out) if name.endswith('.safetensors')]
   size = sum(os.path.getsize(os.path.join(out, name)) for name in files)
-  dtype = hf.read_config(out).get('torch_dtype')
+  dtype = architecture.read_config(out).get('torch_dtype')
   return f'{len(files)} safetensors file{"s" * (len(files) != 1)}, {size / 1e6:.1f} MB, {dtype}'
 
 

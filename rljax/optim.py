@@ -19,6 +19,15 @@ LR_RULES = {
 }
 
 
+def check(name, opt_cfg, batch):
+  """ValueError naming the first bad field of the optimizer section `name` at `batch` responses."""
+  for key in ('lr', 'base_batch'):
+    value = opt_cfg[key]
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+      raise ValueError(f'{name}.{key} must be a positive number, got {value!r}')
+  scaled_lr(opt_cfg.lr, batch, opt_cfg.base_batch, opt_cfg.lr_rule)   # raises on a bad rule
+
+
 def scaled_lr(lr0, batch, base_batch, rule):
   """The peak learning rate for a global batch of `batch` responses."""
   if rule not in LR_RULES:
@@ -47,7 +56,7 @@ def planned_updates(train_cfg, batch):
 
 def schedule_for(opt_cfg, peak, total_updates):
   """Linear warmup to `peak`, then opt_cfg.decay until update `total_updates`."""
-  decay = opt_cfg.get('decay', 'constant')
+  decay = opt_cfg.decay
   if decay not in DECAYS:
     raise ValueError(f'decay must be one of {sorted(DECAYS)}, got {decay!r}')
   warmup = max(int(opt_cfg.warmup_steps), 0)

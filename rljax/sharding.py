@@ -54,6 +54,20 @@ def mesh_shape(mesh_cfg, num_devices):
   return sizes
 
 
+def check_mesh(mesh_cfg, device_count, batches, num_experts):
+  """ValueError unless `mesh_cfg` lays out `device_count` devices, every (name, size) of `batches`
+  splits over its data-parallel axes and its expert axis divides `num_experts`."""
+  sizes = mesh_shape(mesh_cfg, device_count)
+  data_parallel = math.prod(sizes[axis] for axis in BATCH_AXES)
+  for name, size in batches:
+    if size % data_parallel:
+      raise ValueError(f'{name} ({size}) is not divisible by the data-parallel size '
+                       f'{" * ".join(BATCH_AXES)} = {data_parallel} (mesh {sizes})')
+  if num_experts and num_experts % sizes['expert']:
+    raise ValueError(f'model.num_experts ({num_experts}) is not divisible by '
+                     f'mesh.expert = {sizes["expert"]}')
+
+
 def make_mesh(mesh_cfg, devices=None):
   devices = jax.devices() if devices is None else devices
   sizes = mesh_shape(mesh_cfg, len(devices))

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from rljax.protocol import driver as protocol_lib
+from rljax.protocol import layout
 from rljax.protocol import report as report_lib
 
 
@@ -83,7 +84,7 @@ def arm_name(batch):
 def write_seeds(root, batch, seeds, truth, seed_sd, rng, model, prompts):
   for seed in seeds:
     stretch = truth[batch][1] * np.exp(seed_sd[batch] * rng.standard_normal())
-    write_run(report_lib.run_dir(root, 'arms', arm_name(batch), seed), batch, stretch, rng,
+    write_run(layout.run_dir(root, 'arms', arm_name(batch), seed), batch, stretch, rng,
               max(model.eval_every, max(truth)), model, prompts)   # one grid for all arms
 
 
@@ -93,19 +94,19 @@ def write_workdir(root, truth, rng, model, seeds, rounds, prompts):
   seed_sd = {b: model.seed_sd * np.exp(0.5 * rng.standard_normal()) for b in truth}
   base = min(truth)
   for batch in truth:
-    report_lib.write(root, 'arm', dict(name=arm_name(batch), batch=batch, value=batch // 8,
+    layout.write(root, 'arm', dict(name=arm_name(batch), batch=batch, value=batch // 8,
                                        lr=1e-4, lr_rule='sqrt', control=False),
                      group='arms', arm=arm_name(batch))
     write_seeds(root, batch, range(seeds), truth, seed_sd, rng, model, prompts)
   for r in range(rounds):
     for batch, (gain, _) in truth.items():
       value = model.samples_per_s * gain * np.exp(ROUND_SD * rng.standard_normal())
-      report_lib.write(root, 'throughput', dict(
+      layout.write(root, 'throughput', dict(
           batch=batch, round=r, samples_per_s=value, step_time_s=batch / value,
           rollout_time_s=0.0, update_time_s=batch / value, steps_measured=4, warmup_steps=2),
                        batch=batch, round=r)
-  report_lib.write(root, 'calibration', dict(lr0=1e-4, source='given'))
-  report_lib.write(root, 'protocol', dict(
+  layout.write(root, 'calibration', dict(lr0=1e-4, source='given'))
+  layout.write(root, 'protocol', dict(
       algo='grpo', target=min(model.stop, model.start + 0.05), targets=[],
       target_fractions=list(model.fractions), base_arm=arm_name(base), base_batch=base,
       rn_tolerance=0.2, smooth_window=5 if model is SHALLOW else 3, level=0.95, n_draws=2000,

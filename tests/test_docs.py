@@ -77,11 +77,31 @@ def config_fields(tree, prefix=''):
       yield f'{prefix}{key}'
 
 
-@pytest.mark.parametrize('name', ['grpo', 'ppo', 'rloo'])
-def test_the_config_reference_names_every_field(name):
-  """Every field of each algorithm's training config has its row in docs/reference/config.md."""
+CONFIG_FILES = ('grpo', 'ppo', 'rloo', 'protocol')
+
+
+def fields_of(name):
+  """The fields of configs/<name>.py's default config; a protocol's `arm.a.b` as the training
+  field `a.b` it sets for every arm."""
   import importlib   # pylint: disable=import-outside-toplevel
   config = importlib.import_module(f'configs.{name}').get_config()
-  documented = documented_fields((ROOT / 'docs' / 'reference' / 'config.md').read_text())
-  missing = sorted(set(config_fields(config.to_dict())) - documented)
+  return {field.removeprefix('arm.') for field in config_fields(config.to_dict())}
+
+
+def reference_fields():
+  return documented_fields((ROOT / 'docs' / 'reference' / 'config.md').read_text())
+
+
+@pytest.mark.parametrize('name', CONFIG_FILES)
+def test_the_config_reference_names_every_field(name):
+  """Every field of each config file (the base config's through each algorithm's) has its row in
+  docs/reference/config.md."""
+  missing = sorted(fields_of(name) - reference_fields())
   assert not missing, 'fields docs/reference/config.md does not name: ' + ', '.join(missing)
+
+
+def test_the_config_reference_names_only_fields_that_exist():
+  every = set().union(*(fields_of(name) for name in CONFIG_FILES))
+  stale = sorted(field for field in reference_fields()
+                 if field.split('.')[0].islower() and field not in every)   # not `ModelConfig`
+  assert not stale, 'docs/reference/config.md names fields no config has: ' + ', '.join(stale)

@@ -1,4 +1,4 @@
-"""rljax.hf.checkpoint / rljax.hf.tokenizer against transformers' own outputs.
+"""rljax.hf (architecture, checkpoint, tokenizer) against transformers' own outputs.
 
 tests/testdata/tiny_qwen3{,_moe}/ are real transformers checkpoints (random weights, built by
 tests/testdata/make_tiny_hf.py) with logits, greedy generations and chat-template ids recorded
@@ -20,6 +20,7 @@ from safetensors import safe_open
 
 from configs import grpo as grpo_config
 from rljax import hf_export
+from rljax.hf import architecture
 from rljax.hf import checkpoint as hf
 from rljax.hf import tokenizer as hf_tokenizer
 from rljax.model import transformer as model_lib
@@ -37,7 +38,7 @@ def model_dir(name):
 
 
 def load(name, moe_impl='dense'):
-  cfg = hf.model_config(hf.read_config(model_dir(name)), moe_impl=moe_impl)
+  cfg = architecture.model_config(architecture.read_config(model_dir(name)), moe_impl=moe_impl)
   return cfg, hf.load_params(model_dir(name), cfg)
 
 
@@ -64,21 +65,22 @@ def safetensors_dict(directory):
 
 
 def test_model_config_reads_both_architectures():
-  dense = hf.model_config(hf.read_config(model_dir('tiny_qwen3')))
+  dense = architecture.model_config(architecture.read_config(model_dir('tiny_qwen3')))
   assert (dense.num_experts, dense.tie_embeddings, dense.head_dim, dense.rope_theta,
           dense.norm_eps) == (0, True, 16, 500.0, 1e-6)
-  moe = hf.model_config(hf.read_config(model_dir('tiny_qwen3_moe')), moe_impl='ragged')
+  moe = architecture.model_config(architecture.read_config(model_dir('tiny_qwen3_moe')),
+                                 moe_impl='ragged')
   assert (moe.num_experts, moe.experts_per_token, moe.expert_hidden, moe.tie_embeddings,
           moe.head_dim, moe.norm_eps, moe.moe_impl) == (8, 2, 16, False, 8, 1e-5, 'ragged')
 
 
 def test_model_config_reads_transformers4_fields():
   """Hub checkpoints written by transformers 4 use rope_theta and num_experts."""
-  config = hf.read_config(model_dir('tiny_qwen3_moe'))
+  config = architecture.read_config(model_dir('tiny_qwen3_moe'))
   config.pop('rope_parameters')
   config['num_experts'] = config.pop('num_local_experts')
   config.update(rope_theta=1e6, rope_scaling=None)
-  cfg = hf.model_config(config)
+  cfg = architecture.model_config(config)
   assert (cfg.rope_theta, cfg.num_experts) == (1e6, 8)
 
 
@@ -92,23 +94,23 @@ def test_model_config_reads_transformers4_fields():
     (dict(model_type='llama'), 'llama'),
 ])
 def test_model_config_rejects_what_rljax_cannot_compute(change, message):
-  config = hf.read_config(model_dir('tiny_qwen3_moe'))
+  config = architecture.read_config(model_dir('tiny_qwen3_moe'))
   config.update(change)
   with pytest.raises(ValueError, match=message):
-    hf.model_config(config)
+    architecture.model_config(config)
 
 
 def test_model_config_names_a_missing_field():
-  config = hf.read_config(model_dir('tiny_qwen3'))
+  config = architecture.read_config(model_dir('tiny_qwen3'))
   del config['hidden_size']
   with pytest.raises(ValueError, match=r"lacks \['hidden_size'\]"):
-    hf.model_config(config)
+    architecture.model_config(config)
 
 
 def test_hf_config_round_trips_the_architecture():
   for name in MODELS:
-    cfg = hf.model_config(hf.read_config(model_dir(name)))
-    assert hf.model_config(hf.hf_config(cfg)) == cfg
+    cfg = architecture.model_config(architecture.read_config(model_dir(name)))
+    assert architecture.model_config(architecture.hf_config(cfg)) == cfg
 
 
 # ------------------------------------------------------------------ parity with transformers
@@ -188,7 +190,7 @@ def test_export_reproduces_the_checkpoint_exactly(name, tmp_path):
   and the export imports again to the same params."""
   cfg, params = load(name)
   out = str(tmp_path / 'export')
-  hf.save_params(params, cfg, out, config=hf.read_config(model_dir(name)),
+  hf.save_params(params, cfg, out, config=architecture.read_config(model_dir(name)),
                  max_shard_bytes=60_000, tokenizer_dir=model_dir(name))
   assert os.path.exists(os.path.join(out, 'model.safetensors.index.json'))
   original, exported = safetensors_dict(model_dir(name)), safetensors_dict(out)
@@ -205,7 +207,7 @@ def test_export_reproduces_the_checkpoint_exactly(name, tmp_path):
 
 
 def load_from(directory):
-  cfg = hf.model_config(hf.read_config(directory))
+  cfg = architecture.model_config(architecture.read_config(directory))
   return cfg, hf.load_params(directory, cfg)
 
 
@@ -304,16 +306,16 @@ def test_missing_tensor_is_named(tmp_path):
 def test_config_that_does_not_fit_the_tensors(tmp_path):
   cfg, params = load('tiny_qwen3')
   hf.save_params(params, cfg, str(tmp_path))
-  wrong = hf.model_config(dict(hf.read_config(str(tmp_path)), head_dim=8))
+  wrong = architecture.model_config(dict(architecture.read_config(str(tmp_path)), head_dim=8))
   with pytest.raises(ValueError, match=r'model.layers.0.self_attn.\w+.weight has shape'):
     hf.load_params(str(tmp_path), wrong)
 
 
 def test_not_a_model_dir(tmp_path):
   with pytest.raises(ValueError, match='no config.json'):
-    hf.read_config(str(tmp_path))
+    architecture.read_config(str(tmp_path))
   (tmp_path / 'config.json').write_text('{}')
-  cfg = hf.model_config(hf.read_config(model_dir('tiny_qwen3')))
+  cfg = architecture.model_config(architecture.read_config(model_dir('tiny_qwen3')))
   with pytest.raises(ValueError, match='neither model.safetensors'):
     hf.load_params(str(tmp_path), cfg)
 
@@ -353,7 +355,7 @@ def test_unreadable_checkpoint_files_are_named(tmp_path, name, file, size, messa
     (directory / file).unlink()
   else:
     truncate(directory / file, size)
-  cfg = hf.model_config(hf.read_config(str(directory)))
+  cfg = architecture.model_config(architecture.read_config(str(directory)))
   pattern = f'^{re.escape(str(directory / file))} {message}'
   with pytest.raises(ValueError, match=pattern):
     hf.check_checkpoint(str(directory), cfg)
@@ -366,10 +368,10 @@ def test_config_json_that_is_not_json_is_named(tmp_path):
   truncate(directory / 'config.json', lambda n: n // 2)
   with pytest.raises(ValueError, match=f'^{re.escape(str(directory / "config.json"))} is not '
                      'valid JSON'):
-    hf.read_config(str(directory))
+    architecture.read_config(str(directory))
   (directory / 'config.json').write_text('[1, 2]')
   with pytest.raises(ValueError, match='config.json is not a JSON object'):
-    hf.read_config(str(directory))
+    architecture.read_config(str(directory))
 
 
 def test_policy_config_checks_the_checkpoint_up_front(tmp_path):
@@ -397,11 +399,12 @@ import sys
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from configs import grpo as grpo_config
+from rljax.hf import architecture
 from rljax.hf import checkpoint as hf
 from rljax.train import checkpoint
 assert jax.device_count() == 8
 name = sys.argv[1]
-cfg = hf.model_config(hf.read_config(name))
+cfg = architecture.model_config(architecture.read_config(name))
 full = hf.load_params(name, cfg)   # one device
 mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ('data', 'model'))
 

@@ -13,8 +13,8 @@ from rljax import optim
 
 
 def opt_cfg(**overrides):
-  values = dict(lr=1e-3, base_batch=128, lr_rule='sqrt', warmup_steps=0, max_grad_norm=1.0,
-                b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=5)
+  values = dict(lr=1e-3, base_batch=128, lr_rule='sqrt', warmup_steps=0, decay='constant',
+                max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=5)
   values.update(overrides)
   return ml_collections.ConfigDict(values)
 

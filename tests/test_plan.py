@@ -189,8 +189,8 @@ def v5p_8_sampler():
   """The rollout sampler alone on a v5p-8 (4 chips; the update compiles as on the v5e-8)."""
   mesh = sharding.make_mesh(dict(fsdp=4), targets.parse_target('tpu:v5p-8').devices())
   s = run_lib.abstract_setup(mid_size_config(), mesh)
-  return compiled.sampler(s.model, s.algo.state['params'], mesh, s.batch, s.prompt_len,
-                          s.new_tokens)
+  return compiled.sampler(s.model, s.algo.state['params'], mesh,
+                          dataclasses.replace(s.sampling, slots=0, group=1), s.batch, s.prompt_len)
 
 
 @pytest.mark.e2e   # whole programs of a 30B-wide layer through XLA's TPU compiler
@@ -380,9 +380,10 @@ def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
     assert planner.resident_bytes(s)['kv_cache'] == (
         (slots or P * 8) * row_bytes + bool(slots) * P * prompt_bytes) // 8
     if slots:
-      temporaries[P] = compiled.sampler(s.model, s.algo.state['params'], mesh, P, s.prompt_len,
-                                        s.new_tokens, slots=slots, group=8)[
-                                            'memory']['temporaries']
+      temporaries[P] = compiled.sampler(
+          s.model, s.algo.state['params'], mesh,
+          dataclasses.replace(s.sampling, slots=slots, group=8), P, s.prompt_len)[
+              'memory']['temporaries']
   assert 0 <= temporaries[128] - temporaries[32] < (
       (1024 - 256) * row_bytes / 10 + (128 - 32) * prompt_bytes)
 
@@ -552,8 +553,8 @@ def test_h200_samples_in_one_graph_launch_per_call():
   config.model.num_layers = 2
   config.data.update(name='gsm8k', max_prompt_len=16, max_response_len=64)
   s = run_lib.abstract_setup(config, mesh)
-  program = compiled.sampler(s.model, s.algo.state['params'], mesh, 16, s.prompt_len,
-                             s.new_tokens)
+  program = compiled.sampler(s.model, s.algo.state['params'], mesh, s.sampling, 16,
+                             s.prompt_len)   # the run's own settings: G = 1, static
   graphs = program['graphs']
   assert graphs['launches'] == 1 and graphs['loop_in_graph'], graphs
   assert 2 * 10 < graphs['loop_kernels'] <= 2 * 60, graphs

@@ -17,6 +17,7 @@ import pytest
 
 from configs import protocol as protocol_config
 from rljax.protocol import driver as protocol
+from rljax.protocol import layout
 from rljax.protocol import report as report_lib
 from rljax import stats
 from rljax.train import warmstart
@@ -143,7 +144,7 @@ def test_a_given_lr0_skips_the_calibration(tmp_path):
   config = protocol_config.get_config('runlocal,shallow')
   config.protocol.lr0 = 3e-5
   assert protocol.calibrate(config, str(tmp_path)) == 3e-5
-  assert report_lib.read(str(tmp_path), 'calibration') == {'lr0': 3e-5, 'source': 'given'}
+  assert layout.read(str(tmp_path), 'calibration') == {'lr0': 3e-5, 'source': 'given'}
   assert not (tmp_path / 'calibration').exists()
 
 
@@ -167,10 +168,10 @@ def test_calibration_chooses_the_lr_with_the_fewest_samples_to_target(tmp_path):
   for i, arm in enumerate(sweep):
     for seed, k in enumerate(crossings[i]):
       accuracies = [0.3] * (k or 8) + [0.4] * (2 if k else 0)
-      _finished_run(report_lib.run_dir(str(tmp_path), 'calibration', arm.name, seed), accuracies)
+      _finished_run(layout.run_dir(str(tmp_path), 'calibration', arm.name, seed), accuracies)
   lr0 = protocol.calibrate(config, str(tmp_path))
   assert lr0 == sweep[2].config.optimizer.lr == 5e-5   # 2.x and 3.x evals: the fewest samples
-  assert report_lib.read(str(tmp_path), 'calibration') == {'lr0': 5e-5, 'source': 'calibrated',
+  assert layout.read(str(tmp_path), 'calibration') == {'lr0': 5e-5, 'source': 'calibrated',
                                                            'at_edge': False}
   arms = protocol.arms(config, str(tmp_path), lr0)
   assert protocol._arm_spec(arms[0])['lr'] == 5e-5
@@ -180,7 +181,7 @@ def test_calibration_that_never_reaches_the_target_fails_clearly(tmp_path):
   config = protocol_config.get_config('runlocal,shallow')
   for arm in protocol.calibration_arms(config, str(tmp_path)):
     for seed in range(2):
-      _finished_run(report_lib.run_dir(str(tmp_path), 'calibration', arm.name, seed), [0.3] * 5)
+      _finished_run(layout.run_dir(str(tmp_path), 'calibration', arm.name, seed), [0.3] * 5)
   with pytest.raises(ValueError, match='no lr reached protocol.target'):
     protocol.calibrate(config, str(tmp_path))
 
@@ -197,18 +198,18 @@ def test_add_seeds_stages_its_budget_to_the_base_and_the_point_fastest_arm(tmp_p
   crossings = dict(P16=[4, 5, 6, 5], P32=[5, 8, 10, 6], P64=[12, 14, 16], P128=[20, 24, 28],
                    P32_fixed_lr=[4, 5, 6])   # evals to the target, per seed
   for arm in arm_list:
-    report_lib.write(workdir, 'arm', protocol._arm_spec(arm), group='arms', arm=arm.name)
+    layout.write(workdir, 'arm', protocol._arm_spec(arm), group='arms', arm=arm.name)
     for seed, k in enumerate(crossings[arm.name]):
-      _finished_run(report_lib.run_dir(workdir, 'arms', arm.name, seed), [0.3] * k + [0.4] * 2,
+      _finished_run(layout.run_dir(workdir, 'arms', arm.name, seed), [0.3] * k + [0.4] * 2,
                     arm.batch)
   for batch, thr in {128: 1000.0, 256: 1500.0, 512: 2000.0, 1024: 3000.0}.items():
     for r in range(3):
-      report_lib.write(workdir, 'throughput', dict(
+      layout.write(workdir, 'throughput', dict(
           batch=batch, round=r, samples_per_s=thr * (1 + 0.01 * r), step_time_s=0.1,
           rollout_time_s=0.02, update_time_s=0.08, steps_measured=4, warmup_steps=2),
                        batch=batch, round=r)
   for name in ('P16', 'P32'):   # what the new seeds "train": done already, so run_once skips them
-    run_dir = report_lib.run_dir(workdir, 'arms', name, 3)
+    run_dir = layout.run_dir(workdir, 'arms', name, 3)
     os.remove(os.path.join(run_dir, 'done.json'))
     os.rename(run_dir, run_dir + '_later')
   original_run_once = protocol.run_once
@@ -373,18 +374,18 @@ def test_resume_skips_finished_arms_and_shares_one_warm_start(resumed):
 @pytest.mark.e2e
 def test_protocol_writes_runs_throughput_report_and_plots(resumed):
   workdir = resumed['workdir']
-  calibration = report_lib.read(workdir, 'calibration')
+  calibration = layout.read(workdir, 'calibration')
   assert calibration == {'lr0': 1e-5, 'source': 'given'}
   for arm in ('P2', 'P4', 'P4_fixed_lr'):
     done = json.load(open(os.path.join(workdir, 'arms', arm, 'seed_0', 'done.json')))
     assert done['samples'] >= 48 or done['eval_accuracy'] >= 0.04
-    spec = report_lib.read(workdir, 'arm', group='arms', arm=arm)
+    spec = layout.read(workdir, 'arm', group='arms', arm=arm)
     assert spec['batch'] == int(arm[1]) * 4 and spec['control'] == arm.endswith('fixed_lr')
     sqrt_factor = 2**0.5 if arm == 'P4' else 1.0   # P2 at lr0, the control at the base's lr
     assert spec['lr'] == pytest.approx(calibration['lr0'] * sqrt_factor)
   for batch in (8, 16, 32):   # 32 = P8 is beyond the align sweep
     for r in range(2):
-      t = report_lib.read(workdir, 'throughput', batch=batch, round=r)
+      t = layout.read(workdir, 'throughput', batch=batch, round=r)
       assert t['batch'] == batch and t['samples_per_s'] > 0 and t['steps_measured'] == 2
   # noise_scale in the training rows: B_simple of the recent steps' squared-norm terms.
   rows = [r for r in map(json.loads, open(os.path.join(workdir, 'arms', 'P4', 'seed_0',
@@ -403,7 +404,7 @@ def test_protocol_writes_runs_throughput_report_and_plots(resumed):
   why_not = {c['batch']: c['why_not'] for c in report['decision']['candidates']}
   assert 'not in the align sweep' in why_not[32]
   assert 'Decision' in open(os.path.join(workdir, 'report.md')).read()
-  for plot in report_lib.PLOTS:
+  for plot in layout.PLOTS:
     with open(os.path.join(workdir, plot), 'rb') as f:
       assert f.read(8) == b'\x89PNG\r\n\x1a\n', plot
 
@@ -429,11 +430,11 @@ def test_confirm_runs_at_the_base_and_the_fastest_batch(resumed, data_dir):
   config, workdir = tiny_config(data_dir), resumed['workdir']
   config.arm.train.micro_batch = 8   # in process: the batch split over this session's 8 devices
   config.protocol.min_micro_batches = 1   # so one micro-batch of 8, not 2 of 4
-  lr0 = report_lib.read(workdir, 'calibration')['lr0']
+  lr0 = layout.read(workdir, 'calibration')['lr0']
   shutil.rmtree(os.path.join(workdir, 'confirm'), ignore_errors=True)   # another micro_batch
   protocol.confirm(config, workdir, {'base_batch': 8, 'decision': {'fastest': 8},
                                      'primary': 0.02}, lr0)
-  spec = report_lib.read(workdir, 'arm', group='confirm', arm='P2')
+  spec = layout.read(workdir, 'arm', group='confirm', arm='P2')
   cfg = json.load(open(os.path.join(workdir, 'confirm', 'P2', 'seed_2', 'config.json')))
   assert spec['batch'] == 8 and cfg['seed'] == 2   # max_seeds = 2: a seed no align run used
   assert cfg['train']['target'] == pytest.approx(0.02 + config.protocol.stop_margin)   # the report's J

@@ -1,5 +1,6 @@
-"""rljax.protocol.report on synthetic protocol workdirs whose answers are known, written through the schema
-that rljax.protocol.driver writes with; and the `python -m rljax.analysis` CLI."""
+"""rljax.protocol.report, layout and prose on synthetic protocol workdirs whose answers are known,
+written through the schema that rljax.protocol.driver writes with; and the
+`python -m rljax.analysis` CLI."""
 import glob
 import json
 import os
@@ -9,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from rljax.protocol import layout
 from rljax.protocol import report as report_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,10 +68,10 @@ def protocol_record(**changes):
 
 
 def write_arm(root, group, name, p, rule, control, lr, seeds, stretch, rng, **kw):
-  report_lib.write(root, 'arm', dict(name=name, value=p, P=p, G=8, batch=8 * p, lr=lr,
+  layout.write(root, 'arm', dict(name=name, value=p, P=p, G=8, batch=8 * p, lr=lr,
                                      lr_rule=rule, control=control), group=group, arm=name)
   for seed in seeds:
-    write_run(report_lib.run_dir(root, group, name, seed), 8 * p, stretch, rng, **kw)
+    write_run(layout.run_dir(root, group, name, seed), 8 * p, stretch, rng, **kw)
 
 
 def write_workdir(root):
@@ -77,18 +79,18 @@ def write_workdir(root):
   rng = np.random.default_rng(0)
   for lr, stretch in ((2.5e-5, 1.5), (5e-5, 1.0), (1e-4, 1.3)):
     write_arm(root, 'calibration', f'lr{lr:g}', 16, 'sqrt', False, lr, range(2), stretch, rng)
-  report_lib.write(root, 'calibration', dict(lr0=5e-5, source='calibrated'))
+  layout.write(root, 'calibration', dict(lr0=5e-5, source='calibrated'))
   for name, (p, rule, stretch, control) in ARMS.items():
     lr = 5e-5 * (np.sqrt(p / 16) if rule == 'sqrt' else 1.0)
     write_arm(root, 'arms', name, p, rule, control, lr, range(3), stretch, rng)
   for r in range(3):
     for batch, thr in THROUGHPUT.items():
       value = thr * np.exp(0.02 * rng.standard_normal())
-      report_lib.write(root, 'throughput', dict(
+      layout.write(root, 'throughput', dict(
           batch=batch, round=r, samples_per_s=value, step_time_s=batch / value,
           rollout_time_s=0.3 * batch / 1000, update_time_s=0.7 * batch / 1000, steps_measured=4,
           warmup_steps=1), batch=batch, round=r)
-  report_lib.write(root, 'protocol', protocol_record())
+  layout.write(root, 'protocol', protocol_record())
   for name, p in (('P16', 16), ('P32', 32)):
     write_arm(root, 'confirm', name, p, 'sqrt', False, 5e-5, (3, 4), 1.0, rng)
   return root
@@ -109,7 +111,7 @@ def test_load_run_splits_and_dedupes(tmp_path):
   ]
   text = ''.join(json.dumps(r) + '\n' for r in rows) + '{"step": 3, "sam'  # torn last line
   (tmp_path / 'metrics.jsonl').write_text(text)
-  run = report_lib.load_run(str(tmp_path))
+  run = layout.load_run(str(tmp_path))
   np.testing.assert_array_equal(run['train']['step'], [1, 2])
   np.testing.assert_array_equal(run['train']['grad_norm'], [2.0, 3.0])
   assert np.isnan(run['train']['critic_grad_norm'][0])
@@ -119,14 +121,14 @@ def test_load_run_splits_and_dedupes(tmp_path):
 
 def test_schema_refuses_a_record_without_its_declared_fields(tmp_path):
   with pytest.raises(ValueError, match=r"lacks \['round'"):
-    report_lib.write(str(tmp_path), 'throughput', {'batch': 8}, batch=8, round=0)
-  report_lib.write(str(tmp_path), 'calibration', {'lr0': 1e-4, 'source': 'given'})
-  assert report_lib.read(str(tmp_path), 'calibration')['lr0'] == 1e-4
-  assert report_lib.read(str(tmp_path), 'protocol') is None
-  with open(report_lib.path(str(tmp_path), 'protocol'), 'w') as f:
+    layout.write(str(tmp_path), 'throughput', {'batch': 8}, batch=8, round=0)
+  layout.write(str(tmp_path), 'calibration', {'lr0': 1e-4, 'source': 'given'})
+  assert layout.read(str(tmp_path), 'calibration')['lr0'] == 1e-4
+  assert layout.read(str(tmp_path), 'protocol') is None
+  with open(layout.path(str(tmp_path), 'protocol'), 'w') as f:
     json.dump({'algo': 'grpo'}, f)
   with pytest.raises(ValueError, match='lacks'):
-    report_lib.read(str(tmp_path), 'protocol')
+    layout.read(str(tmp_path), 'protocol')
 
 
 def test_build_report_end_to_end(workdir):
@@ -202,7 +204,7 @@ def test_cli_rebuilds_the_report_files(workdir):
             'noise_scale', 'noise_scale_ci', 'grad_norm_median'} <= set(arm)
   assert {'calibration', 'targets', 'aligned_range', 'grad_norm_slope', 'throughput',
           'decision', 'recommended', 'confirm'} <= set(report)
-  for plot in report_lib.PLOTS:
+  for plot in layout.PLOTS:
     assert os.path.getsize(os.path.join(workdir, plot)) > 1000
   with open(os.path.join(workdir, 'report.md')) as f:
     markdown = f.read()
@@ -224,14 +226,14 @@ def test_report_with_an_unreached_arm_and_no_throughput_rounds(tmp_path):
   """PPO-like, lr0 given: throughput from the align runs' own steps (one value per seed)."""
   rng, root = np.random.default_rng(1), str(tmp_path)
   for batch, stretch in ((256, 1.0), (512, 1.0), (1024, 100.0)):
-    report_lib.write(root, 'arm', dict(name=f'B{batch}', value=batch, batch=batch, lr=1e-4,
+    layout.write(root, 'arm', dict(name=f'B{batch}', value=batch, batch=batch, lr=1e-4,
                                        lr_rule='sqrt', control=False), group='arms',
                      arm=f'B{batch}')
     for seed in range(3):   # Welch's interval at 2 + 2 seeds has df 1: nothing aligns
-      write_run(report_lib.run_dir(root, 'arms', f'B{batch}', seed), batch, stretch, rng,
+      write_run(layout.run_dir(root, 'arms', f'B{batch}', seed), batch, stretch, rng,
                 ppo=True)
-  report_lib.write(root, 'calibration', dict(lr0=1e-4, source='given'))
-  report_lib.write(root, 'protocol', protocol_record(algo='ppo', base_arm='B256', base_batch=256,
+  layout.write(root, 'calibration', dict(lr0=1e-4, source='given'))
+  layout.write(root, 'protocol', protocol_record(algo='ppo', base_arm='B256', base_batch=256,
                                                      targets=[0.5, 0.6, 0.7]))
   report = report_lib.write_report(root, with_plots=False)
   arms = {a['name']: a for a in report['arms']}

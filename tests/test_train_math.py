@@ -10,6 +10,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from configs import grpo
+from rljax.hf import architecture
 from rljax.hf import checkpoint as hf
 from rljax import hf_export
 from rljax.train import loop as train
@@ -54,7 +55,7 @@ def test_gsm8k_file_trains_end_to_end_with_the_math_verifier(tmp_path):
   out = str(tmp_path / 'exported')
   assert hf_export.export(workdir, base, out) == 3
   trained, _ = hf_export.run_params(workdir)
-  cfg = hf.model_config(hf.read_config(out))
+  cfg = architecture.model_config(architecture.read_config(out))
   reloaded = hf.load_params(out, cfg)
   for a, b in zip(jax.tree.leaves(reloaded), jax.tree.leaves(trained)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -84,8 +85,9 @@ def test_export_cli_without_checkpoints_is_one_clear_error(tmp_path):
 
 
 def test_export_rejects_params_of_another_model(tmp_path):
-  moe = hf.model_config(hf.read_config(os.path.join(TESTDATA, 'tiny_qwen3_moe')))
-  dense = hf.model_config(hf.read_config(os.path.join(TESTDATA, 'tiny_qwen3')))
+  moe = architecture.model_config(
+      architecture.read_config(os.path.join(TESTDATA, 'tiny_qwen3_moe')))
+  dense = architecture.model_config(architecture.read_config(os.path.join(TESTDATA, 'tiny_qwen3')))
   params = hf.load_params(os.path.join(TESTDATA, 'tiny_qwen3'), dense)
   with pytest.raises(ValueError, match='do not fit the model config'):
     hf.save_params(params, moe, str(tmp_path))

@@ -69,6 +69,27 @@ def micro_batches(config):
   return minibatch // (config.train.micro_batch or minibatch)
 
 
+def check(config):
+  """ValueError naming the first bad field of the algorithm and its batch: rollout.P, the
+  algorithm's own section, the optimizer at that batch, minibatches and micro-batches."""
+  module, train = get(config.algo), config.train
+  if config.rollout.P < 1:
+    raise ValueError(f'rollout.P (PPO: B) must be >= 1, got {config.rollout.P}')
+  batch = batch_size(config)
+  module.check(config)
+  optim.check('optimizer', config.optimizer, batch)
+  check_decay('optimizer', config.optimizer, config, batch)
+  if train.num_minibatches < 1 or batch % train.num_minibatches:
+    raise ValueError(f'train.num_minibatches ({train.num_minibatches}) must divide the batch '
+                     f'P*G = {batch}')
+  minibatch = batch // train.num_minibatches
+  if train.micro_batch and (train.micro_batch < 1 or minibatch % train.micro_batch):
+    raise ValueError(f'train.micro_batch ({train.micro_batch}) must divide the minibatch of '
+                     f'{minibatch} responses')
+  if train.num_epochs < 1:
+    raise ValueError(f'train.num_epochs must be >= 1, got {train.num_epochs}')
+
+
 def check_policy_loss(name, cfg):
   """The fields every policy-gradient algorithm's section shares (its name: `name`)."""
   if cfg.loss_agg not in losses.AGGREGATION_MODES:
@@ -85,7 +106,7 @@ def check_policy_loss(name, cfg):
   if cfg.clip_ratio_c and not cfg.clip_ratio_c > 1:
     raise ValueError(f'{name}.clip_ratio_c (dual-clip) must be > 1, or 0 for off, got '
                      f'{cfg.clip_ratio_c}')
-  mode = cfg.get('off_policy', 'none')
+  mode = cfg.off_policy
   if mode not in losses.OFF_POLICY_MODES:
     raise ValueError(f'{name}.off_policy {mode!r} is not one of {losses.OFF_POLICY_MODES}')
   if mode == 'tis' and not cfg.is_high >= 1:
@@ -100,7 +121,7 @@ def check_policy_loss(name, cfg):
 def check_decay(name, opt, config, batch):
   """A decaying lr ends at the run's last planned update, which must be known and after warmup
   (optim.schedule_for checks the name and the warmup; this adds what only the config knows)."""
-  decay, train = opt.get('decay', 'constant'), config.train
+  decay, train = opt.decay, config.train
   filters_rows = config[config.algo].get('filter_zero_variance', False)
   if decay != 'constant' and filters_rows and not train.max_steps:
     raise ValueError(f'{name}.decay={decay!r} anneals to 0 at the last planned update, which '

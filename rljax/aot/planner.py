@@ -36,6 +36,7 @@ from rljax import tasks
 from rljax.train import config_checks
 from rljax.train import programs as programs_lib
 from rljax.train import run as run_lib
+from rljax.train import schedules
 
 GiB = targets.GiB
 
@@ -77,7 +78,7 @@ def resident_bytes(s):
 
 
 def sampler_kv_bytes(s):
-  return kv_cache_bytes(s, run_lib.sampler_group(s.config, s.rollout_mesh))
+  return kv_cache_bytes(s, schedules.sampler_group(s.config, s.rollout_mesh))
 
 
 def sampler_resident_bytes(s):

@@ -3,10 +3,10 @@ abstract state: what one chip holds, what one step costs, what it communicates.
 
 The run's own programs come from rljax.train.programs (the planner lowers them with their
 abstract arguments, ShapeDtypeStructs that carry rljax.sharding's layouts); `sampler` here
-compiles a sampler at any batch, for measurements. XLA's cost
-analysis counts a while loop's body once, so per-step costs come from programs of one step: one
-decode step of the unrolled model at 1 and 2 layers (exact per layer, it has no loops), and one
-micro-batch's gradient with one scanned layer plus one remat'ed layer on its own.
+compiles a run's sampler at any batch, for measurements. XLA's cost analysis counts a while
+loop's body once, so per-step costs come from programs of one step: one decode step of the
+unrolled model at 1 and 2 layers (exact per layer, it has no loops), and one micro-batch's
+gradient with one scanned layer plus one remat'ed layer on its own.
 """
 import glob
 import os
@@ -76,12 +76,10 @@ def batch_struct(shape, dtype, mesh):
   return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(mesh, len(shape)))
 
 
-def sampler(model, params, mesh, batch, prompt_len, new_tokens, greedy=False, slots=0, group=1):
-  """The rollout (or, greedy, the evaluation) sampler at `batch` prompts, `group` responses each;
-  slots > 0: continuous."""
-  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampler_lib.SamplingConfig(
-      max_new_tokens=new_tokens, eos_id=1, pad_id=0, greedy=greedy, slots=slots, group=group)),
-      mesh)
+def sampler(model, params, mesh, sampling, batch, prompt_len):
+  """The sampler with settings `sampling` (a run's, rljax.train.schedules.sampling_config, or
+  derived from them: another slot count or group) at `batch` prompt rows of `prompt_len`."""
+  sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampling), mesh)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
   return compile_lowered(sample.lower(params, batch_struct((batch, prompt_len), jnp.int32, mesh),
                                       batch_struct((batch, prompt_len), bool, mesh), key),

@@ -23,122 +23,24 @@ import numpy as np
 from safetensors import safe_open
 import safetensors.numpy
 
+from rljax.hf import architecture
 from rljax.model import transformer as model_lib
 
-SUPPORTED_TYPES = ('qwen3', 'qwen3_moe')
-RUNTIME_FIELDS = ('moe_impl', 'dtype', 'param_dtype', 'remat')  # not part of the architecture
-
-
-# ------------------------------------------------------------------------------------------------
-# config.json <-> ModelConfig
-
-
-def _read_json(path):
-  """The JSON object in `path`; ValueError naming the file when it is anything else."""
-  try:
-    with open(path) as f:
-      value = json.load(f)
-  except OSError as error:
-    raise ValueError(f'cannot read {path}: {error.strerror or error}') from None
-  except ValueError as error:   # JSONDecodeError, UnicodeDecodeError
-    raise ValueError(f'{path} is not valid JSON ({error})') from None
-  if not isinstance(value, dict):
-    raise ValueError(f'{path} is not a JSON object')
-  return value
-
-
-def read_config(hf_dir):
-  path = os.path.join(hf_dir, 'config.json')
-  if not os.path.exists(path):
-    raise ValueError(f'{hf_dir} is not a Hugging Face model directory: no config.json')
-  return _read_json(path)
-
-
-def _rope_theta(hf):
-  """Plain RoPE only: transformers 4 writes rope_theta (+ rope_scaling), 5 writes rope_parameters."""
-  params = hf.get('rope_parameters') or {}
-  scaling = hf.get('rope_scaling') or {}
-  rope_type = params.get('rope_type', scaling.get('rope_type', scaling.get('type', 'default')))
-  if rope_type != 'default':
-    raise ValueError(f'rope type {rope_type!r} is not supported (only plain RoPE)')
-  return float(params.get('rope_theta', hf.get('rope_theta', 10000.0)))
-
-
-def model_config(hf, **runtime) -> model_lib.ModelConfig:
-  """The rljax ModelConfig of a Qwen3 / Qwen3-MoE config.json dict; `runtime` sets moe_impl, dtypes,
-  remat. Architectures rljax cannot compute exactly are rejected, never approximated."""
-  unknown = set(runtime) - set(RUNTIME_FIELDS)
-  if unknown:
-    raise ValueError(f'not runtime model fields: {sorted(unknown)}; allowed: {RUNTIME_FIELDS}')
-  kind = hf.get('model_type')
-  if kind not in SUPPORTED_TYPES:
-    raise ValueError(f'model_type {kind!r} is not supported; supported: {SUPPORTED_TYPES}')
-  if hf.get('attention_bias', False):
-    raise ValueError('attention_bias=true is not supported (Qwen3 has no attention biases)')
-  if hf.get('hidden_act', 'silu') != 'silu':
-    raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (only silu)")
-  if hf.get('use_sliding_window', False) or 'sliding_attention' in (hf.get('layer_types') or []):
-    raise ValueError('sliding-window attention is not supported')
-  required = ['vocab_size', 'hidden_size', 'num_hidden_layers', 'num_attention_heads',
-              'intermediate_size', 'rms_norm_eps']
-  missing = [key for key in required if key not in hf]
-  if missing:
-    raise ValueError(f'config.json lacks {missing}')
-  heads = hf['num_attention_heads']
-  fields = dict(
-      vocab_size=hf['vocab_size'], d_model=hf['hidden_size'], num_layers=hf['num_hidden_layers'],
-      num_heads=heads, num_kv_heads=hf.get('num_key_value_heads') or heads,
-      head_dim=hf.get('head_dim') or hf['hidden_size'] // heads,
-      dense_hidden=hf['intermediate_size'], tie_embeddings=bool(hf.get('tie_word_embeddings')),
-      rope_theta=_rope_theta(hf), norm_eps=float(hf['rms_norm_eps']),
-      init_std=float(hf.get('initializer_range', 0.02)), num_experts=0)
-  num_experts = hf.get('num_experts', hf.get('num_local_experts'))  # transformers 5 writes the latter
-  if kind == 'qwen3_moe' and num_experts:
-    sparse_step, dense_layers = hf.get('decoder_sparse_step', 1), hf.get('mlp_only_layers') or []
-    if sparse_step != 1 or dense_layers:
-      raise ValueError(
-          f'mixed dense/MoE layers (decoder_sparse_step={sparse_step}, mlp_only_layers='
-          f'{dense_layers}) are not supported: rljax scans identical layers, so every layer must '
-          f'be MoE (decoder_sparse_step=1, mlp_only_layers=[])')
-    if not hf.get('norm_topk_prob', False):
-      raise ValueError('norm_topk_prob=false is not supported: rljax renormalises the top-k weights')
-    if 'num_experts_per_tok' not in hf or 'moe_intermediate_size' not in hf:
-      raise ValueError('config.json of a Qwen3-MoE lacks num_experts_per_tok or moe_intermediate_size')
-    fields.update(num_experts=num_experts, experts_per_token=hf['num_experts_per_tok'],
-                  expert_hidden=hf['moe_intermediate_size'])
-  return model_lib.ModelConfig(**fields, **runtime)
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja',
+                   'special_tokens_map.json', 'generation_config.json')
 
 
 def policy_config(config) -> model_lib.ModelConfig:
   """The policy of a training config: config.model, or with --config.init.hf_path the checkpoint's
   architecture with config.model's runtime fields (moe_impl, dtypes, remat)."""
-  hf_path = config.init.hf_path if 'init' in config else ''
+  hf_path = config.init.hf_path
   if not hf_path:
     return model_lib.ModelConfig.from_config(config.model)
-  runtime = {k: config.model[k] for k in RUNTIME_FIELDS if k in config.model}
-  cfg = model_config(read_config(hf_path), **runtime)
+  runtime = {k: config.model[k] for k in architecture.RUNTIME_FIELDS if k in config.model}
+  cfg = architecture.model_config(architecture.read_config(hf_path), **runtime)
   check_checkpoint(hf_path, cfg)
   return cfg
 
-
-def hf_config(cfg: model_lib.ModelConfig, **extra) -> dict:
-  """A transformers config.json dict for `cfg` (Qwen3 when dense, Qwen3-MoE otherwise)."""
-  moe = bool(cfg.num_experts)
-  config = dict(
-      architectures=['Qwen3MoeForCausalLM' if moe else 'Qwen3ForCausalLM'],
-      model_type='qwen3_moe' if moe else 'qwen3', vocab_size=cfg.vocab_size,
-      hidden_size=cfg.d_model, num_hidden_layers=cfg.num_layers,
-      num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-      head_dim=cfg.head_dim, intermediate_size=cfg.dense_hidden, hidden_act='silu',
-      rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, rope_scaling=None,
-      tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, use_sliding_window=False,
-      initializer_range=cfg.init_std, max_position_embeddings=40960)
-  if moe:
-    config.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
-                  moe_intermediate_size=cfg.expert_hidden, norm_topk_prob=True,
-                  decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001)
-  config.update(extra)
-  return config
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,7 +146,7 @@ class _Files(contextlib.ExitStack):
                                                              'model.safetensors'))
     try:
       if os.path.exists(index):
-        weight_map = _read_json(index).get('weight_map')
+        weight_map = architecture.read_json(index).get('weight_map')
         if not isinstance(weight_map, dict) or not weight_map:
           raise ValueError(f'{index} has no weight_map of tensor names to files')
         for file in sorted(set(weight_map.values())):
@@ -403,8 +305,9 @@ def save_params(params, cfg: model_lib.ModelConfig, out_dir, config: Optional[di
                 dtype=None, max_shard_bytes=2 << 30, tokenizer_dir=None):
   """Writes `params` as an HF checkpoint (config.json, safetensors shards + index) into `out_dir`.
 
-  `config`: the config.json to write (default: `hf_config(cfg)`); `dtype`: cast on export (e.g.
-  'bfloat16'); `tokenizer_dir`: copy tokenizer files from there. Only process 0 writes.
+  `config`: the config.json to write (default: `architecture.hf_config(cfg)`); `dtype`: cast on
+  export (e.g. 'bfloat16'); `tokenizer_dir`: copy tokenizer files from there. Only process 0
+  writes.
   """
   expected = {path: leaf.shape for path, leaf in _flatten_paths(abstract_params(cfg))}
   got = {path: tuple(leaf.shape) for path, leaf in _flatten_paths(params)}
@@ -447,15 +350,18 @@ def save_params(params, cfg: model_lib.ModelConfig, out_dir, config: Optional[di
   if count > 1:
     with open(os.path.join(out_dir, 'model.safetensors.index.json'), 'w') as f:
       json.dump({'metadata': {'total_size': total}, 'weight_map': weight_map}, f, indent=2)
-  config = dict(config or hf_config(cfg))
+  config = dict(config or architecture.hf_config(cfg))
   leaf_dtype = dtype or np.dtype(jax.tree.leaves(params)[0].dtype)
   config['dtype'] = config['torch_dtype'] = str(leaf_dtype)
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
     json.dump(config, f, indent=2)
   if tokenizer_dir:
-    for name in ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja',
-                 'special_tokens_map.json', 'generation_config.json'):
-      source = os.path.join(tokenizer_dir, name)
-      if os.path.exists(source):
-        with open(source, 'rb') as src, open(os.path.join(out_dir, name), 'wb') as dst:
-          dst.write(src.read())
+    _copy_tokenizer(tokenizer_dir, out_dir)
+
+
+def _copy_tokenizer(tokenizer_dir, out_dir):
+  for name in TOKENIZER_FILES:
+    source = os.path.join(tokenizer_dir, name)
+    if os.path.exists(source):
+      with open(source, 'rb') as src, open(os.path.join(out_dir, name), 'wb') as dst:
+        dst.write(src.read())

@@ -16,7 +16,7 @@
 5. Decide (rljax.protocol.report), then confirm at the base and at the fastest batch with fresh
    seeds, each run to the decision's target.
 
-Every file the report reads is written through rljax.protocol.report's schema. A run writes
+Every file the report reads is written through rljax.protocol.layout's schema. A run writes
 done.json when it returns; a re-run skips the runs that have one and resumes the others from
 their checkpoints. Every run directory keeps the config it was started with (config.json): a
 re-run with a different config for that run is an error, never a silent mix of two experiments in
@@ -34,11 +34,15 @@ import numpy as np
 
 from rljax import algos
 from rljax import optim
-from rljax.protocol import report as report_lib
 from rljax import stats
+from rljax.protocol import align as align_lib
+from rljax.protocol import curves
+from rljax.protocol import layout
+from rljax.protocol import report as report_lib
 from rljax.train import config_checks
 from rljax.train import loop as train
 from rljax.train import metrics as metrics_lib
+from rljax.train import run as run_lib
 from rljax.train import workdir as workdir_lib
 
 
@@ -181,7 +185,7 @@ def calibration_arms(config, workdir):
 
 
 def _arm_spec(arm):
-  """arm.json: what rljax.protocol.report reads about an arm."""
+  """arm.json: what the report reads about an arm."""
   opt, groups = arm.config.optimizer, arm.config.rollout.G > 1
   return dict(name=arm.name, batch=arm.batch, value=arm.value, P=arm.value if groups else None,
               G=arm.config.rollout.G if groups else None, lr=optim.scaled_lr(
@@ -231,9 +235,9 @@ def seed_config(arm, seed):
 
 def run_arm_seeds(workdir, group, arm, seeds, label, stop=None):
   """The arm's runs at `seeds`, each in D/<group>/<arm>/seed_<k>/ (arm.json written first)."""
-  report_lib.write(workdir, 'arm', _arm_spec(arm), group=group, arm=arm.name)
+  layout.write(workdir, 'arm', _arm_spec(arm), group=group, arm=arm.name)
   for seed in seeds:
-    run_once(seed_config(arm, seed), report_lib.run_dir(workdir, group, arm.name, seed),
+    run_once(seed_config(arm, seed), layout.run_dir(workdir, group, arm.name, seed),
              f'{label}: {arm.name} seed {seed}', stop)
 
 
@@ -246,20 +250,20 @@ def calibrate(config, workdir, stop=None):
   """lr0 at the base batch: given, or the calibration sweep's fewest samples to target."""
   p = config.protocol
   if p.lr0 > 0:
-    report_lib.write(workdir, 'calibration', dict(lr0=p.lr0, source='given'))
+    layout.write(workdir, 'calibration', dict(lr0=p.lr0, source='given'))
     return p.lr0
   sweep = calibration_arms(config, workdir)
   for seed in range(p.calibration_seeds):   # seed-major: an interrupted sweep is already usable
     for i, arm in enumerate(sweep):
       run_arm_seeds(workdir, 'calibration', arm, [seed], f'calibrate {i + 1}/{len(sweep)}', stop)
-  runs = {a['spec']['name']: a['runs'] for a in report_lib.load_group(workdir, 'calibration')}
-  choice = stats.choose_lr(
+  runs = {a['spec']['name']: a['runs'] for a in layout.load_group(workdir, 'calibration')}
+  choice = align_lib.choose_lr(
       [a.config.optimizer.lr for a in sweep],
-      [[stats.to_target(r, p.target, p.smooth_window) for r in runs[a.name]] for a in sweep])
+      [[curves.to_target(r, p.target, p.smooth_window) for r in runs[a.name]] for a in sweep])
   if not np.isfinite(choice['lr0']):
     raise ValueError(f'lr0 calibration: no lr reached protocol.target {p.target} on every seed '
                      'within protocol.max_samples; lower the target or give protocol.lr0')
-  report_lib.write(workdir, 'calibration', dict(lr0=choice['lr0'], source='calibrated',
+  layout.write(workdir, 'calibration', dict(lr0=choice['lr0'], source='calibrated',
                                                 at_edge=choice['at_edge']))
   print(f"[protocol] lr0 = {choice['lr0']:g}" + (' (at the edge of the sweep)'
                                                   if choice['at_edge'] else ''), flush=True)
@@ -268,7 +272,7 @@ def calibrate(config, workdir, stop=None):
 
 def summarise_throughput(run_dir, warmup):
   """Steady-state throughput of a short run by stats.steady_throughput, with per-step medians."""
-  train_rows = report_lib.load_run(run_dir)['train']
+  train_rows = layout.load_run(run_dir)['train']
   samples = np.diff(np.concatenate([[0.0], train_rows['samples']]))
   samples_per_s = stats.steady_throughput(samples, train_rows['step_time_s'], warmup)
   if not np.isfinite(samples_per_s):
@@ -284,20 +288,20 @@ def measure_throughput(config, workdir, value, lr0, round_index, stop=None):
   p = config.protocol
   cfg = arm_config(config, workdir, value, lr0)
   batch = batch_of(value, cfg)
-  if report_lib.read(workdir, 'throughput', batch=batch, round=round_index) is not None:
+  if layout.read(workdir, 'throughput', batch=batch, round=round_index) is not None:
     print(f'[protocol] throughput at batch {batch}, round {round_index}: already measured, '
           'skipped', flush=True)
     return
   cfg.train.max_samples, cfg.train.max_steps = 0, p.throughput_warmup + p.throughput_steps
   cfg.train.target, cfg.train.checkpoint_every = 0.0, 0
   cfg.train.eval_every = cfg.train.max_steps + 1   # evals are not part of the steady state
-  config_checks.check(cfg)
+  shape = run_lib.checked_shape(cfg)   # checked and set up abstractly once, before the old run goes
   run_dir = os.path.join(workdir, 'throughput', str(batch), f'run_{round_index}')
   shutil.rmtree(run_dir, ignore_errors=True)   # a fresh measurement, never a resumed one
-  train.train(cfg, run_dir, stop)
+  train.train(cfg, run_dir, stop, shape)
   result = dict(batch=batch, round=round_index, value=value,
                 **summarise_throughput(run_dir, p.throughput_warmup))
-  report_lib.write(workdir, 'throughput', result, batch=batch, round=round_index)
+  layout.write(workdir, 'throughput', result, batch=batch, round=round_index)
   print(f"[protocol] throughput at batch {batch}, round {round_index}: "
         f"{result['samples_per_s']:.0f} samples/s", flush=True)
 
@@ -375,7 +379,7 @@ def confirm(config, workdir, report, lr0, stop=None):
 
 def write_protocol_json(config, workdir, base):
   p = config.protocol
-  report_lib.write(workdir, 'protocol', dict(
+  layout.write(workdir, 'protocol', dict(
       algo=config.algo, target=p.target, targets=list(p.targets),
       target_fractions=list(p.target_fractions), base_arm=base.name, base_batch=base.batch,
       rn_tolerance=p.rn_tolerance, smooth_window=p.smooth_window, level=p.level,
@@ -396,9 +400,9 @@ def timed(workdir, phase, fn, *args):
   spends again; a killed invocation's partial phase is not counted)."""
   start = time.time()
   result = fn(*args)
-  timing = report_lib.read(workdir, 'timing') or {}
+  timing = layout.read(workdir, 'timing') or {}
   timing[phase] = timing.get(phase, 0.0) + time.time() - start
-  report_lib.write(workdir, 'timing', timing)
+  layout.write(workdir, 'timing', timing)
   return result
 
 

@@ -5,23 +5,24 @@ import matplotlib
 from matplotlib.figure import Figure
 import numpy as np
 
-from rljax import stats
+from rljax.protocol import curves
+from rljax.protocol import gradients
 
 
 
-def _mean_curve(curves):
+def _mean_curve(seeds):
   """Seed mean on the first seed's x grid, up to where every seed has data."""
-  end = min(x[-1] for x, _ in curves)
-  grid = curves[0][0][curves[0][0] <= end]
-  return grid, np.mean([np.interp(grid, x, y) for x, y in curves], axis=0)
+  end = min(x[-1] for x, _ in seeds)
+  grid = seeds[0][0][seeds[0][0] <= end]
+  return grid, np.mean([np.interp(grid, x, y) for x, y in seeds], axis=0)
 
 
 def _plot_xy(run, x_key):
   """An eval curve against samples, steps or training seconds."""
   if x_key == 'wallclock':
-    x, y = stats.eval_xy(run, 'samples')
-    return stats.wallclock_at(run, x), y
-  return stats.eval_xy(run, x_key)
+    x, y = curves.eval_xy(run, 'samples')
+    return curves.wallclock_at(run, x), y
+  return curves.eval_xy(run, x_key)
 
 
 def _colors(batches):
@@ -47,11 +48,11 @@ def _plot_curves(path, data, report, x_key, xlabel):
   for arm in sorted(data['arms'], key=lambda a: (bool(a['spec']['control']), a['spec']['batch'])):
     spec = arm['spec']
     style = dict(color=colors[spec['batch']], ls='--' if spec['control'] else '-')
-    curves = [c for c in (_plot_xy(run, x_key) for run in arm['runs']) if len(c[0])]
-    for x, y in curves:
+    seeds = [c for c in (_plot_xy(run, x_key) for run in arm['runs']) if len(c[0])]
+    for x, y in seeds:
       ax.plot(x, y, alpha=0.25, lw=0.8, **style)
-    if curves:
-      ax.plot(*_mean_curve(curves), lw=2, label=f"{spec['name']} (B={spec['batch']})", **style)
+    if seeds:
+      ax.plot(*_mean_curve(seeds), lw=2, label=f"{spec['name']} (B={spec['batch']})", **style)
   for target in report['targets']:
     primary = target == report['primary']
     ax.axhline(target, color='k', ls=':', lw=1.5 if primary else 0.7,
@@ -96,7 +97,7 @@ def _plot_grad_norm(path, report):
                    label=f"{label}{' (control)' if control else ''}")
   fit = [a for a in report['arms'] if a['batch'] in report['grad_norm_fit_batches'] and
          not a['control']]
-  slope, intercept, _, _ = stats.loglog_fit([a['batch'] for a in fit],
+  slope, intercept, _, _ = gradients.loglog_fit([a['batch'] for a in fit],
                                             [a['grad_norm_median'] for a in fit])
   base = next(a for a in report['arms'] if a['base'])
   batches = np.array(sorted({a['batch'] for a in report['arms']}), float)
@@ -104,7 +105,7 @@ def _plot_grad_norm(path, report):
     ax.plot(batches, np.exp(intercept) * batches**slope, 'C1-',
             label=f'fit over aligned range: slope {slope:.3f}')
   if np.isfinite(base['grad_norm_median']):
-    reference = (batches / base['batch'])**stats.NOISE_DOMINATED_SLOPE
+    reference = (batches / base['batch'])**gradients.NOISE_DOMINATED_SLOPE
     ax.plot(batches, base['grad_norm_median'] * reference, 'k--', lw=1,
             label='slope -1/2 through base')
   ax.set(yscale='log', ylabel='median grad norm (matched sample window)')
@@ -159,7 +160,7 @@ def _plot_time_to_target(path, report):
 
 
 def write_plots(workdir, data, report):
-  """The PNGs of rljax.protocol.report.PLOTS, in the workdir."""
+  """The PNGs of rljax.protocol.layout.PLOTS, in the workdir."""
   paths = {name: os.path.join(workdir, name) for name in report['plots']}
   _plot_curves(paths['eval_vs_samples.png'], data, report, 'samples',
                'cumulative training responses (samples)')

@@ -41,12 +41,33 @@ def get(name):
 
 
 def name_of(config):
-  return config.data.get('name', 'arithmetic')
+  return config.data.name
 
 
 def check(config):
   """The named task's own check: what it needs to be trained on (its name, first)."""
   get(name_of(config)).check(config)
+
+
+def check_data(config, process_count):
+  """ValueError naming the first bad field that every task reads: the data section, the reward,
+  and the prompts each of `process_count` processes reads."""
+  data, P = config.data, config.rollout.P
+  if data.on_bad_record not in ('skip', 'raise'):
+    raise ValueError(f"data.on_bad_record must be 'skip' or 'raise', got {data.on_bad_record!r}")
+  if data.num_train < P:
+    raise ValueError(f'data.num_train ({data.num_train}) is smaller than one batch of '
+                     f'P = {P} prompts')
+  if not 1 <= config.train.eval_size <= data.num_test:
+    raise ValueError(f'train.eval_size ({config.train.eval_size}) must be in [1, data.num_test = '
+                     f'{data.num_test}]')
+  if data.dir and os.path.exists(data.dir) and not os.path.isdir(data.dir):
+    raise ValueError(f'data.dir {data.dir} exists and is not a directory')
+  if config.reward != 'auto':   # 'auto': the task's own verifier
+    rewards.get_reward_fn(config.reward)  # raises on an unknown verifier
+  if P % process_count:
+    raise ValueError(f'rollout.P ({P}) is not divisible by the {process_count} processes (each '
+                     'reads its own slice of the prompts)')
 
 
 def lengths(config):
@@ -64,8 +85,3 @@ def make_task(config) -> Task:
   reward = config.reward if config.reward != 'auto' else task.REWARD
   return Task(tokenizer, train_source, test_source, prompt_len, max_new_tokens,
               rewards.get_reward_fn(reward))
-
-
-def hf_path(config):
-  """The Hugging Face model directory of `config` ('' without one)."""
-  return config.init.hf_path if 'init' in config else ''

@@ -3,6 +3,6 @@ from rljax import tasks
 
 
 def check_no_hf_tokenizer(config):
-  if tasks.hf_path(config):
+  if config.init.hf_path:
     raise ValueError(f'init.hf_path brings its own tokenizer, which the {tasks.name_of(config)} '
                      'task does not use: pick data.name=gsm8k or math')

@@ -8,7 +8,6 @@ from absl import logging
 from rljax.data.builders import math_jsonl
 from rljax.data import sources
 from rljax.hf import tokenizer as hf_tokenizer
-from rljax import tasks
 
 REWARD = 'math'
 
@@ -23,7 +22,7 @@ def check(config):
 
 
 def tokenizer_path(config):
-  path = tasks.hf_path(config)
+  path = config.init.hf_path
   if not path:
     raise ValueError(f'the {config.data.name} task needs a tokenizer: set '
                      '--config.init.hf_path=DIR (a Hugging Face model directory with '

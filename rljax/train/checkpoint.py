@@ -46,6 +46,15 @@ class WriteFailed(Exception):
   """A checkpoint could not be written (read-only or vanished folder, full disk)."""
 
 
+def check(train_cfg):
+  """ValueError for a bad train.checkpoint_every or train.keep_checkpoints."""
+  if train_cfg.checkpoint_every < 0:
+    raise ValueError(f'train.checkpoint_every must be >= 0 (0: only at the end), got '
+                     f'{train_cfg.checkpoint_every}')
+  if train_cfg.keep_checkpoints < 1:
+    raise ValueError(f'train.keep_checkpoints must be >= 1, got {train_cfg.keep_checkpoints}')
+
+
 def _directory(workdir):
   return os.path.join(os.path.abspath(workdir), 'checkpoints')
 

@@ -196,11 +196,10 @@ class MetricsWriter:
 
 
 def writer_from_config(config, workdir, enabled):
-  """The writer a training config asks for (config.metrics; defaults where a config has none)."""
-  mcfg = config.get('metrics', {})
-  wandb = dict(project=mcfg.get('wandb_project', 'rljax'), config=config.to_dict()) \
-      if mcfg.get('wandb', False) else None
+  """The writer a training config asks for (config.metrics)."""
+  mcfg = config.metrics
+  wandb = dict(project=mcfg.wandb_project, config=config.to_dict()) if mcfg.wandb else None
   return MetricsWriter(
-      workdir, enabled=enabled, tensorboard=mcfg.get('tensorboard', True),
+      workdir, enabled=enabled, tensorboard=mcfg.tensorboard,
       progress=dict(samples=config.train.max_samples, step=config.train.max_steps)
-      if mcfg.get('progress', True) else None, wandb=wandb)
+      if mcfg.progress else None, wandb=wandb)

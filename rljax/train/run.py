@@ -67,23 +67,6 @@ class Shape(NamedTuple):
   sampling: sampler_lib.SamplingConfig   # the rollout's (the run's own tokenizer ids in `setup`)
 
 
-def sampler_group(config, mesh):
-  """Responses per prompt the sampler makes from one prefill of it: rollout.G when the P prompt
-  rows split evenly over the data-parallel devices, else 1 (the prompts repeated G times)."""
-  if config.rollout.P % sharding.data_parallel_size(mesh):
-    return 1
-  return config.rollout.G
-
-
-def sampling_config(config, new_tokens, group, eos_id=1, pad_id=0):
-  """The rollout sampler's settings for `config` (the stop and padding ids: the task tokenizer's;
-  by default the character tokenizer's, which a plan, building no tokenizer, uses)."""
-  rollout = config.rollout
-  return sampler_lib.SamplingConfig(
-      max_new_tokens=new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=rollout.temperature,
-      top_k=rollout.top_k, top_p=rollout.top_p, slots=rollout.slots, group=group)
-
-
 def abstract_setup(config, mesh, rollout_mesh=None):
   """`config` (already checked) on `mesh` (and the sampler on `rollout_mesh`, default `mesh`),
   allocating nothing: the model (a Hugging Face config or a preset), the task's lengths, the
@@ -98,7 +81,8 @@ def abstract_setup(config, mesh, rollout_mesh=None):
   rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
   sampler_params = (params if rollout_mesh is mesh else
                     sharding.init_params(init_fn, rng, rollout_mesh, abstract_only=True)[0])
-  sampling = sampling_config(config, new_tokens, sampler_group(config, rollout_mesh))
+  sampling = schedules.sampling_config(config, new_tokens,
+                                       schedules.sampler_group(config, rollout_mesh))
   return Shape(config, model, mesh, algo, prompt_len, new_tokens, batch, micro, rollout_mesh,
                sampler_params, sampling)
 
@@ -114,7 +98,7 @@ def _model_and_task(config):
 
 def _initial_params(config, model, task, evaluate, rng, mesh, workdir, lengths):
   """The policy to start from: a Hugging Face checkpoint, or a random init and the warm start."""
-  hf_path = tasks.hf_path(config)
+  hf_path = config.init.hf_path
   init_fn = functools.partial(model_lib.init_params, model.cfg)
   if hf_path:   # each tensor read straight onto its shards; no warm start
     shardings = sharding.param_shardings(jax.eval_shape(init_fn, rng), mesh)
@@ -162,9 +146,8 @@ def setup(config, workdir, shape=None):
     task = tasks.make_task(config)
   except OSError as error:
     raise ValueError(f'cannot build or read the dataset: {error}') from None
-  config_checks.check_lengths(shape.prompt_len, shape.new_tokens, shape.model.cfg,
-                              task.tokenizer.vocab_size)
-  shape = shape._replace(sampling=sampling_config(
+  config_checks.check_vocabulary(shape.model.cfg, task.tokenizer.vocab_size)
+  shape = shape._replace(sampling=schedules.sampling_config(
       config, shape.new_tokens, shape.sampling.group, task.tokenizer.eos_id,
       task.tokenizer.pad_id))
   progs = programs_lib.programs(shape)

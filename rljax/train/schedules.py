@@ -230,11 +230,41 @@ def empty_ahead(sampler, params, P):
   return jax.tree.map(zeros, ahead)
 
 
+def sampler_group(config, mesh):
+  """Responses per prompt the sampler makes from one prefill of it: rollout.G when the P prompt
+  rows split evenly over the data-parallel devices of its `mesh`, else 1 (the prompts repeated G
+  times)."""
+  if config.rollout.P % sharding.data_parallel_size(mesh):
+    return 1
+  return config.rollout.G
+
+
+def sampling_config(config, new_tokens, group, eos_id=1, pad_id=0):
+  """The rollout sampler's settings for `config`, the one place they are made (the evaluator's
+  are these, greedy: rljax.train.programs.greedy). The stop and padding ids: the task
+  tokenizer's; by default the character tokenizer's, which a plan, building no tokenizer, uses."""
+  rollout = config.rollout
+  return sampler_lib.SamplingConfig(
+      max_new_tokens=new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=rollout.temperature,
+      top_k=rollout.top_k, top_p=rollout.top_p, slots=rollout.slots, group=group)
+
+
 def check(config, device_count, process_count):
-  """ValueError naming the first bad rollout.partial or rollout.devices field."""
-  if config.rollout.partial:
+  """ValueError naming the first bad field of the rollout section: the sampler's settings, then
+  rollout.partial's and rollout.devices'."""
+  rollout, t = config.rollout, config.rollout.temperature
+  if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+    raise ValueError(f'rollout.temperature must be a positive number, got {t!r}')
+  if not 0 < rollout.top_p <= 1:
+    raise ValueError(f'rollout.top_p must be in (0, 1], got {rollout.top_p}')
+  if rollout.slots < 0:
+    raise ValueError(f'rollout.slots must be >= 0 (0: static batching), got {rollout.slots}')
+  if rollout.top_k < 0 or rollout.max_new_tokens < 0:
+    raise ValueError(f'rollout.top_k and max_new_tokens must be >= 0 (0: off / from the task), got '
+                     f'{rollout.top_k} and {rollout.max_new_tokens}')
+  if rollout.partial:
     Partial.check(config, process_count)
-  if config.rollout.devices:
+  if rollout.devices:
     DrawnAhead.check(config, device_count, process_count)
 
 

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 
-# jax, orbax (rljax.train.checkpoint) are imported in the functions that use them: rljax.protocol.report reads
+# jax, orbax (rljax.train.checkpoint) are imported in the functions that use them: rljax.protocol.layout reads
 # and writes the protocol's JSON through this module in processes that never start jax.
 
 RESUMABLE = ('train.max_samples', 'train.max_steps', 'train.target', 'train.log_every',
@@ -135,7 +135,7 @@ def prepare(workdir, config):
       os.path.join(workdir, 'config.json'))
   changed = differences(saved, current) if saved is not None else []
   if changed:
-    if not config.train.get('overwrite', False):
+    if not config.train.overwrite:
       shown = '; '.join(changed[:3]) + (f'; and {len(changed) - 3} more' if len(changed) > 3 else '')
       raise ValueError(
           f'workdir {workdir} holds another run, with a different config ({shown}). Re-run with '
