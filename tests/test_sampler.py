@@ -134,8 +134,8 @@ def test_sampler_logprobs_equal_trainer_logprobs(samplers, name, temperature):
     rollout = run(sampler, params, prompt, valid, seed)
     check_stop_structure(rollout)
     mask = rollout.mask_BxL
-    logp, _, _ = trainer_logprobs()(params, prompt, valid, jnp.asarray(rollout.tokens_BxL),
-                                  jnp.float32(temperature))
+    logp, *_ = trainer_logprobs()(params, prompt, valid, jnp.asarray(rollout.tokens_BxL),
+                                jnp.float32(temperature))
     diff = np.abs(np.asarray(logp) - rollout.logp_BxL)[mask]
     assert diff.max() <= 1e-5, diff.max()
     # Independent reference: numpy log-softmax of the full-forward logits / temperature.

@@ -26,7 +26,7 @@ import safetensors.numpy
 from rljax.model import transformer as model_lib
 
 SUPPORTED_TYPES = ('qwen3', 'qwen3_moe')
-RUNTIME_FIELDS = ('moe_impl', 'dtype', 'param_dtype', 'remat')  # not part of the architecture
+RUNTIME_FIELDS = ('moe_impl', 'dtype', 'param_dtype', 'remat', 'router_replay')  # not architecture
 
 
 # ------------------------------------------------------------------------------------------------
@@ -66,7 +66,8 @@ def _rope_theta(hf):
 
 def model_config(hf, **runtime) -> model_lib.ModelConfig:
   """The rljax ModelConfig of a Qwen3 / Qwen3-MoE config.json dict; `runtime` sets moe_impl, dtypes,
-  remat. Architectures rljax cannot compute exactly are rejected, never approximated."""
+  remat, router_replay. Architectures rljax cannot compute exactly are rejected, never
+  approximated."""
   unknown = set(runtime) - set(RUNTIME_FIELDS)
   if unknown:
     raise ValueError(f'not runtime model fields: {sorted(unknown)}; allowed: {RUNTIME_FIELDS}')
@@ -111,7 +112,7 @@ def model_config(hf, **runtime) -> model_lib.ModelConfig:
 
 def policy_config(config) -> model_lib.ModelConfig:
   """The policy of a training config: config.model, or with --config.init.hf_path the checkpoint's
-  architecture with config.model's runtime fields (moe_impl, dtypes, remat)."""
+  architecture with config.model's runtime fields (moe_impl, dtypes, remat, router_replay)."""
   hf_path = config.init.hf_path if 'init' in config else ''
   if not hf_path:
     return model_lib.ModelConfig.from_config(config.model)

@@ -1,0 +1,89 @@
+"""rljax.model.router against plain numpy: the top-k renormalised softmax, the load-balancing loss,
+the sampler/trainer routing mismatch and router replay (a token routed by recorded ids, its weights
+and their gradient)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax.model import router
+
+
+# ------------------------------------------------------------------ numpy references (float64)
+
+
+def np_softmax(x):
+  x = np.asarray(x, np.float64)
+  e = np.exp(x - x.max(axis=-1, keepdims=True))
+  return e / e.sum(axis=-1, keepdims=True)
+
+
+def np_route(logits_TxE, k):
+  """Top-k experts per token (largest prob first), renormalised weights, E * sum_e f_e p_e."""
+  probs = np_softmax(logits_TxE)
+  num_tokens, num_experts = probs.shape
+  experts = np.zeros((num_tokens, k), np.int64)
+  weights = np.zeros((num_tokens, k))
+  counts = np.zeros(num_experts)
+  for t in range(num_tokens):
+    order = sorted(range(num_experts), key=lambda e: -probs[t, e])[:k]
+    experts[t] = order
+    weights[t] = [probs[t, e] for e in order]
+    weights[t] /= weights[t].sum()
+    for e in order:
+      counts[e] += 1
+  f = counts / (num_tokens * k)
+  p = probs.mean(axis=0)
+  return weights, experts, num_experts * float(np.sum(f * p))
+
+
+# ------------------------------------------------------------------ route
+
+
+def route_with_loss(logits, k):
+  """router.route plus the load-balancing loss of its load statistics."""
+  weights, experts, load_stats, _ = router.route(jnp.asarray(logits), k)
+  return weights, experts, router.load_balance_loss(load_stats, k)
+
+
+@pytest.mark.parametrize('k', [1, 2, 3])
+def test_route_matches_numpy(k):
+  rng = np.random.default_rng(k)
+  logits = rng.normal(size=(23, 5)).astype(np.float32) * 2.0
+  weights, experts, aux = route_with_loss(logits, k)
+  ref_w, ref_e, ref_aux = np_route(logits, k)
+  np.testing.assert_array_equal(np.asarray(experts), ref_e)
+  np.testing.assert_allclose(np.asarray(weights), ref_w, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
+
+
+def test_load_stats_add_over_shards():
+  """Load statistics are sums over tokens: two halves' stats added give the whole batch's loss."""
+  logits = np.random.default_rng(5).normal(size=(20, 4)).astype(np.float32) * 2.0
+  _, _, ref_aux = np_route(logits, 2)
+  halves = [router.route(jnp.asarray(part), 2)[2] for part in (logits[:7], logits[7:])]
+  summed = jax.tree.map(lambda a, b: a + b, *halves)
+  np.testing.assert_allclose(float(router.load_balance_loss(summed, 2)), ref_aux, rtol=1e-5)
+
+
+@pytest.mark.parametrize('k', [1, 2])
+def test_route_balanced_loss_is_one(k):
+  # Every token sees a cyclic shift of the same logit vector: each expert is chosen equally often
+  # and has the same mean probability, i.e. perfect balance.
+  base = np.array([3.0, 1.5, 0.0, -1.0], np.float32)
+  logits = np.stack([np.roll(base, s) for s in range(4)] * 3)
+  _, experts, aux = route_with_loss(logits, k)
+  counts = np.bincount(np.asarray(experts).reshape(-1), minlength=4)
+  assert np.all(counts == counts[0])
+  np.testing.assert_allclose(float(aux), 1.0, rtol=1e-6)
+
+
+def test_route_imbalanced_loss_above_one():
+  # Expert 0 wins every token: f = (1, 0, 0, 0), p_0 > 1/4, so the loss is E * p_0 > 1.
+  logits = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+  logits[:, 0] += 10.0
+  _, _, aux = route_with_loss(logits, 1)
+  _, _, ref_aux = np_route(logits, 1)
+  assert ref_aux > 3.9
+  np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
