@@ -1,6 +1,8 @@
 """rljax.model.moe against plain numpy: the MoE layer for every expert implementation vs a naive
 per-token loop over selected experts (the router's numpy reference: tests/test_router.py)."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -12,7 +14,7 @@ from rljax.model import moe
 from rljax.model import transformer as model_lib
 from rljax import sharding
 
-from test_router import np_route
+from test_router import np_replayed, np_route, recorded_ids
 
 
 # ------------------------------------------------------------------ numpy references (float64)
@@ -130,7 +132,7 @@ def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k, decoding):
   else:
     assert chosen is moe.EXPERT_IMPLS[impl]
   out, _, _ = moe.MoE(cfg, decoding).apply({'params': jax.tree.map(jnp.asarray, params)},
-                                       jnp.asarray(x))
+                                          jnp.asarray(x))
   ref, _ = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
                   params['w_down'], k)
   assert np.abs(ref).max() > 0.1
@@ -333,3 +335,87 @@ def test_tpu_trains_the_experts_at_the_routed_flops():
   flops = (costs[0] if isinstance(costs, list) else costs)['flops']
   forward = 3 * 2 * T * k * D * F   # three routed matmuls
   assert 2.5 * forward < flops < 4 * forward, flops / forward
+
+
+# ------------------------------------------------------------------ router replay
+
+
+def np_moe_replayed(x_TxD, params, k, recorded_TxK, cotangent_TxD):
+  """The layer routed by `recorded_TxK` (tests/test_router.py's np_replayed), and the gradients of
+  sum(out * cotangent) with respect to the router and w_down. A token's weights are the softmax
+  over its chosen experts' logits, so with a_j = cotangent . y_j (expert j's output),
+  d/d logit_{e_j} = w_j (a_j - sum_i w_i a_i): the router learns from the replayed experts."""
+  x = np.asarray(x_TxD, np.float64)
+  w_gate, w_up, w_down = (np.asarray(params[n], np.float64) for n in ('w_gate', 'w_up', 'w_down'))
+  weights, experts, _ = np_replayed(x @ np.asarray(params['router'], np.float64), k, recorded_TxK)
+  out, d_router, d_down = np.zeros_like(x), np.zeros((D, E)), np.zeros_like(w_down)
+  for t in range(x.shape[0]):
+    a = np.zeros(k)
+    for j, e in enumerate(experts[t]):
+      hidden = np_silu(x[t] @ w_gate[e]) * (x[t] @ w_up[e])
+      y = hidden @ w_down[e]
+      out[t] += weights[t, j] * y
+      a[j] = cotangent_TxD[t] @ y
+      d_down[e] += weights[t, j] * np.outer(hidden, cotangent_TxD[t])
+    d_logits = weights[t] * (a - weights[t] @ a)
+    for j, e in enumerate(experts[t]):
+      d_router[:, e] += x[t] * d_logits[j]
+  return out, d_router, d_down, experts
+
+
+def replay_case(seed, k, tokens):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(3, tokens // 3, D)).astype(np.float32)
+  recorded = recorded_ids(rng, tokens, E, k)
+  cotangent = rng.normal(size=(tokens, D))
+  return x, random_moe_params(rng, skew=False), recorded, cotangent
+
+
+def replayed_forward_and_grad(cfg, params, x, recorded, cotangent):
+  layer = moe.MoE(cfg)
+  def loss(p):
+    out, _, routed = layer.apply({'params': p}, jnp.asarray(x),
+                                 jnp.asarray(recorded).reshape(*x.shape[:2], -1))
+    return jnp.sum(out.reshape(-1, D) * jnp.asarray(cotangent, jnp.float32)), (out, routed)
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))(jax.tree.map(jnp.asarray, params))
+
+
+@pytest.mark.parametrize('impl', ['ragged', 'dense', 'bucketed'])
+@pytest.mark.parametrize('k', [1, 2])
+def test_replayed_layer_and_its_gradient_match_numpy(impl, k):
+  """cfg.router_replay: tokens with recorded ids run those experts, weighted by the softmax over
+  their logits, and the router's and experts' gradients are those of that function. Float32
+  against float64: outputs within 1e-5 as the layer tests; the gradients sum ~30 tokens' outer
+  products of O(1) terms, so 1e-4 relative."""
+  x, params, recorded, cotangent = replay_case(20 + k, k, 33)
+  cfg = dataclasses.replace(moe_cfg(impl, k), router_replay=True)
+  (_, (out, routed)), grads = replayed_forward_and_grad(cfg, params, x, recorded, cotangent)
+  ref, d_router, d_down, experts = np_moe_replayed(x.reshape(-1, D), params, k, recorded,
+                                                   cotangent)
+  assert np.any(experts != np_route(x.reshape(-1, D) @ params['router'], k)[1])   # replay bites
+  np.testing.assert_array_less(np.abs(np.asarray(out).reshape(-1, D) - ref).max(), 1e-5)
+  np.testing.assert_allclose(np.asarray(grads['router']), d_router, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(grads['w_down']), d_down, rtol=1e-4, atol=1e-5)
+  assert int(routed.mismatch) == np_replayed(x.reshape(-1, D) @ params['router'], k,
+                                             recorded)[2]
+
+
+@pytest.mark.parametrize('mesh_cfg', [dict(data=2, expert=2), dict(fsdp=2, expert=2)])
+def test_replay_and_recorded_ids_on_a_mesh_match_numpy(mesh_cfg):
+  """Expert parallel (shard_map): the recorded ids travel with their tokens, the mismatch is
+  counted over the whole batch, and decoding returns each device's own tokens' ids."""
+  k = 2
+  x, params, recorded, cotangent = replay_case(30, k, 24)
+  mesh = sharding.make_mesh(ml_collections.ConfigDict(mesh_cfg), jax.devices()[:4])
+  cfg = dataclasses.replace(moe_cfg('ragged', k), router_replay=True)
+  ref, d_router, _, _ = np_moe_replayed(x.reshape(-1, D), params, k, recorded, cotangent)
+  logits = x.reshape(-1, D).astype(np.float64) @ params['router']
+  with jax.set_mesh(mesh):
+    (_, (out, routed)), grads = replayed_forward_and_grad(cfg, params, x, recorded, cotangent)
+    _, _, decoded = jax.jit(lambda p, x: moe.MoE(cfg, decoding=True).apply({'params': p}, x))(
+        jax.tree.map(jnp.asarray, params), jnp.asarray(x))
+  np.testing.assert_array_less(np.abs(np.asarray(out).reshape(-1, D) - ref).max(), 1e-5)
+  np.testing.assert_allclose(np.asarray(grads['router']), d_router, rtol=1e-4, atol=1e-5)
+  assert int(routed.mismatch) == np_replayed(logits, k, recorded)[2]
+  np.testing.assert_array_equal(np.asarray(decoded.experts_BxTxK).reshape(-1, k),
+                                np_route(logits, k)[1])

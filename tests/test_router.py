@@ -87,3 +87,65 @@ def test_route_imbalanced_loss_above_one():
   _, _, ref_aux = np_route(logits, 1)
   assert ref_aux > 3.9
   np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ mismatch and replay
+
+
+def np_replayed(logits_TxE, k, recorded_TxK):
+  """Each token's experts: its recorded ids where it has them (row >= 0), else its top-k; weights
+  the softmax renormalised over them; and the tokens whose top-k set differs from the record."""
+  weights, experts, _ = np_route(logits_TxE, k)
+  probs = np_softmax(logits_TxE)
+  mismatch = 0
+  for t, row in enumerate(recorded_TxK):
+    if row[0] < 0:
+      continue
+    mismatch += set(row) != set(experts[t])
+    experts[t] = row
+    weights[t] = probs[t, row] / probs[t, row].sum()
+  return weights, experts, mismatch
+
+
+def recorded_ids(rng, tokens, num_experts, k, unrecorded=3):
+  """Random distinct ids per token, the first `unrecorded` rows -1 (tokens with no record)."""
+  rows = np.stack([rng.permutation(num_experts)[:k] for _ in range(tokens)])
+  rows[:unrecorded] = -1
+  return rows.astype(np.int8)
+
+
+@pytest.mark.parametrize('k', [1, 2, 3])
+def test_replay_routes_recorded_tokens_by_their_ids_and_counts_the_mismatch(k):
+  rng = np.random.default_rng(10 + k)
+  logits = rng.normal(size=(23, 6)).astype(np.float32) * 2.0
+  recorded = recorded_ids(rng, 23, 6, k)
+  recorded[5] = np_route(logits, k)[1][5][::-1]   # the same set in another order: no mismatch
+  ref_w, ref_e, ref_mismatch = np_replayed(logits, k, recorded)
+  assert 0 < ref_mismatch < 20
+  for replay in (False, True):
+    weights, experts, _, mismatch = router.route(jnp.asarray(logits), k, jnp.asarray(recorded),
+                                                 replay)
+    assert int(mismatch) == ref_mismatch   # counted the same whether or not it is replayed
+    if replay:
+      np.testing.assert_array_equal(np.asarray(experts), ref_e)
+      np.testing.assert_allclose(np.asarray(weights), ref_w, rtol=1e-5, atol=1e-6)
+    else:
+      np.testing.assert_array_equal(np.asarray(experts), np_route(logits, k)[1])
+
+
+def test_replaying_the_routers_own_choice_changes_nothing():
+  """Recorded ids equal to the top-k: the same experts and bit-equal weights as no record."""
+  logits = jnp.asarray(np.random.default_rng(3).normal(size=(17, 8)).astype(np.float32))
+  plain = router.route(logits, 2)
+  own = jnp.asarray(plain[1], jnp.int8)
+  replayed = router.route(logits, 2, own, replay=True)
+  for a, b in zip(jax.tree.leaves(plain[:3]), jax.tree.leaves(replayed[:3])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert int(replayed[3]) == 0
+
+
+def test_route_dtype_holds_every_expert_id_and_minus_one():
+  assert router.route_dtype(128) == jnp.int8 and router.route_dtype(129) == jnp.int16
+  for num_experts in (4, 128, 129, 32767):
+    info = jnp.iinfo(router.route_dtype(num_experts))
+    assert info.min <= -1 and info.max >= num_experts - 1

@@ -78,6 +78,9 @@ def check(config, device_count=None, process_count=None):
   if model.num_experts and not 0 < model.experts_per_token <= model.num_experts:
     raise ValueError(f'model.experts_per_token ({config.model.experts_per_token}) must be in '
                      f'[1, num_experts={config.model.num_experts}]')
+  if model.get('router_replay') and not model.num_experts:
+    raise ValueError('model.router_replay needs a mixture of experts (model.num_experts > 0): a '
+                     'dense model routes nothing')
   if config.model.num_heads % config.model.num_kv_heads:
     raise ValueError(f'model.num_heads ({config.model.num_heads}) must be a multiple of '
                      f'num_kv_heads ({config.model.num_kv_heads})')
