@@ -422,6 +422,30 @@ def test_the_plan_and_the_preflight_size_the_task_that_trains():
       planner.decode_rows(s) * (prompt_len + new_tokens) + prompts * (prompt_len - 1))
 
 
+@pytest.mark.parametrize('partial', [False, True])
+def test_the_plan_states_the_recorded_experts_of_qwen3_30b_a3b(partial):
+  """Router replay's buffer for Qwen3-30B-A3B (48 layers, 8 of 128 experts: int8 ids) at P=1024,
+  G=8 with 512-token responses: 8192 x 512 x 48 x 8 bytes a step, split over the 64 chips of a
+  v5p-128, or held whole on every chip twice over by the partial pool; a dense model records none."""
+  config = grpo_config.get_config('P=1024,G=8,model=qwen3-30b-a3b')
+  config.data.name = 'gsm8k'   # its lengths: 256 prompt + 512 response tokens
+  if partial:
+    config.rollout.update(partial=True, slots=1024)
+  report = planner.plan(config, targets.parse_target('tpu:v5p-128'), {},
+                        compile_programs_too=False)
+  per_step = 8192 * 512 * 48 * 8
+  assert report['new_tokens'] == 512 and report['mesh']['fsdp'] == 64
+  assert report['router_ids'] == dict(per_step=per_step,
+                                      per_chip=2 * per_step if partial else per_step // 64)
+  assert re.search(r'recorded experts +1536.0 MiB per step, '
+                   + ('3072.0' if partial else '24.0'), table.format_report(report))
+  config.model.num_experts = 0
+  dense = planner.plan(config, targets.parse_target('tpu:v5p-128'), {},
+                       compile_programs_too=False)
+  assert dense['router_ids']['per_step'] == 0
+  assert 'recorded experts' not in table.format_report(dense)
+
+
 def test_a_sampler_on_chips_of_its_own_is_planned_on_them():
   """rollout.devices=4 of a v5e-8: the training chips hold the params and optimizer state, the
   sampler's chips their own copy of the params and the KV cache of a 4-chip mesh; each step moves
