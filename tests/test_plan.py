@@ -363,7 +363,8 @@ def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
   """rollout.slots: the plan holds a KV cache of `slots` rows, not P x G, next to one prompt-only
   row per prompt (each prefilled once for its G = 8 responses), and the compiled continuous
   sampler's temporaries grow with the responses by no more than those prompt rows and a tenth of a
-  KV-cache row per response (its per-response outputs): from 256 to 1024 responses."""
+  KV-cache row per response (its per-response outputs, recorded experts included): from 256 to
+  1024 responses."""
   target = targets.parse_target('tpu:v5e-8')
   mesh = sharding.make_mesh(dict(data=8), target.devices())
   temporaries = {}
@@ -383,7 +384,9 @@ def test_continuous_batching_sizes_the_kv_cache_by_its_slots():
       temporaries[P] = compiled.sampler(s.model, s.algo.state['params'], mesh, P, s.prompt_len,
                                         s.new_tokens, slots=slots, group=8)[
                                             'memory']['temporaries']
-  assert 0 <= temporaries[128] - temporaries[32] < (
+  # An upper bound: XLA's buffer assignment moves these temporaries by a few hundred KiB either
+  # way with any change to the program (here P = 128's came out below P = 32's).
+  assert temporaries[128] - temporaries[32] < (
       (1024 - 256) * row_bytes / 10 + (128 - 32) * prompt_bytes)
 
 
