@@ -20,6 +20,7 @@ import numpy as np
 
 from bench import common
 from bench import presets
+from rljax.model import moe
 from rljax.model import transformer as model_lib
 from rljax import policy_loss
 from rljax.rollout import sampler as sampler_lib
@@ -47,16 +48,16 @@ def measure(cfg, responses, prompt_len, new_tokens, seed):
   return rows
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--preset', default='tiny', choices=sorted(presets.PRESETS))
-  parser.add_argument('--dtype', default='bfloat16')
-  parser.add_argument('--moe_impl', default='bucketed')
-  parser.add_argument('--responses', type=int, default=64)
-  parser.add_argument('--prompt_len', type=int, default=8)
-  parser.add_argument('--new_tokens', type=int, default=16)
+  parser.add_argument('--dtype', default='bfloat16', choices=['bfloat16', 'float32'])
+  parser.add_argument('--moe_impl', default='bucketed', choices=sorted(moe.EXPERT_IMPLS))
+  parser.add_argument('--responses', type=common.positive_int, default=64)
+  parser.add_argument('--prompt_len', type=common.positive_int, default=8)
+  parser.add_argument('--new_tokens', type=common.positive_int, default=16)
   parser.add_argument('--seed', type=int, default=0)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   cfg = presets.get(args.preset, dtype=args.dtype, moe_impl=args.moe_impl)
   rows = measure(cfg, args.responses, args.prompt_len, args.new_tokens, args.seed)
   for replay, row in rows.items():
