@@ -18,12 +18,13 @@ import numpy as np
 
 from bench import common
 from rljax.model import moe
+from rljax.model import router
 
 
 def make_case(tokens, d, f, experts, k, seed=0):
   keys = jax.random.split(jax.random.PRNGKey(seed), 5)
   x_TxD = jax.random.normal(keys[0], (tokens, d))
-  weights_TxK, experts_TxK, _ = moe.route(jax.random.normal(keys[1], (tokens, experts)), k)
+  weights_TxK, experts_TxK, _, _ = router.route(jax.random.normal(keys[1], (tokens, experts)), k)
   expert_weights = (jax.random.normal(keys[2], (experts, d, f)) * d ** -0.5,
                     jax.random.normal(keys[3], (experts, d, f)) * d ** -0.5,
                     jax.random.normal(keys[4], (experts, f, d)) * f ** -0.5)

@@ -66,7 +66,9 @@ def base_config(P, G, runlocal, seed, model=''):
   config = ml_collections.ConfigDict()
   config.mode = 'train'   # configs/protocol.py runs many of these: mode 'protocol'
   config.seed = seed
-  config.model = model_preset(runlocal, model)
+  # router_replay: the policy loss routes each response token to the experts the sampler chose
+  # (docs/guide/router_replay.md).
+  config.model = dict(model_preset(runlocal, model), router_replay=False)
   # Device mesh (rljax/sharding.py): -1 takes the remaining devices.
   config.mesh = dict(data=-1, fsdp=1, expert=1, tensor=1)
 

@@ -22,6 +22,7 @@ class PolicyBatch(NamedTuple):
   advantages_BxL: jax.Array
   weights_BxL: jax.Array       # aggregation weights from the FULL batch (losses.token_weights)
   is_weights_BxL: jax.Array | None = None   # off-policy correction (losses.importance_weights)
+  experts_BxLxYxK: jax.Array | None = None  # MoE: the sampler's expert ids (sampler.Rollout)
 
 
 def prompt_and_response(prompt_BxT, prompt_valid_BxT, response_BxL):
@@ -38,16 +39,33 @@ def at_response(x_BxS, prompt_len, response_len):
 
 
 def mean_mismatch(metrics):
-  """The update's summed |logp - old_logp| as a per-token mean: sampler/trainer agreement."""
+  """The update's summed |logp - old_logp| as a per-token mean, and for a MoE the fraction of
+  (response token, layer) routing decisions whose top-k differs from the sampler's: how closely
+  the trainer computes what the sampler did."""
   metrics = dict(metrics)
   metrics['logprob_mismatch'] = metrics.pop('logprob_mismatch_sum') / jnp.maximum(
       metrics['num_tokens'], 1)
+  if 'router_decisions' in metrics:
+    metrics['router_mismatch'] = metrics.pop('router_mismatch_sum') / jnp.maximum(
+        metrics.pop('router_decisions'), 1)
   return metrics
 
 
+def recorded_routes(experts_BxLxYxK, prompt_len):
+  """The sampler's expert ids over the trainer's prompt + response positions, [Y, B, S, K]:
+  position T - 1 + t holds those of the decoding step that sampled token t (the positions
+  `at_response` reads); the other prompt positions and the last hold -1 (routed as computed)."""
+  batch, _, num_layers, k = experts_BxLxYxK.shape
+  none = lambda n: jnp.full((batch, n, num_layers, k), -1, experts_BxLxYxK.dtype)
+  return jnp.moveaxis(jnp.concatenate([none(prompt_len - 1), experts_BxLxYxK, none(1)], axis=1),
+                      2, 0)
+
+
 def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL, temperature,
-                      logits_chunk=0):
-  """Log-probs and entropies of the response tokens under softmax(logits / temperature).
+                      logits_chunk=0, experts_BxLxYxK=None):
+  """Log-probs and entropies of the response tokens under softmax(logits / temperature), the MoE
+  aux loss and the routing decisions whose top-k differs from the sampler's `experts_BxLxYxK`
+  (its ids, routed by with model.cfg.router_replay; None: 0).
 
   With `logits_chunk` = C > 0 the vocabulary projection runs over C response positions at a time
   under `jax.checkpoint`, so the full [B, L, V] logits never exist at once, in the forward or the
@@ -55,8 +73,12 @@ def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL,
   """
   response_len = response_BxL.shape[1]
   variables = {'params': params}
-  h_BxSxD, _, aux_loss = model.apply(
-      variables, *prompt_and_response(prompt_BxT, prompt_valid_BxT, response_BxL), method='hidden')
+  recorded = (None if experts_BxLxYxK is None else
+              recorded_routes(experts_BxLxYxK, prompt_BxT.shape[1]))
+  (h_BxSxD, _, aux_loss), sown = model.apply(
+      variables, *prompt_and_response(prompt_BxT, prompt_valid_BxT, response_BxL),
+      recorded_YxBxSxK=recorded, method='hidden', mutable=['intermediates'])
+  mismatch = sown.get('intermediates', {}).get('router_mismatch', (jnp.int32(0),))[0]
   h_BxLxD = at_response(h_BxSxD, prompt_BxT.shape[1], response_len)
 
   def logp_and_entropy(h_BxCxD, tokens_BxC):
@@ -66,7 +88,7 @@ def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL,
 
   if not logits_chunk or logits_chunk >= response_len:
     logp_BxL, entropy_BxL = logp_and_entropy(h_BxLxD, response_BxL)
-    return logp_BxL, entropy_BxL, aux_loss
+    return logp_BxL, entropy_BxL, aux_loss, mismatch
   if response_len % logits_chunk:
     raise ValueError(f'logits_chunk {logits_chunk} must divide the response length {response_len}')
   batch, num_chunks = h_BxLxD.shape[0], response_len // logits_chunk
@@ -74,7 +96,7 @@ def response_logprobs(model, params, prompt_BxT, prompt_valid_BxT, response_BxL,
   logp_NxBxC, entropy_NxBxC = jax.lax.map(lambda a: jax.checkpoint(logp_and_entropy)(*a),
                                           (chunks(h_BxLxD), chunks(response_BxL)))
   unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch, response_len)
-  return unchunk(logp_NxBxC), unchunk(entropy_NxBxC), aux_loss
+  return unchunk(logp_NxBxC), unchunk(entropy_NxBxC), aux_loss, mismatch
 
 
 def micro_map(fn, num_micro, *arrays_B):
@@ -93,8 +115,10 @@ def off_policy_correction(model, params, batch, cfg, temperature, num_micro, log
   if mode == 'none':
     return batch, {}
   old_logp_BxL = micro_map(
-      lambda p, v, r: response_logprobs(model, params, p, v, r, temperature, logits_chunk)[0],
-      num_micro, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL)
+      lambda p, v, r, e: response_logprobs(model, params, p, v, r, temperature, logits_chunk,
+                                           e)[0],
+      num_micro, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL,
+      batch.experts_BxLxYxK)
   is_weights_BxL, keep_BxL, stats = losses.importance_weights(
       old_logp_BxL, batch.old_logp_BxL, batch.mask_BxL, mode, cfg.is_low, cfg.is_high)
   return batch._replace(old_logp_BxL=old_logp_BxL, mask_BxL=keep_BxL,
@@ -109,9 +133,9 @@ def make_policy_loss(model, cfg, temperature, num_micro, logits_chunk=0):
   moe_aux_coef. With kl_coef == 0 no reference model exists at all (ref_params is None).
   """
   def loss_fn(params, batch, ref_params=None):
-    logp_BxL, entropy_BxL, aux_loss = response_logprobs(
+    logp_BxL, entropy_BxL, aux_loss, router_mismatch = response_logprobs(
         model, params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL, temperature,
-        logits_chunk)
+        logits_chunk, batch.experts_BxLxYxK)
     pg_BxL, clipped_BxL = losses.clipped_surrogate(logp_BxL, batch.old_logp_BxL,
                                                    batch.advantages_BxL, cfg.clip_low,
                                                    cfg.clip_high, cfg.get('clip_ratio_c', 0.0))
@@ -128,10 +152,13 @@ def make_policy_loss(model, cfg, temperature, num_micro, logits_chunk=0):
         logprob_mismatch_sum=jnp.sum(mask_BxL * jnp.abs(logp_BxL - batch.old_logp_BxL)),
         approx_kl=jnp.sum(weights_BxL * losses.kl_penalty(batch.old_logp_BxL, logp_BxL, 'k3')),
         num_tokens=jnp.sum(mask_BxL))
+    if batch.experts_BxLxYxK is not None:   # every sampled token's decision in every layer
+      metrics.update(router_mismatch_sum=router_mismatch,
+                     router_decisions=jnp.sum(batch.experts_BxLxYxK[..., 0] >= 0))
     if cfg.kl_coef:
-      ref_logp_BxL, _, _ = response_logprobs(
+      ref_logp_BxL = response_logprobs(
           model, jax.lax.stop_gradient(ref_params), batch.prompt_BxT, batch.prompt_valid_BxT,
-          batch.response_BxL, temperature, logits_chunk)
+          batch.response_BxL, temperature, logits_chunk)[0]
       kl = jnp.sum(weights_BxL * losses.kl_penalty(logp_BxL, ref_logp_BxL, cfg.kl_estimator))
       loss = loss + cfg.kl_coef * kl
       metrics['kl'] = kl

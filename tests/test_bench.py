@@ -119,6 +119,17 @@ def test_moe_bench_refuses_to_time_a_wrong_implementation(monkeypatch):
     moe_bench.run(tokens=40, d=8, f=8, experts=4, k=2, impls=['ragged', 'dense'], rounds=1)
 
 
+def test_router_mismatch_bench_measures_what_training_logs():
+  """bench/router_mismatch.py on the tiny preset in float32: no routing decision differs and
+  the log-probs agree to float32 rounding, with or without replay (tests/tolerance.py)."""
+  from bench import router_mismatch   # pylint: disable=import-outside-toplevel
+  cfg = presets.get('tiny', dtype='float32')
+  rows = router_mismatch.measure(cfg, responses=8, prompt_len=4, new_tokens=4, seed=0)
+  assert set(rows) == {False, True}
+  for row in rows.values():
+    assert row['router_mismatch'] == 0 and row['logprob_mismatch_max'] <= 2e-5
+
+
 def test_sampling_bench_checks_and_times_both_draws():
   from bench import sampling   # pylint: disable=import-outside-toplevel
   ms = sampling.run(rows=4, vocab=32, rounds=2)
@@ -187,7 +198,8 @@ def test_ab_rejects_bad_arguments(args, capsys):
     ('sampler', ['--batches=1,0']), ('sampler', ['--lengths=16,x']), ('sampler', ['--repeats=0']),
     ('train_step', ['--batch=64', '--micro=24']), ('train_step', ['--micro=']),
     ('rl_step', ['--preset=peer']), ('rl_step', ['--P=8,-1']), ('peers', ['--batches=1,,8']),
-    ('prefill', ['--G=0']), ('prefill', ['--tpu_lengths=512'])])
+    ('prefill', ['--G=0']), ('prefill', ['--tpu_lengths=512']),
+    ('router_mismatch', ['--responses=0']), ('router_mismatch', ['--dtype=float16'])])
 def test_benchmarks_reject_bad_arguments_in_one_line(script, args, capsys):
   """Each benchmark's command line: bad input is one argparse error and exit 2, before any model
   is built (no traceback from deep inside a run)."""

@@ -114,6 +114,15 @@ def test_bad_field(field, value, message):
     config_checks.check(config, device_count=1, process_count=1)
 
 
+def test_router_replay_needs_experts():
+  config = _tiny()
+  config.model.update(num_experts=0, router_replay=True)
+  with pytest.raises(ValueError, match=r'model.router_replay needs a mixture of experts'):
+    config_checks.check(config, device_count=1, process_count=1)
+  config.model.num_experts = 4
+  config_checks.check(config, device_count=1, process_count=1)
+
+
 @pytest.mark.parametrize('mode, low, high, message', [
     ('tis', 0.5, 0.8, r"grpo.is_high \(the 'tis' cap\) must be >= 1, got 0.8"),
     ('mis', 1.2, 2.0, r"grpo.is_low and is_high \(the 'mis' band\) must satisfy 0 <= is_low <= 1"),

@@ -1,5 +1,5 @@
 """Continuous batching (rljax.rollout.sampler.generate_continuous): with per-response keys it returns the
-static sampler's tokens exactly and its log-probs within float32 rounding (tolerance.py: they are
+static sampler's tokens and recorded experts exactly and its log-probs within float32 rounding (tolerance.py: they are
 two compiled programs), whatever the slot count and the order rows finish in; every prompt is decoded exactly once (its schedule equals a plain-numpy simulation of
 the slots); it compiles once; on a mesh it equals the static sampler on that mesh."""
 import functools
@@ -43,8 +43,8 @@ def static_sampler(cfg):
 
 
 def assert_rollouts_equal(a, b):
-  """Same tokens, masks and lengths; log-probs within rounding (two different programs)."""
-  for name in ('tokens_BxL', 'mask_BxL', 'lengths_B'):
+  """Same tokens, masks, lengths and experts; log-probs within rounding (two different programs)."""
+  for name in ('tokens_BxL', 'mask_BxL', 'lengths_B', 'experts_BxLxYxK'):
     np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)),
                                   err_msg=name)
   np.testing.assert_allclose(np.asarray(a.logp_BxL), np.asarray(b.logp_BxL),

@@ -361,7 +361,7 @@ def test_policy_loss_applies_the_configured_dual_clip(c):
   loss_cfg = ml_collections.ConfigDict(dict(clip_low=.2, clip_high=.2, clip_ratio_c=c, kl_coef=0.0,
                                             kl_estimator='k3', moe_aux_coef=0.0))
   _, metrics = jax.jit(policy_loss.make_policy_loss(model, loss_cfg, 1.0, 1))(params, batch)
-  logp, _, _ = jax.jit(lambda p, b: policy_loss.response_logprobs(
+  logp, *_ = jax.jit(lambda p, b: policy_loss.response_logprobs(
       model, p, b.prompt_BxT, b.prompt_valid_BxT, b.response_BxL, 1.0))(params, batch)
   adv, logp = np.asarray(batch.advantages_BxL), np.asarray(logp, np.float64)
   expected = np.mean([ref_surrogate(logp[i, j] + 9.0, adv[i, j], .2, .2, c)[0]

@@ -1,5 +1,7 @@
-"""rljax.model.moe against plain numpy: the router (top-k renormalised softmax, load-balancing loss) and
-the MoE layer for every expert implementation vs a naive per-token loop over selected experts."""
+"""rljax.model.moe against plain numpy: the MoE layer for every expert implementation vs a naive
+per-token loop over selected experts (the router's numpy reference: tests/test_router.py)."""
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -12,33 +14,10 @@ from rljax.model import moe
 from rljax.model import transformer as model_lib
 from rljax import sharding
 
+from test_router import np_replayed, np_route, recorded_ids
+
 
 # ------------------------------------------------------------------ numpy references (float64)
-
-
-def np_softmax(x):
-  x = np.asarray(x, np.float64)
-  e = np.exp(x - x.max(axis=-1, keepdims=True))
-  return e / e.sum(axis=-1, keepdims=True)
-
-
-def np_route(logits_TxE, k):
-  """Top-k experts per token (largest prob first), renormalised weights, E * sum_e f_e p_e."""
-  probs = np_softmax(logits_TxE)
-  num_tokens, num_experts = probs.shape
-  experts = np.zeros((num_tokens, k), np.int64)
-  weights = np.zeros((num_tokens, k))
-  counts = np.zeros(num_experts)
-  for t in range(num_tokens):
-    order = sorted(range(num_experts), key=lambda e: -probs[t, e])[:k]
-    experts[t] = order
-    weights[t] = [probs[t, e] for e in order]
-    weights[t] /= weights[t].sum()
-    for e in order:
-      counts[e] += 1
-  f = counts / (num_tokens * k)
-  p = probs.mean(axis=0)
-  return weights, experts, num_experts * float(np.sum(f * p))
 
 
 def np_silu(x):
@@ -56,58 +35,6 @@ def np_moe(x_TxD, router, w_gate, w_up, w_down, k):
       hidden = np_silu(x[t] @ w_gate[e]) * (x[t] @ w_up[e])
       out[t] += weights[t, j] * (hidden @ w_down[e])
   return out, experts
-
-
-# ------------------------------------------------------------------ route
-
-
-def route_with_loss(logits, k):
-  """moe.route plus the load-balancing loss of its load statistics."""
-  weights, experts, load_stats = moe.route(jnp.asarray(logits), k)
-  return weights, experts, moe.load_balance_loss(load_stats, k)
-
-
-@pytest.mark.parametrize('k', [1, 2, 3])
-def test_route_matches_numpy(k):
-  rng = np.random.default_rng(k)
-  logits = rng.normal(size=(23, 5)).astype(np.float32) * 2.0
-  weights, experts, aux = route_with_loss(logits, k)
-  ref_w, ref_e, ref_aux = np_route(logits, k)
-  np.testing.assert_array_equal(np.asarray(experts), ref_e)
-  np.testing.assert_allclose(np.asarray(weights), ref_w, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, rtol=1e-6)
-  np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
-
-
-def test_load_stats_add_over_shards():
-  """Load statistics are sums over tokens: two halves' stats added give the whole batch's loss."""
-  logits = np.random.default_rng(5).normal(size=(20, 4)).astype(np.float32) * 2.0
-  _, _, ref_aux = np_route(logits, 2)
-  halves = [moe.route(jnp.asarray(part), 2)[2] for part in (logits[:7], logits[7:])]
-  summed = jax.tree.map(lambda a, b: a + b, *halves)
-  np.testing.assert_allclose(float(moe.load_balance_loss(summed, 2)), ref_aux, rtol=1e-5)
-
-
-@pytest.mark.parametrize('k', [1, 2])
-def test_route_balanced_loss_is_one(k):
-  # Every token sees a cyclic shift of the same logit vector: each expert is chosen equally often
-  # and has the same mean probability, i.e. perfect balance.
-  base = np.array([3.0, 1.5, 0.0, -1.0], np.float32)
-  logits = np.stack([np.roll(base, s) for s in range(4)] * 3)
-  _, experts, aux = route_with_loss(logits, k)
-  counts = np.bincount(np.asarray(experts).reshape(-1), minlength=4)
-  assert np.all(counts == counts[0])
-  np.testing.assert_allclose(float(aux), 1.0, rtol=1e-6)
-
-
-def test_route_imbalanced_loss_above_one():
-  # Expert 0 wins every token: f = (1, 0, 0, 0), p_0 > 1/4, so the loss is E * p_0 > 1.
-  logits = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
-  logits[:, 0] += 10.0
-  _, _, aux = route_with_loss(logits, 1)
-  _, _, ref_aux = np_route(logits, 1)
-  assert ref_aux > 3.9
-  np.testing.assert_allclose(float(aux), ref_aux, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ MoE layer
@@ -160,7 +87,7 @@ def test_moe_layer_matches_naive_loop(impl, k, skew, decoding):
   assert set(init) == set(params)
   for name in params:
     assert init[name].shape == params[name].shape, name
-  out, aux = layer.apply({'params': jax.tree.map(jnp.asarray, params)}, jnp.asarray(x))
+  out, aux, _ = layer.apply({'params': jax.tree.map(jnp.asarray, params)}, jnp.asarray(x))
   x_TxD = x.reshape(-1, D)
   ref, experts = np_moe(x_TxD, params['router'], params['w_gate'], params['w_up'],
                         params['w_down'], k)
@@ -204,8 +131,8 @@ def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k, decoding):
     assert chosen is moe.experts_gather
   else:
     assert chosen is moe.EXPERT_IMPLS[impl]
-  out, _ = moe.MoE(cfg, decoding).apply({'params': jax.tree.map(jnp.asarray, params)},
-                                       jnp.asarray(x))
+  out, _, _ = moe.MoE(cfg, decoding).apply({'params': jax.tree.map(jnp.asarray, params)},
+                                          jnp.asarray(x))
   ref, _ = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
                   params['w_down'], k)
   assert np.abs(ref).max() > 0.1
@@ -220,7 +147,7 @@ def test_moe_layer_bucketed_with_training_sized_batches():
   rng = np.random.default_rng(3)
   x = rng.normal(size=(4, num_tokens // 4, D)).astype(np.float32)
   params = random_moe_params(rng, skew=False)
-  out, _ = moe.MoE(cfg).apply({'params': jax.tree.map(jnp.asarray, params)}, jnp.asarray(x))
+  out, _, _ = moe.MoE(cfg).apply({'params': jax.tree.map(jnp.asarray, params)}, jnp.asarray(x))
   ref, _ = np_moe(x.reshape(-1, D), params['router'], params['w_gate'], params['w_up'],
                   params['w_down'], 2)
   np.testing.assert_array_less(np.abs(np.asarray(out).reshape(-1, D) - ref).max(), 1e-5)
@@ -408,3 +335,87 @@ def test_tpu_trains_the_experts_at_the_routed_flops():
   flops = (costs[0] if isinstance(costs, list) else costs)['flops']
   forward = 3 * 2 * T * k * D * F   # three routed matmuls
   assert 2.5 * forward < flops < 4 * forward, flops / forward
+
+
+# ------------------------------------------------------------------ router replay
+
+
+def np_moe_replayed(x_TxD, params, k, recorded_TxK, cotangent_TxD):
+  """The layer routed by `recorded_TxK` (tests/test_router.py's np_replayed), and the gradients of
+  sum(out * cotangent) with respect to the router and w_down. A token's weights are the softmax
+  over its chosen experts' logits, so with a_j = cotangent . y_j (expert j's output),
+  d/d logit_{e_j} = w_j (a_j - sum_i w_i a_i): the router learns from the replayed experts."""
+  x = np.asarray(x_TxD, np.float64)
+  w_gate, w_up, w_down = (np.asarray(params[n], np.float64) for n in ('w_gate', 'w_up', 'w_down'))
+  weights, experts, _ = np_replayed(x @ np.asarray(params['router'], np.float64), k, recorded_TxK)
+  out, d_router, d_down = np.zeros_like(x), np.zeros((D, E)), np.zeros_like(w_down)
+  for t in range(x.shape[0]):
+    a = np.zeros(k)
+    for j, e in enumerate(experts[t]):
+      hidden = np_silu(x[t] @ w_gate[e]) * (x[t] @ w_up[e])
+      y = hidden @ w_down[e]
+      out[t] += weights[t, j] * y
+      a[j] = cotangent_TxD[t] @ y
+      d_down[e] += weights[t, j] * np.outer(hidden, cotangent_TxD[t])
+    d_logits = weights[t] * (a - weights[t] @ a)
+    for j, e in enumerate(experts[t]):
+      d_router[:, e] += x[t] * d_logits[j]
+  return out, d_router, d_down, experts
+
+
+def replay_case(seed, k, tokens):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(3, tokens // 3, D)).astype(np.float32)
+  recorded = recorded_ids(rng, tokens, E, k)
+  cotangent = rng.normal(size=(tokens, D))
+  return x, random_moe_params(rng, skew=False), recorded, cotangent
+
+
+def replayed_forward_and_grad(cfg, params, x, recorded, cotangent):
+  layer = moe.MoE(cfg)
+  def loss(p):
+    out, _, routed = layer.apply({'params': p}, jnp.asarray(x),
+                                 jnp.asarray(recorded).reshape(*x.shape[:2], -1))
+    return jnp.sum(out.reshape(-1, D) * jnp.asarray(cotangent, jnp.float32)), (out, routed)
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))(jax.tree.map(jnp.asarray, params))
+
+
+@pytest.mark.parametrize('impl', ['ragged', 'dense', 'bucketed'])
+@pytest.mark.parametrize('k', [1, 2])
+def test_replayed_layer_and_its_gradient_match_numpy(impl, k):
+  """cfg.router_replay: tokens with recorded ids run those experts, weighted by the softmax over
+  their logits, and the router's and experts' gradients are those of that function. Float32
+  against float64: outputs within 1e-5 as the layer tests; the gradients sum ~30 tokens' outer
+  products of O(1) terms, so 1e-4 relative."""
+  x, params, recorded, cotangent = replay_case(20 + k, k, 33)
+  cfg = dataclasses.replace(moe_cfg(impl, k), router_replay=True)
+  (_, (out, routed)), grads = replayed_forward_and_grad(cfg, params, x, recorded, cotangent)
+  ref, d_router, d_down, experts = np_moe_replayed(x.reshape(-1, D), params, k, recorded,
+                                                   cotangent)
+  assert np.any(experts != np_route(x.reshape(-1, D) @ params['router'], k)[1])   # replay bites
+  np.testing.assert_array_less(np.abs(np.asarray(out).reshape(-1, D) - ref).max(), 1e-5)
+  np.testing.assert_allclose(np.asarray(grads['router']), d_router, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(grads['w_down']), d_down, rtol=1e-4, atol=1e-5)
+  assert int(routed.mismatch) == np_replayed(x.reshape(-1, D) @ params['router'], k,
+                                             recorded)[2]
+
+
+@pytest.mark.parametrize('mesh_cfg', [dict(data=2, expert=2), dict(fsdp=2, expert=2)])
+def test_replay_and_recorded_ids_on_a_mesh_match_numpy(mesh_cfg):
+  """Expert parallel (shard_map): the recorded ids travel with their tokens, the mismatch is
+  counted over the whole batch, and decoding returns each device's own tokens' ids."""
+  k = 2
+  x, params, recorded, cotangent = replay_case(30, k, 24)
+  mesh = sharding.make_mesh(ml_collections.ConfigDict(mesh_cfg), jax.devices()[:4])
+  cfg = dataclasses.replace(moe_cfg('ragged', k), router_replay=True)
+  ref, d_router, _, _ = np_moe_replayed(x.reshape(-1, D), params, k, recorded, cotangent)
+  logits = x.reshape(-1, D).astype(np.float64) @ params['router']
+  with jax.set_mesh(mesh):
+    (_, (out, routed)), grads = replayed_forward_and_grad(cfg, params, x, recorded, cotangent)
+    _, _, decoded = jax.jit(lambda p, x: moe.MoE(cfg, decoding=True).apply({'params': p}, x))(
+        jax.tree.map(jnp.asarray, params), jnp.asarray(x))
+  np.testing.assert_array_less(np.abs(np.asarray(out).reshape(-1, D) - ref).max(), 1e-5)
+  np.testing.assert_allclose(np.asarray(grads['router']), d_router, rtol=1e-4, atol=1e-5)
+  assert int(routed.mismatch) == np_replayed(logits, k, recorded)[2]
+  np.testing.assert_array_equal(np.asarray(decoded.experts_BxTxK).reshape(-1, k),
+                                np_route(logits, k)[1])

@@ -2,7 +2,7 @@
 or still waits in the pool, never lost or duplicated, on the schedule of a plain-Python simulation
 of the pool and its slots (which groups finish, each token's policy version, restarts for
 staleness, decode steps); a response carried across calls (its KV cache kept) samples exactly the
-tokens the static sampler samples from its prompt and key."""
+tokens, and records exactly the experts, that the static sampler does from its prompt and key."""
 import functools
 
 import jax
@@ -20,7 +20,8 @@ import tolerance
 V, PAD = 16, 0
 P, G, T, L, SLOTS = 2, 3, 5, 9, 5
 CFG = model_lib.ModelConfig(vocab_size=V, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                            head_dim=8, num_experts=0, dense_hidden=32)
+                            head_dim=8, num_experts=4, experts_per_token=2, expert_hidden=16,
+                            moe_impl='dense')
 MODEL = model_lib.Transformer(CFG)
 SAMPLING = sampler_lib.SamplingConfig(L, -1, PAD)   # no stop token: responses stop at their caps
 
@@ -127,6 +128,7 @@ def test_no_response_lost_or_duplicated_and_carried_tokens_equal_static(max_stal
     for b, (_, _, versions) in enumerate(responses):
       np.testing.assert_array_equal(out.version_BxL[b, :len(versions)], versions)
     np.testing.assert_array_equal(out.rollout.tokens_BxL, reference.tokens_BxL[rows])
+    np.testing.assert_array_equal(out.rollout.experts_BxLxYxK, reference.experts_BxLxYxK[rows])
     np.testing.assert_allclose(out.rollout.logp_BxL, reference.logp_BxL[rows],
                                **tolerance.ACROSS_PROGRAMS)
     trained += [(s, g) for s, g, _ in responses]

@@ -134,10 +134,14 @@ def test_sampler_logprobs_equal_trainer_logprobs(samplers, name, temperature):
     rollout = run(sampler, params, prompt, valid, seed)
     check_stop_structure(rollout)
     mask = rollout.mask_BxL
-    logp, _, _ = trainer_logprobs()(params, prompt, valid, jnp.asarray(rollout.tokens_BxL),
-                                  jnp.float32(temperature))
+    logp, _, _, router_mismatch = trainer_logprobs()(
+        params, prompt, valid, jnp.asarray(rollout.tokens_BxL), jnp.float32(temperature),
+        experts_BxLxYxK=jnp.asarray(rollout.experts_BxLxYxK))
     diff = np.abs(np.asarray(logp) - rollout.logp_BxL)[mask]
     assert diff.max() <= 1e-5, diff.max()
+    # Every response token's experts recorded (and only those), the trainer's own choices.
+    np.testing.assert_array_equal(rollout.experts_BxLxYxK[..., 0] >= 0, mask[..., None])
+    assert int(router_mismatch) == 0
     # Independent reference: numpy log-softmax of the full-forward logits / temperature.
     ref = np_log_softmax(full_logits(params, prompt, valid, rollout.tokens_BxL) / temperature)
     ref = np.take_along_axis(ref, rollout.tokens_BxL[..., None], axis=-1)[..., 0]
@@ -165,6 +169,44 @@ def np_greedy_reference(params, prompt, valid):
     mask[:, t] = ~done
     done |= token == EOS
   return response, logp, mask
+
+
+def near_tie_model(dtype, replay):
+  """Two MoE layers whose router columns are one column plus 1e-7 relative noise: every top-2 of
+  4 is decided at the float32 rounding of the router logits, so the sampler's decoding step and
+  the trainer's full forward, two programs, choose differently wherever their activations differ
+  in the last bit."""
+  cfg = dataclasses.replace(CFG, num_layers=2, dtype=dtype, router_replay=replay)
+  params = random_params_lib.for_model(cfg, 3)
+  router_YxDxE = params['blocks']['moe']['router']
+  noise = np.random.default_rng(4).normal(size=router_YxDxE.shape)
+  params['blocks']['moe']['router'] = router_YxDxE[..., :1] * (1 + 1e-7 * noise)
+  return model_lib.Transformer(cfg), params
+
+
+@pytest.mark.parametrize('dtype, slots', [('float32', 0), ('bfloat16', 0), ('bfloat16', 5)])
+def test_router_replay_gives_the_trainer_the_samplers_experts_at_near_ties(dtype, slots):
+  """Near-tied routers: without replay the trainer routes some response tokens otherwise than the
+  sampler did, and its log-probs of them are far off; with model.router_replay it takes the
+  sampler's experts and its log-probs match the sampler's within the dtype's tolerance (static and
+  continuous batching). One-token prompts: every routing decision is a decoding step's, recorded
+  (prompt tokens route as the trainer computes them)."""
+  tol = tolerance.ACROSS_PROGRAMS['atol'] if dtype == 'float32' else tolerance.BF16_LOGPROBS['atol']
+  prompt = jnp.asarray(np.random.default_rng(5).integers(2, V, size=(16, 1)), jnp.int32)
+  valid = jnp.ones(prompt.shape, bool)
+  sampling = sampler_lib.SamplingConfig(8, -1, PAD, slots=slots)   # no stop token: 8 tokens each
+  diffs = {}
+  for replay in (False, True):
+    model, params = near_tie_model(dtype, replay)
+    rollout = sampler_lib.make_sampler(model, sampling)(params, prompt, valid,
+                                                        jax.random.PRNGKey(6))
+    logp, _, _, mismatch = jax.jit(lambda p, t, e: policy_loss.response_logprobs(
+        model, p, prompt, valid, t, 1.0, 0, e))(params, rollout.tokens_BxL,
+                                                rollout.experts_BxLxYxK)
+    decisions = np.sum(np.asarray(rollout.experts_BxLxYxK)[..., 0] >= 0)
+    assert decisions == 16 * 8 * 2 and 0 < int(mismatch) < decisions   # the near-ties flip
+    diffs[replay] = np.abs(np.asarray(logp) - np.asarray(rollout.logp_BxL)).max()
+  assert diffs[True] <= tol < 10 * tol < diffs[False], diffs
 
 
 def test_greedy_matches_numpy_argmax_loop(samplers):

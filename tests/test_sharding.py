@@ -203,8 +203,8 @@ def test_chunked_logprobs_equal_unchunked_values_and_gradients():
   response_BxL = np.random.default_rng(2).integers(0, 16, (B, 6)).astype(np.int32)
 
   def total(p, chunk):
-    logp, entropy, _ = policy_loss.response_logprobs(model, p, prompt_BxT, valid_BxT, response_BxL,
-                                                     0.8, chunk)
+    logp, entropy, *_ = policy_loss.response_logprobs(model, p, prompt_BxT, valid_BxT,
+                                                      response_BxL, 0.8, chunk)
     return jnp.sum(logp * jnp.arange(6)) + jnp.sum(entropy), (logp, entropy)
 
   total_and_grads = jax.jit(jax.value_and_grad(total, has_aux=True), static_argnums=1)

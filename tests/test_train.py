@@ -90,11 +90,12 @@ def test_rollout_stats_match_numpy():
 
 @pytest.mark.e2e
 def test_partial_rollouts_resume_mid_flight_identically(tmp_path):
-  """GRPO with partial rollouts and TIS, 3 steps; then its step-3 checkpoint is removed and the run
-  resumes from step 2 with responses in flight (the pool restored: tokens, KV cache, versions):
-  it logs step 3 and its evaluation exactly as before."""
+  """GRPO with partial rollouts, TIS and router replay, 3 steps; then its step-3 checkpoint is
+  removed and the run resumes from step 2 with responses in flight (the pool restored: tokens,
+  KV cache, versions, recorded experts): it logs step 3 and its evaluation exactly as before."""
   config = tiny(grpo_config, tmp_path, max_steps=3, eval_every=10, keep_checkpoints=3)
   config.rollout.update(slots=6, partial=True, max_staleness=1, max_new_tokens=8)
+  config.model.router_replay = True
   config.optimizer.decay = 'constant'
   config.grpo.off_policy = 'tis'
   workdir = str(tmp_path / 'run')
@@ -115,6 +116,9 @@ def test_partial_rollouts_resume_mid_flight_identically(tmp_path):
   # little), never above the cap.
   assert all(row['is_weight_max'] <= 2.0 and abs(row['is_weight_mean'] - 1) < 1e-2 for row in steps)
   assert all(row['behaviour_mismatch'] > 0 for row in carried)
+  # Carried tokens were routed by an older policy: some decisions differ from the trainer's, and
+  # replay overrides them (fresh tokens agree in float32).
+  assert any(row['router_mismatch'] > 0 for row in carried)
 
 
 @pytest.mark.e2e
@@ -122,9 +126,11 @@ def test_split_mesh_trains_one_step_behind_like_a_serial_loop(tmp_path):
   """rollout.devices=4 of the 8: devices 4-7 draw each batch one policy version early while 0-3
   update. Three steps equal a serial loop written here that draws batch k from the parameters
   after update k - 2 on the same two meshes (the same compiled programs: bit-equal); a resume
-  from step 2, with a batch drawn ahead in its checkpoint, logs step 3 exactly as before."""
+  from step 2, with a batch drawn ahead in its checkpoint (its experts recorded, replayed by the
+  update), logs step 3 exactly as before."""
   config = tiny(grpo_config, tmp_path, max_steps=3, eval_every=10, keep_checkpoints=3)
   config.rollout.update(devices=4, slots=6, max_new_tokens=8)
+  config.model.router_replay = True
   config.optimizer.decay = 'constant'
   workdir = str(tmp_path / 'run')
   train.train(config, workdir)

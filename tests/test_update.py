@@ -71,8 +71,8 @@ def make_setup(seed=0):
   lengths = np.array([6, 1, 3, 0, 6, 4, 2, 5])   # one empty row (e.g. a filtered group)
   mask = (np.arange(RESP_LEN)[None] < lengths[:, None]).astype(np.float32)
   response = np.where(mask > 0, rng.integers(1, V, size=(B, RESP_LEN)), 0).astype(np.int32)
-  logp, _, _ = logprobs_fn()(params, jnp.asarray(prompt), jnp.asarray(valid),
-                             jnp.asarray(response), jnp.float32(TEMPERATURE))
+  logp, *_ = logprobs_fn()(params, jnp.asarray(prompt), jnp.asarray(valid),
+                           jnp.asarray(response), jnp.float32(TEMPERATURE))
   old_logp = (np.asarray(logp) + 0.25 * rng.normal(size=logp.shape)) * mask  # ratios around 1
   advantages = rng.normal(size=(B, 1)) * mask
   batch = policy_loss.PolicyBatch(
@@ -126,10 +126,10 @@ def assert_trees_close(a, b, rtol, what, atol=None):
 @pytest.mark.parametrize('kl_coef', [pytest.param(0.0, marks=pytest.mark.e2e), KL_COEF])
 def test_micro_batch_split_invariance(kl_coef):
   params, ref_params, batch = make_setup()
-  logp, _, _ = logprobs_fn()(params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL,
-                             jnp.float32(TEMPERATURE))
-  ref_logp, _, _ = logprobs_fn()(ref_params, batch.prompt_BxT, batch.prompt_valid_BxT,
-                                 batch.response_BxL, jnp.float32(TEMPERATURE))
+  logp, *_ = logprobs_fn()(params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL,
+                           jnp.float32(TEMPERATURE))
+  ref_logp, *_ = logprobs_fn()(ref_params, batch.prompt_BxT, batch.prompt_valid_BxT,
+                               batch.response_BxL, jnp.float32(TEMPERATURE))
   for mode in MODES:
     weights = losses.token_weights(batch.mask_BxL, mode)
     np.testing.assert_allclose(np.asarray(weights), np_weights(batch.mask_BxL, mode), rtol=1e-6)
@@ -358,8 +358,8 @@ def test_off_policy_loss_matches_numpy(mode):
   sum(token weight over kept tokens * IS weight * clipped surrogate), in float64 numpy."""
   params, _, batch = make_setup(seed=3)
   corrected, stats = correction_fn(mode)(params, batch)
-  logp, _, _ = logprobs_fn()(params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL,
-                             jnp.float32(TEMPERATURE))
+  logp, *_ = logprobs_fn()(params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL,
+                           jnp.float32(TEMPERATURE))
   logp, mask = np.asarray(logp, np.float64), np.asarray(batch.mask_BxL, np.float64)
   np.testing.assert_allclose(np.asarray(corrected.old_logp_BxL), logp, rtol=1e-6, atol=1e-6)
   ratio = np.exp(logp - np.asarray(batch.old_logp_BxL, np.float64))

@@ -41,7 +41,8 @@ def policy_batch(rollout, advantages_B, keep_B, prompt_BxT, valid_BxT):
   return policy_loss.PolicyBatch(
       prompt_BxT=prompt_BxT, prompt_valid_BxT=valid_BxT, response_BxL=rollout.tokens_BxL,
       mask_BxL=mask_BxL, old_logp_BxL=rollout.logp_BxL,
-      advantages_BxL=advantages_B[:, None] * mask_BxL, weights_BxL=jnp.zeros_like(mask_BxL))
+      advantages_BxL=advantages_B[:, None] * mask_BxL, weights_BxL=jnp.zeros_like(mask_BxL),
+      experts_BxLxYxK=rollout.experts_BxLxYxK)
 
 
 def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):

@@ -110,7 +110,7 @@ def ppo_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params, *, m
       policy=policy_loss.PolicyBatch(
           prompt_BxT=prompt_BxT, prompt_valid_BxT=valid_BxT, response_BxL=rollout.tokens_BxL,
           mask_BxL=mask_BxL, old_logp_BxL=rollout.logp_BxL, advantages_BxL=advantages_BxL,
-          weights_BxL=weights_BxL),
+          weights_BxL=weights_BxL, experts_BxLxYxK=rollout.experts_BxLxYxK),
       critic=critic_lib.CriticBatch(
           prompt_BxT=prompt_BxT, prompt_valid_BxT=valid_BxT, response_BxL=rollout.tokens_BxL,
           mask_BxL=mask_BxL, old_values_BxL=values_BxL, returns_BxL=returns_BxL,

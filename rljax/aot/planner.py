@@ -29,6 +29,7 @@ from rljax import algos
 from rljax.aot import programs as compiled
 from rljax.aot import table
 from rljax.aot import targets
+from rljax.model import router
 from rljax.model import transformer as model_lib
 from rljax.rollout import sampler
 from rljax import sharding
@@ -57,6 +58,23 @@ def kv_cache_bytes(s, group):
       decode_rows(s), sampler.prompt_cache_rows(s.batch // group, group, s.config.rollout.slots)))
   return (2 * cfg.num_layers * kv_heads * cfg.head_dim * _itemsize(cfg.dtype)
           * (rows * (s.prompt_len + s.new_tokens) + prompts * (s.prompt_len - 1)))
+
+
+def router_ids_bytes(s):
+  """Bytes of the experts the sampler records for a MoE (one [layers, k] row of ids per response
+  token, rljax.model.router.route_dtype): router replay's buffer, and its mismatch metric's. In
+  all for one rollout batch, and per chip as held: split like the batch, or with rollout.partial
+  the pool's two batches of groups on every chip (the pool is replicated). Inside the compiled
+  programs' memory (the rollout's outputs, the update's inputs, the pool); stated apart here."""
+  cfg = s.model.cfg
+  if not cfg.num_experts:
+    return dict(per_step=0, per_chip=0)
+  per_response = (s.new_tokens * cfg.num_layers * cfg.experts_per_token
+                  * _itemsize(router.route_dtype(cfg.num_experts)))
+  per_step = s.batch * per_response
+  if s.config.rollout.partial:
+    return dict(per_step=per_step, per_chip=2 * per_step)
+  return dict(per_step=per_step, per_chip=per_step // sharding.data_parallel_size(s.mesh))
 
 
 def sampler_apart(s):
@@ -254,7 +272,7 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
                 params=int(sum(math.prod(x.shape)
                                for x in jax.tree.leaves(s.algo.state['params']))),
                 active_params=active_params(s.model.cfg), hbm=target.chip.hbm_bytes,
-                sampling=dataclasses.asdict(s.sampling))
+                sampling=dataclasses.asdict(s.sampling), router_ids=router_ids_bytes(s))
   if sampler_apart(s):
     report.update(sampler_mesh=dict(rollout_mesh.shape), weight_transfer=weight_transfer(s))
   if not compile_programs_too:

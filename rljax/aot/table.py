@@ -45,6 +45,11 @@ def format_report(r):
     moved = r['weight_transfer']
     rows.append(('weights to the sampler', f'{_gib(moved["total"])} per step, '
                  f'{_gib(moved["per_sampler_chip"])} into each sampler chip'))
+  if r['router_ids']['per_step']:
+    ids = r['router_ids']
+    mib = lambda x: f'{x / 2**20:.1f} MiB'
+    rows.append(('recorded experts', f'{mib(ids["per_step"])} per step, {mib(ids["per_chip"])} '
+                 'per chip (router replay\'s ids; in the programs\' memory)'))
   rows.append(('peak / headroom', f'{_gib(r["peak"])} / {_gib(r["headroom"])}'))
   if 'programs' not in r:
     return _aligned(rows)

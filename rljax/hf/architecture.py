@@ -6,7 +6,7 @@ import os
 from rljax.model import transformer as model_lib
 
 SUPPORTED_TYPES = ('qwen3', 'qwen3_moe')
-RUNTIME_FIELDS = ('moe_impl', 'dtype', 'param_dtype', 'remat')  # not part of the architecture
+RUNTIME_FIELDS = ('moe_impl', 'dtype', 'param_dtype', 'remat', 'router_replay')  # not architecture
 
 
 def read_json(path):
@@ -42,7 +42,8 @@ def _rope_theta(hf):
 
 def model_config(hf, **runtime) -> model_lib.ModelConfig:
   """The rljax ModelConfig of a Qwen3 / Qwen3-MoE config.json dict; `runtime` sets moe_impl, dtypes,
-  remat. Architectures rljax cannot compute exactly are rejected, never approximated."""
+  remat, router_replay. Architectures rljax cannot compute exactly are rejected, never
+  approximated."""
   unknown = set(runtime) - set(RUNTIME_FIELDS)
   if unknown:
     raise ValueError(f'not runtime model fields: {sorted(unknown)}; allowed: {RUNTIME_FIELDS}')

@@ -32,7 +32,7 @@ TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jin
 
 def policy_config(config) -> model_lib.ModelConfig:
   """The policy of a training config: config.model, or with --config.init.hf_path the checkpoint's
-  architecture with config.model's runtime fields (moe_impl, dtypes, remat)."""
+  architecture with config.model's runtime fields (moe_impl, dtypes, remat, router_replay)."""
   hf_path = config.init.hf_path
   if not hf_path:
     return model_lib.ModelConfig.from_config(config.model)

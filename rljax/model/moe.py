@@ -1,4 +1,5 @@
-"""Mixture-of-experts feed-forward layer (Qwen3-MoE style): softmax router, top-k, SwiGLU experts.
+"""Mixture-of-experts feed-forward layer (Qwen3-MoE style): softmax router and top-k
+(rljax.model.router), SwiGLU experts.
 
 Dropless: every token reaches all of its k experts, whatever the load. Exact implementations:
 - 'ragged': sort the (token, expert) pairs by expert and run grouped matmuls (`grouped_matmul`:
@@ -20,6 +21,7 @@ w_in, w_down), `w_in` the gate and up matrices apart, (gate, up), or joined for 
 (`gate_up`,).
 """
 import functools
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -28,30 +30,8 @@ from jax.experimental.pallas.ops.tpu import megablox
 import jax.numpy as jnp
 
 from rljax.model import layers
+from rljax.model import router
 from rljax import sharding
-
-
-def route(router_logits_TxE, k):
-  """Top-k experts per token with renormalised softmax weights, and the load statistics.
-
-  Returns (weights_TxK, experts_TxK, load_stats); `load_stats` are sums over tokens, so shards
-  of a batch can add theirs before `load_balance_loss` (the loss is the same on any mesh).
-  """
-  num_experts = router_logits_TxE.shape[-1]
-  probs_TxE = jax.nn.softmax(router_logits_TxE.astype(jnp.float32), axis=-1)
-  weights_TxK, experts_TxK = jax.lax.top_k(probs_TxE, k)
-  weights_TxK = weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True)
-  assigned_E = jnp.sum(jax.nn.one_hot(experts_TxK, num_experts), axis=(0, 1))
-  load_stats = (assigned_E, jnp.sum(probs_TxE, axis=0), jnp.float32(probs_TxE.shape[0]))
-  return weights_TxK, experts_TxK, load_stats
-
-
-def load_balance_loss(load_stats, k):
-  """Switch / Qwen3-MoE auxiliary loss E * sum_e f_e * p_e (f_e: share of assignments to expert
-  e, p_e: mean router probability); 1 when the load is perfectly balanced."""
-  assigned_E, probs_sum_E, num_tokens = load_stats
-  num_experts = assigned_E.shape[0]
-  return num_experts * jnp.sum((assigned_E / (num_tokens * k)) * (probs_sum_E / num_tokens))
 
 
 def sort_by_expert(x_TxD, experts_TxK):
@@ -283,19 +263,29 @@ def expert_impl(cfg, num_tokens):
   return EXPERT_IMPLS[cfg.moe_impl]
 
 
+class Routed(NamedTuple):
+  """What a MoE layer says of its routing, besides its output."""
+  experts_BxTxK: jax.Array   # each token's top-k ids (route_dtype) when decoding: the sampler's
+  mismatch: jax.Array        # tokens whose top-k set differs from the recorded ids (int32)
+
+
 class MoE(nn.Module):
-  """Routed SwiGLU experts. Returns the output and the load-balancing loss.
+  """Routed SwiGLU experts. Returns the output, the load-balancing loss and `Routed`.
 
   `decoding`: gate and up as one product (`gate_up`), the sampler's form; the same function.
+  `recorded_BxTxK`: the experts the sampler chose (rows of -1: none), compared with this layer's
+  top-k and, with cfg.router_replay, routed by (`route`).
   """
   cfg: 'rljax.model.transformer.ModelConfig'
   decoding: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD):
+  def __call__(self, x_BxTxD, recorded_BxTxK=None):
     cfg = self.cfg
     batch, length, d_model = x_BxTxD.shape
     x_TxD = x_BxTxD.reshape(batch * length, d_model)
+    recorded_TxK = (None if recorded_BxTxK is None else
+                    recorded_BxTxK.reshape(batch * length, cfg.experts_per_token))
     router_DxE = layers.param(self, 'router', (d_model, cfg.num_experts), ('embed', 'expert'), cfg)
     shape = (cfg.num_experts, d_model, cfg.expert_hidden)
     w_gate = layers.param(self, 'w_gate', shape, ('expert', 'embed', 'mlp'), cfg)
@@ -305,14 +295,15 @@ class MoE(nn.Module):
     weights = (router_DxE, w_gate, w_up, w_down)
     mesh = jax.sharding.get_abstract_mesh()
     if self.decoding and splits_hidden_for_decoding(cfg, mesh, x_TxD.shape[0]):
-      y_TxD, load_stats = moe_expert_parallel(cfg, True, mesh, x_TxD, *weights,
-                                              split_hidden=True)
+      run = functools.partial(moe_expert_parallel, cfg, True, mesh, split_hidden=True)
     elif splits_tokens(mesh, x_TxD.shape[0]):
-      y_TxD, load_stats = moe_expert_parallel(cfg, self.decoding, mesh, x_TxD, *weights)
+      run = functools.partial(moe_expert_parallel, cfg, self.decoding, mesh)
     else:
-      y_TxD, load_stats = moe_local(cfg, self.decoding, x_TxD, *weights)
-    aux_loss = load_balance_loss(load_stats, cfg.experts_per_token)
-    return y_TxD.reshape(batch, length, d_model), aux_loss
+      run = functools.partial(moe_local, cfg, self.decoding)
+    y_TxD, load_stats, experts_TxK, mismatch = run(x_TxD, recorded_TxK, *weights)
+    aux_loss = router.load_balance_loss(load_stats, cfg.experts_per_token)
+    experts_BxTxK = None if experts_TxK is None else experts_TxK.reshape(batch, length, -1)
+    return y_TxD.reshape(batch, length, d_model), aux_loss, Routed(experts_BxTxK, mismatch)
 
 
 def expert_matrices(w_gate, w_up, w_down, dtype, join):
@@ -321,15 +312,18 @@ def expert_matrices(w_gate, w_up, w_down, dtype, join):
   return ((gate_up(w_gate, w_up),) if join else (w_gate, w_up)), w_down
 
 
-def moe_local(cfg, decoding, x_TxD, router_DxE, w_gate, w_up, w_down):
+def moe_local(cfg, decoding, x_TxD, recorded_TxK, router_DxE, w_gate, w_up, w_down):
   """All experts on this device (no mesh, or one device), or left to the compiler (a batch the
-  mesh does not divide): route, then run the experts."""
+  mesh does not divide): route, then run the experts. Returns (y_TxD, load_stats, the top-k ids
+  when `decoding` else None, the routing mismatch)."""
   router_logits_TxE = jnp.dot(x_TxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
-  weights_TxK, experts_TxK, load_stats = route(router_logits_TxE, cfg.experts_per_token)
+  weights_TxK, experts_TxK, load_stats, mismatch = router.route(
+      router_logits_TxE, cfg.experts_per_token, recorded_TxK, cfg.router_replay)
   y_TxD = expert_impl(cfg, x_TxD.shape[0])(
       x_TxD.astype(cfg.dtype), weights_TxK, experts_TxK,
       *expert_matrices(w_gate, w_up, w_down, cfg.dtype, decoding))
-  return y_TxD, load_stats
+  recorded = experts_TxK.astype(router.route_dtype(cfg.num_experts)) if decoding else None
+  return y_TxD, load_stats, recorded, mismatch
 
 
 # The sampler's layout of the MoE weights on a mesh with an 'fsdp' axis (the logical names of
@@ -369,8 +363,8 @@ def gather_dim(w, w_spec, dim):
   return jax.lax.all_gather(w, axes, axis=dim, tiled=True) if axes else w
 
 
-def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_down,
-                        split_hidden=False):
+def moe_expert_parallel(cfg, decoding, mesh, x_TxD, recorded_TxK, router_DxE, w_gate, w_up,
+                        w_down, split_hidden=False):
   """The experts on any mesh, in `jax.shard_map` (XLA cannot partition the TPU grouped-matmul
   kernel itself): split over the 'expert' axis (their width over 'tensor'), their model dimension
   gathered over 'fsdp' for the call, as FSDP gathers a layer. Still dropless.
@@ -382,6 +376,7 @@ def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_
   `split_hidden` (decoding, `splits_hidden_for_decoding`): the weights in the DECODING_NAMES
   layout, the group gathered over 'fsdp' and 'expert': each device's outputs are partial sums over
   its slice of the hidden dimension, summed by the same reduce-scatter after the top-k combine.
+  The recorded ids are gathered with their tokens; returns as `moe_local`.
   """
   batch_axes = tuple(a for a in ('data', 'fsdp', 'expert') if a in mesh.shape)
   spec = jax.sharding.PartitionSpec
@@ -394,13 +389,16 @@ def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_
   else:
     group_axes, hidden_axes = ('expert',), ('tensor',)
 
-  def local(x_TxD, router_DxE, w_gate, w_up, w_down):
+  def local(x_TxD, recorded_TxK, router_DxE, w_gate, w_up, w_down):
     if not split_hidden:   # FSDP: the layer's experts whole, in the compute dtype, for this call
       w_gate, w_up, w_down = (gather_dim(w.astype(cfg.dtype), w_spec, dim) for w, w_spec, dim in
                               zip((w_gate, w_up, w_down), w_specs, (1, 1, 2)))
-    x_NxD = jax.lax.all_gather(x_TxD, group_axes, tiled=True)
+    gather = lambda x: jax.lax.all_gather(x, group_axes, tiled=True)
+    x_NxD = gather(x_TxD)
     router_logits_NxE = jnp.dot(x_NxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
-    weights_NxK, experts_NxK, load_stats = route(router_logits_NxE, cfg.experts_per_token)
+    weights_NxK, experts_NxK, load_stats, mismatch = router.route(
+        router_logits_NxE, cfg.experts_per_token,
+        None if recorded_TxK is None else gather(recorded_TxK), cfg.router_replay)
     num_local = w_gate.shape[0]
     local_NxK = experts_NxK - jax.lax.axis_index('expert') * num_local
     is_local_NxK = (local_NxK >= 0) & (local_NxK < num_local)
@@ -414,10 +412,16 @@ def moe_expert_parallel(cfg, decoding, mesh, x_TxD, router_DxE, w_gate, w_up, w_
     y_NxD = jax.lax.psum(y_NxD, reduce_axes) if reduce_axes else y_NxD
     y_TxD = jax.lax.psum_scatter(y_NxD, group_axes, scatter_dimension=0, tiled=True)
     other_batch_axes = tuple(a for a in batch_axes if a not in group_axes)
-    load_stats = jax.lax.psum(load_stats, other_batch_axes) if other_batch_axes else load_stats
-    return y_TxD, load_stats
+    if other_batch_axes:
+      load_stats, mismatch = jax.lax.psum((load_stats, mismatch), other_batch_axes)
+    # This device's tokens' ids: its block of the group's gathered rows.
+    own_TxK = jax.lax.dynamic_slice_in_dim(
+        experts_NxK, jax.lax.axis_index(group_axes) * x_TxD.shape[0], x_TxD.shape[0])
+    return y_TxD, load_stats, own_TxK.astype(router.route_dtype(cfg.num_experts)), mismatch
 
-  return jax.shard_map(
-      local, mesh=mesh, in_specs=(spec(batch_axes, None), spec(), *w_specs),
-      out_specs=(spec(batch_axes, None), spec()), check_vma=False)(
-          x_TxD, router_DxE, w_gate, w_up, w_down)
+  rows = spec(batch_axes, None)
+  y_TxD, load_stats, experts_TxK, mismatch = jax.shard_map(
+      local, mesh=mesh, in_specs=(rows, rows, spec(), *w_specs),
+      out_specs=(rows, spec(), rows, spec()), check_vma=False)(
+          x_TxD, recorded_TxK, router_DxE, w_gate, w_up, w_down)
+  return y_TxD, load_stats, experts_TxK if decoding else None, mismatch

@@ -42,6 +42,7 @@ class ModelConfig:
   param_dtype: Any = 'float32'  # master weights
   remat: str = 'none'           # 'none' | 'full' | 'dots' (save matmul outputs)
   max_seq_len: int = 4096       # prompt + response tokens the model is meant for (validated)
+  router_replay: bool = False   # the policy loss routes response tokens as the sampler did
 
   @classmethod
   def from_config(cls, config):
@@ -159,12 +160,15 @@ class Attention(nn.Module):
 
 class Block(nn.Module):
   """One pre-norm layer; scanned over depth, carrying the residual stream and the MoE aux loss.
-  `decoding`: the unrolled model's layer (rljax.model.moe.MoE)."""
+  `decoding`: the unrolled model's layer (rljax.model.moe.MoE). Besides the carry it returns its
+  KV cache and rljax.model.moe.Routed (None for a dense layer): the experts it chose when
+  decoding, and how many tokens chose otherwise than `recorded_BxTxK` says the sampler did."""
   cfg: ModelConfig
   decoding: bool = False
 
   @nn.compact
-  def __call__(self, carry, layer_cache, rope_tables, kv_valid_BxS, cache_index):
+  def __call__(self, carry, layer_cache, rope_tables, kv_valid_BxS, cache_index,
+               recorded_BxTxK=None):
     cfg = self.cfg
     x_BxTxD, aux_loss = carry
     h_BxTxD = layers.RMSNorm(cfg, name='attn_norm')(x_BxTxD)
@@ -172,13 +176,15 @@ class Block(nn.Module):
         h_BxTxD, rope_tables, kv_valid_BxS, layer_cache, cache_index)
     x_BxTxD = x_BxTxD + attn_BxTxD
     h_BxTxD = layers.RMSNorm(cfg, name='ffn_norm')(x_BxTxD)
+    routed = None
     if cfg.num_experts:
-      ffn_BxTxD, layer_aux = moe.MoE(cfg, self.decoding, name='moe')(h_BxTxD)
+      ffn_BxTxD, layer_aux, routed = moe.MoE(cfg, self.decoding, name='moe')(h_BxTxD,
+                                                                             recorded_BxTxK)
       aux_loss = aux_loss + layer_aux / cfg.num_layers
     else:
       ffn_BxTxD = layers.SwiGLU(cfg, name='ffn')(h_BxTxD)
     x_BxTxD = sharding.constrain(x_BxTxD + ffn_BxTxD, ACTIVATION_AXES)
-    return (x_BxTxD, aux_loss), layer_cache
+    return (x_BxTxD, aux_loss), (layer_cache, routed)
 
 
 # 'dots' keeps the outputs of the matmuls by weights (those without batch dimensions, and the
@@ -215,7 +221,7 @@ class Transformer(nn.Module):
         block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
       self.blocks = nn.scan(
           block, variable_axes={'params': 0}, split_rngs={'params': True},
-          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0), length=cfg.num_layers,
           metadata_params={nn.PARTITION_NAME: 'layers'})(cfg, name='blocks')
     self.final_norm = layers.RMSNorm(cfg)
     if not cfg.tie_embeddings:
@@ -225,8 +231,14 @@ class Transformer(nn.Module):
           (cfg.d_model, cfg.vocab_size), cfg.param_dtype)
 
   def hidden(self, tokens_BxT, kv_valid_BxS, cache: Optional[KVCache] = None, cache_index=0,
-             positions_BxT=None):
-    """Final-norm hidden states. Without a cache, S == T and positions come from `kv_valid_BxS`."""
+             positions_BxT=None, recorded_YxBxSxK=None):
+    """Final-norm hidden states. Without a cache, S == T and positions come from `kv_valid_BxS`.
+
+    MoE models sow into 'intermediates' (`apply(..., mutable=['intermediates'])` collects them):
+    the unrolled model 'experts', each token's top-k ids per layer [B, T, Y, K] (Y: layers;
+    `apply_recording`); given the sampler's ids `recorded_YxBxSxK` (-1: none), 'router_mismatch',
+    the (token, layer) decisions whose top-k differs from them (rljax.model.router.route).
+    """
     if positions_BxT is None:
       positions_BxT = positions_from_valid(kv_valid_BxS)
     # Look up in the whole table (as FSDP gathers any weight it uses): a gather from a table split
@@ -239,16 +251,33 @@ class Transformer(nn.Module):
     if not self.unrolled:
       if cache is not None:
         raise ValueError('a KV cache needs the unrolled model: Transformer(cfg, unrolled=True)')
-      (x_BxTxD, aux_loss), _ = self.blocks(carry, None, rope_tables, kv_valid_BxS, cache_index)
+      (x_BxTxD, aux_loss), (_, routed) = self.blocks(carry, None, rope_tables, kv_valid_BxS,
+                                                     cache_index, recorded_YxBxSxK)
+      self._sow_routing([routed], recorded_YxBxSxK is not None)
       return self.final_norm(x_BxTxD), None, aux_loss
-    new_layer_caches = []
+    new_layer_caches, routed = [], []
     for layer, block in enumerate(self.blocks):
       layer_cache = None if cache is None else (cache.k[layer], cache.v[layer])
-      carry, layer_cache = block(carry, layer_cache, rope_tables, kv_valid_BxS, cache_index)
+      recorded = None if recorded_YxBxSxK is None else recorded_YxBxSxK[layer]
+      carry, (layer_cache, layer_routed) = block(carry, layer_cache, rope_tables, kv_valid_BxS,
+                                                 cache_index, recorded)
       new_layer_caches.append(layer_cache)
+      routed.append(layer_routed)
+    self._sow_routing(routed, recorded_YxBxSxK is not None)
     x_BxTxD, aux_loss = carry
     new_cache = None if cache is None else KVCache(*map(tuple, zip(*new_layer_caches)))
     return self.final_norm(x_BxTxD), new_cache, aux_loss
+
+  def _sow_routing(self, routed, recorded):
+    """Sows the routing of `routed` (one rljax.model.moe.Routed per layer, or one stacked over
+    the layers): the decoding layers' experts and, where the sampler's ids were given, the
+    mismatch."""
+    if not self.cfg.num_experts:
+      return
+    if routed[0].experts_BxTxK is not None:
+      self.sow('intermediates', 'experts', jnp.stack([r.experts_BxTxK for r in routed], axis=2))
+    if recorded:
+      self.sow('intermediates', 'router_mismatch', sum(jnp.sum(r.mismatch) for r in routed))
 
   def logits(self, h_BxTxD):
     """Vocabulary logits in float32 (log-probs and sampling need the precision)."""
@@ -261,6 +290,14 @@ class Transformer(nn.Module):
     h_BxTxD, new_cache, aux_loss = self.hidden(tokens_BxT, kv_valid_BxS, cache, cache_index,
                                                positions_BxT)
     return self.logits(h_BxTxD), new_cache, aux_loss
+
+
+def apply_recording(decoder, variables, *args, **kwargs):
+  """`decoder.apply(variables, *args, **kwargs)` of the unrolled model, and the experts its MoE
+  layers routed each token to, [B, T, Y, K] (rljax.model.router.route_dtype; None for a dense
+  model): what the sampler records for router replay."""
+  out, state = decoder.apply(variables, *args, mutable=['intermediates'], **kwargs)
+  return out, state['intermediates']['experts'][0] if decoder.cfg.num_experts else None
 
 
 def unstack_layers(params, num_layers):

@@ -7,8 +7,9 @@ KV cache and slot, and continue at the next call under that call's parameters; r
 started wait. A step therefore never waits for the longest response of its own batch. `admit`
 puts the next P prompts' groups into the pool's free places.
 
-Every sampled token records the policy version that drew it (`version_RxL`) and its log-prob
-under that policy (the behaviour log-prob the off-policy correction reweights, rljax.policy_loss).
+Every sampled token records the policy version that drew it (`version_RxL`), its log-prob under
+that policy (the behaviour log-prob the off-policy correction reweights, rljax.policy_loss) and,
+for a MoE, the experts it was routed to (`experts_RxLxYxK`, what router replay trains with).
 Staleness rule: at the start of a call under version v, a response holding a token older than
 v - max_staleness is dropped and resampled from its prompt (same key) under the new policy; its
 group waits for it, so groups stay whole and no response is lost or trained twice.
@@ -19,6 +20,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rljax.model import router
 from rljax.model import transformer as model_lib
 from rljax.rollout import sampler as sampler_lib
 
@@ -39,6 +41,7 @@ class Flight(NamedTuple):
   logp_RxL: jax.Array       # behaviour log-probs
   mask_RxL: jax.Array
   version_RxL: jax.Array    # the policy version that sampled each token
+  experts_RxLxYxK: jax.Array   # MoE: each token's experts per layer (sampler.Rollout); else None
   slots: sampler_lib.Slots  # response_S: record index, or R when idle
   cache: model_lib.KVCache  # one row per slot, laid out as generate_continuous's
   kv_valid_SxC: jax.Array
@@ -58,7 +61,7 @@ def empty(model_cfg, groups, group, slots, prompt_len, max_len, answer_width=0, 
       serial_Q=jnp.full((groups,), -1, jnp.int32), status_R=zeros(num),
       tokens_RxL=jnp.full((num, max_len), pad_id, jnp.int32),
       logp_RxL=zeros(num, max_len, dtype=jnp.float32), mask_RxL=zeros(num, max_len, dtype=bool),
-      version_RxL=zeros(num, max_len),
+      version_RxL=zeros(num, max_len), experts_RxLxYxK=router.unrecorded(model_cfg, num, max_len),
       slots=sampler_lib.Slots(jnp.full((slots,), num, jnp.int32), zeros(slots),
                               jnp.full((slots,), pad_id, jnp.int32), zeros(slots, dtype=bool)),
       cache=sampler_lib.shard_cache(model_lib.KVCache.zeros(model_cfg, slots,
@@ -72,7 +75,9 @@ def _reset(flight, records_K, status, pad_id):
   return flight._replace(status_R=at(flight.status_R, status),
                          tokens_RxL=at(flight.tokens_RxL, pad_id),
                          logp_RxL=at(flight.logp_RxL, 0.0), mask_RxL=at(flight.mask_RxL, False),
-                         version_RxL=at(flight.version_RxL, 0))
+                         version_RxL=at(flight.version_RxL, 0),
+                         experts_RxLxYxK=jax.tree.map(lambda x: at(x, -1),
+                                                      flight.experts_RxLxYxK))
 
 
 def admit(flight, prompt_PxT, valid_PxT, answer_PxW, rng, caps_N, pad_id=0):
@@ -253,12 +258,13 @@ def decode_step(decoder, variables, flight, position0_R, version, cfg):
       cache=cache, slots=slots, tokens_RxL=at(flight.tokens_RxL, step.token_S),
       logp_RxL=at(flight.logp_RxL, step.logp_S), mask_RxL=at(flight.mask_RxL, True),
       version_RxL=at(flight.version_RxL, version),
+      experts_RxLxYxK=jax.tree.map(at, flight.experts_RxLxYxK, step.experts_SxYxK),
       status_R=flight.status_R.at[jnp.where(step.stop_S, step.row_S, num)].set(DONE, mode='drop'))
 
 
 # What a refill changes, and what a decoding step changes: only these ride in the loops' carries.
 REFILLED = ('cache', 'kv_valid_SxC', 'slots', 'status_R')
-DECODED = REFILLED + ('tokens_RxL', 'logp_RxL', 'mask_RxL', 'version_RxL')
+DECODED = REFILLED + ('tokens_RxL', 'logp_RxL', 'mask_RxL', 'version_RxL', 'experts_RxLxYxK')
 
 
 def changing(flight, names):
@@ -275,7 +281,8 @@ def take_finished(flight, steps, decoded, num_groups, restarted):
   mask_BxL = flight.mask_RxL[rows_B]
   rollout = sampler_lib.Rollout(
       flight.tokens_RxL[rows_B], flight.logp_RxL[rows_B], mask_BxL, jnp.sum(mask_BxL, axis=1),
-      steps, decoded.astype(jnp.float32) / jnp.maximum(steps * num_slots, 1).astype(jnp.float32))
+      steps, decoded.astype(jnp.float32) / jnp.maximum(steps * num_slots, 1).astype(jnp.float32),
+      jax.tree.map(lambda x: x[rows_B], flight.experts_RxLxYxK))
   answer_PxW = None if flight.answer_QxW is None else flight.answer_QxW[place_P]
   finished = Finished(rollout, flight.version_RxL[rows_B], flight.prompt_RxT[rows_B],
                       flight.valid_RxT[rows_B], answer_PxW, flight.serial_Q[place_P], restarted)

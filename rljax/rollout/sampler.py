@@ -24,6 +24,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rljax.model import router
 from rljax.model import transformer as model_lib
 from rljax.rollout import gumbel
 from rljax import sharding
@@ -55,6 +56,9 @@ class Rollout(NamedTuple):
   lengths_B: jax.Array
   decode_steps: jax.Array = None   # decoding loop iterations (int32 scalar)
   utilization: jax.Array = None    # response tokens / (decode slots x decode steps)
+  # MoE: the experts each layer (Y) routed the decoding step that sampled token t to (its k ids,
+  # -1 on padding; rljax.model.router): what router replay and its mismatch metric read
+  experts_BxLxYxK: jax.Array = None
 
 
 def filter_logits(logits_BxV, top_k, top_p):
@@ -180,9 +184,10 @@ def generate(model, params, prompt_PxT, prompt_valid_PxT, rng, cfg: SamplingConf
       model, params, prompt_PxT, prompt_valid_PxT, max_len, cfg.group)
 
   def body(state):
-    t, cache, token_B, tokens_BxL, logp_BxL, mask_BxL, done_B, rng = state
-    logits_Bx1xV, cache, _ = decoder.apply(variables, token_B[:, None], kv_valid_BxS, cache,
-                                           prompt_len - 1 + t, (positions_BxT[:, -1] + t)[:, None])
+    t, cache, token_B, tokens_BxL, logp_BxL, mask_BxL, done_B, rng, experts_BxLxYxK = state
+    (logits_Bx1xV, cache, _), experts_Bx1xYxK = model_lib.apply_recording(
+        decoder, variables, token_B[:, None], kv_valid_BxS, cache, prompt_len - 1 + t,
+        (positions_BxT[:, -1] + t)[:, None])
     if per_row_keys:
       key = token_keys(rng, jnp.full((batch,), t))
     else:
@@ -192,10 +197,14 @@ def generate(model, params, prompt_PxT, prompt_valid_PxT, rng, cfg: SamplingConf
     tokens_BxL = tokens_BxL.at[:, t].set(token_B)
     logp_BxL = logp_BxL.at[:, t].set(jnp.where(done_B, 0.0, logp_B))
     mask_BxL = mask_BxL.at[:, t].set(~done_B)
+    if experts_BxLxYxK is not None:
+      experts_BxLxYxK = experts_BxLxYxK.at[:, t].set(
+          jnp.where(done_B[:, None, None], -1, experts_Bx1xYxK[:, 0]))
     done_B = done_B | (token_B == cfg.eos_id)
     if caps_B is not None:
       done_B = done_B | (t + 1 >= caps_B)
-    return t + 1, cache, token_B, tokens_BxL, logp_BxL, mask_BxL, done_B, rng
+    return (t + 1, cache, token_B, tokens_BxL, logp_BxL, mask_BxL, done_B, rng,
+            experts_BxLxYxK)
 
   def cond(state):
     t, done_B = state[0], state[6]
@@ -204,17 +213,18 @@ def generate(model, params, prompt_PxT, prompt_valid_PxT, rng, cfg: SamplingConf
   state = (jnp.int32(0), cache, repeat_rows(prompt_PxT[:, -1], cfg.group),
            jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
            jnp.zeros((batch, max_len), jnp.float32), jnp.zeros((batch, max_len), bool),
-           jnp.zeros((batch,), bool), rng)
-  steps, _, _, tokens_BxL, logp_BxL, mask_BxL, _, _ = jax.lax.while_loop(cond, body, state)
-  return finish(tokens_BxL, logp_BxL, mask_BxL, steps, batch)
+           jnp.zeros((batch,), bool), rng, router.unrecorded(model.cfg, batch, max_len))
+  steps, _, _, tokens_BxL, logp_BxL, mask_BxL, _, _, experts_BxLxYxK = jax.lax.while_loop(
+      cond, body, state)
+  return finish(tokens_BxL, logp_BxL, mask_BxL, steps, batch, experts_BxLxYxK)
 
 
-def finish(tokens_BxL, logp_BxL, mask_BxL, steps, slots) -> Rollout:
+def finish(tokens_BxL, logp_BxL, mask_BxL, steps, slots, experts_BxLxYxK=None) -> Rollout:
   """The Rollout, with the decode-slot utilization of the schedule that made it."""
   lengths_B = jnp.sum(mask_BxL, axis=-1)
   useful = jnp.sum(lengths_B).astype(jnp.float32)
   utilization = useful / jnp.maximum(steps * slots, 1).astype(jnp.float32)
-  return Rollout(tokens_BxL, logp_BxL, mask_BxL, lengths_B, steps, utilization)
+  return Rollout(tokens_BxL, logp_BxL, mask_BxL, lengths_B, steps, utilization, experts_BxLxYxK)
 
 
 @jax.jit
@@ -304,6 +314,7 @@ class Decoded(NamedTuple):
   token_S: jax.Array
   logp_S: jax.Array
   stop_S: jax.Array    # the response is finished (stop token or cap): its slot is freed
+  experts_SxYxK: jax.Array = None   # MoE: the experts each layer routed the step to (Rollout)
 
 
 def decode_slots(decoder, variables, cache, kv_valid_SxC, slots, keys_Nx2, position0_N, caps_N,
@@ -313,14 +324,15 @@ def decode_slots(decoder, variables, cache, kv_valid_SxC, slots, keys_Nx2, posit
   num = keys_Nx2.shape[0]
   response_S = jnp.minimum(slots.response_S, num - 1)
   t_S = jnp.minimum(slots.t_S, cfg.max_new_tokens - 1)
-  logits_Sx1xV, cache, _ = decoder.apply(
-      variables, slots.token_S[:, None], kv_valid_SxC, cache, prompt_len - 1 + t_S,
+  (logits_Sx1xV, cache, _), experts_Sx1xYxK = model_lib.apply_recording(
+      decoder, variables, slots.token_S[:, None], kv_valid_SxC, cache, prompt_len - 1 + t_S,
       (position0_N[response_S] + t_S)[:, None])
   token_S, logp_S = sample_token(logits_Sx1xV[:, 0], token_keys(keys_Nx2[response_S], t_S), cfg)
   row_S = jnp.where(slots.active_S, response_S, num)   # idle slots write nothing
   stop_S = (token_S == cfg.eos_id) | (slots.t_S + 1 >= caps_N[response_S])
   slots = Slots(slots.response_S, slots.t_S + 1, token_S, slots.active_S & ~stop_S)
-  return cache, slots, Decoded(row_S, t_S, token_S, logp_S, stop_S)
+  experts_SxYxK = None if experts_Sx1xYxK is None else experts_Sx1xYxK[:, 0]
+  return cache, slots, Decoded(row_S, t_S, token_S, logp_S, stop_S, experts_SxYxK)
 
 
 def cache_rows(num, slots):
@@ -374,7 +386,7 @@ def generate_continuous(model, params, prompt_PxT, prompt_valid_PxT, keys_Nx2,
     cache, slots, step = decode_slots(decoder, variables, cache, kv_valid_SxC, slots, keys_Nx2,
                                       position0_N, caps_N, prompt_len, cfg)
     at = lambda x, value: x.at[step.row_S, step.t_S].set(value, mode='drop')
-    out = tuple(at(x, value) for x, value in zip(out, (step.token_S, step.logp_S, True)))
+    out = jax.tree.map(at, out, (step.token_S, step.logp_S, True, step.experts_SxYxK))
     return steps + 1, cache, kv_valid_SxC, slots, pending, out
 
   def cond(state):
@@ -383,10 +395,11 @@ def generate_continuous(model, params, prompt_PxT, prompt_valid_PxT, keys_Nx2,
   idle = Slots(jnp.full((num_slots,), num), jnp.zeros((num_slots,), jnp.int32),
                jnp.full((num_slots,), cfg.pad_id, jnp.int32), jnp.zeros((num_slots,), bool))
   out = (jnp.full((num, max_len), cfg.pad_id, jnp.int32), jnp.zeros((num, max_len), jnp.float32),
-         jnp.zeros((num, max_len), bool))
+         jnp.zeros((num, max_len), bool), router.unrecorded(model.cfg, num, max_len))
   state = (jnp.int32(0), cache, kv_valid_SxC, idle, jnp.int32(0), out)
-  steps, *_, (tokens_NxL, logp_NxL, mask_NxL) = jax.lax.while_loop(cond, body, state)
-  return finish(tokens_NxL, logp_NxL, mask_NxL, steps, num_slots)
+  steps, *_, (tokens_NxL, logp_NxL, mask_NxL, experts_NxLxYxK) = jax.lax.while_loop(
+      cond, body, state)
+  return finish(tokens_NxL, logp_NxL, mask_NxL, steps, num_slots, experts_NxLxYxK)
 
 
 # On GPUs XLA runs the whole sampler, its decoding loop included, as ONE CUDA graph (a loop is a

@@ -59,6 +59,9 @@ def _check_model(model):
   if model.num_experts and not 0 < model.experts_per_token <= model.num_experts:
     raise ValueError(f'model.experts_per_token ({model.experts_per_token}) must be in '
                      f'[1, num_experts={model.num_experts}]')
+  if model.router_replay and not model.num_experts:
+    raise ValueError('model.router_replay needs a mixture of experts (model.num_experts > 0): a '
+                     'dense model routes nothing')
   if model.num_heads % model.num_kv_heads:
     raise ValueError(f'model.num_heads ({model.num_heads}) must be a multiple of '
                      f'num_kv_heads ({model.num_kv_heads})')

@@ -83,8 +83,8 @@ def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
   first_update = run.algo.updates_per_batch * (step - 1)
   row.update({key: float(schedule(first_update)) for key, schedule in run.algo.schedules.items()})
   row.update({key: float(value) for key, value in batch_stats.items()})
-  logged = ('grad_norm', 'logprob_mismatch', 'entropy', 'clipfrac', 'pg_loss', 'approx_kl',
-            'moe_aux_loss') + algos.AVERAGED + run.algo.logged
+  logged = ('grad_norm', 'logprob_mismatch', 'router_mismatch', 'entropy', 'clipfrac', 'pg_loss',
+            'approx_kl', 'moe_aux_loss') + algos.AVERAGED + run.algo.logged
   row.update({key: float(update_metrics[key]) for key in logged if key in update_metrics})
   return row
 

@@ -9,6 +9,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rljax.model import router
 from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
@@ -86,11 +87,13 @@ def partial_programs(s):
 def algorithm_programs(s):
   """The algorithm's `make_batch` on a rollout batch and its `update` on the batch it makes."""
   batch, length = s.batch, s.new_tokens
+  experts = jax.eval_shape(lambda: router.unrecorded(s.model.cfg, batch, length))
   rollout = sampler_lib.Rollout(
       rows(s.mesh, batch, length), rows(s.mesh, batch, length, dtype=jnp.float32),
       rows(s.mesh, batch, length, dtype=bool), rows(s.mesh, batch),
       jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(s.mesh)),
-      jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding.replicated(s.mesh)))
+      jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding.replicated(s.mesh)),
+      jax.tree.map(lambda x: rows(s.mesh, *x.shape, dtype=x.dtype), experts))
   state = s.algo.state
   ref = state['params'] if s.algo.needs_reference else None
   make_args = (state, rollout, rows(s.mesh, batch, dtype=jnp.float32),

@@ -16,6 +16,7 @@ import math
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rljax import algos
@@ -138,15 +139,20 @@ class Partial:
                            stats)
 
   def legacy(self, flight):
-    """The pool as checkpoints kept it before `answers`: its answers as rows in the pool."""
+    """The pool as checkpoints kept it before `answers`: its answers as rows in the pool, and no
+    recorded experts."""
     rows = np.zeros((flight.serial_Q.shape[0], LEGACY_ANSWER_BYTES), np.uint8)
-    return dict(flight._asdict(), answer_QxW=sharding.place(rows, self.sampler.mesh))
+    old = dict(flight._asdict(), answer_QxW=sharding.place(rows, self.sampler.mesh))
+    del old['experts_RxLxYxK']
+    return old
 
   def from_legacy(self, old):
-    """(pool, answers) of a pool `legacy` restored."""
+    """(pool, answers) of a pool `legacy` restored; its tokens have no recorded experts (-1: the
+    trainer routes them as it computes)."""
     answers = {str(serial): answer for serial, answer in
                zip(np.asarray(old['serial_Q']), _answer_rows(old['answer_QxW'])) if serial >= 0}
-    return partial_lib.Flight(**dict(old, answer_QxW=None)), answers
+    experts = jax.tree.map(jnp.copy, self.pool.experts_RxLxYxK)   # the pool's buffers get donated
+    return partial_lib.Flight(**dict(old, answer_QxW=None, experts_RxLxYxK=experts)), answers
 
 
 class DrawnAhead:
@@ -203,15 +209,22 @@ class DrawnAhead:
     return drawn, Sampled(ahead['rollout'], ahead['prompt_BxT'], ahead['valid_BxT'], answers, {})
 
   def legacy(self, ahead):
-    """The batch drawn ahead as checkpoints kept it before `answers`: its answers as rows."""
+    """The batch drawn ahead as checkpoints kept it before `answers`: its answers as rows, and no
+    recorded experts."""
     prompts = ahead['prompt_BxT'].shape[0] // self.sampler.G
     rows = jax.device_put(np.zeros((prompts, LEGACY_ANSWER_BYTES), np.uint8),
                           sharding.batch_sharding(self.sampler.mesh, 2))
-    return dict(ahead, answer_PxW=rows)
+    rollout = ahead['rollout']._asdict()
+    del rollout['experts_BxLxYxK']
+    return dict(ahead, rollout=rollout, answer_PxW=rows)
 
   def from_legacy(self, old):
-    """(batch drawn ahead, answers) of a batch `legacy` restored."""
-    return {k: v for k, v in old.items() if k != 'answer_PxW'}, _answer_rows(old['answer_PxW'])
+    """(batch drawn ahead, answers) of a batch `legacy` restored; its tokens have no recorded
+    experts (-1: the trainer routes them as it computes)."""
+    experts = jax.tree.map(jnp.copy, self.empty['rollout'].experts_BxLxYxK)
+    ahead = {k: v for k, v in old.items() if k != 'answer_PxW'}
+    ahead['rollout'] = sampler_lib.Rollout(**ahead['rollout'], experts_BxLxYxK=experts)
+    return ahead, _answer_rows(old['answer_PxW'])
 
 
 def empty_ahead(sampler, params, P):

@@ -28,12 +28,13 @@ _MISSING = '<missing>'
 _LOSSES = ('grpo', 'ppo', 'rloo')
 # Fields added since workdirs record their config, each with the value that reproduces rljax
 # before it: rollouts sampled on the training mesh in one piece, no chunked logits, no lr decay,
-# no dual clip or off-policy weights. auto_batch.*: any value while auto_batch is off.
+# no dual clip or off-policy weights, no router replay. auto_batch.*: any value while auto_batch is
+# off.
 INTRODUCED = {
     'mode': 'train', 'warmstart.seed': -1, 'optimizer.decay': 'constant',
     'train.logits_chunk': 0, 'rollout.slots': 0, 'rollout.partial': False,
     'rollout.max_staleness': 1, 'rollout.devices': 0, 'auto_batch.enabled': False,
-    'grpo.adv_eps': 1e-6,
+    'grpo.adv_eps': 1e-6, 'model.router_replay': False,
     **{f'{algo}.{key}': value for algo in _LOSSES for key, value in (
         ('clip_ratio_c', 0.0), ('off_policy', 'none'), ('is_low', 0.5), ('is_high', 2.0))}}
 
