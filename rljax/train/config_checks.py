@@ -10,6 +10,7 @@ from rljax.data import rewards
 from rljax.model import moe
 from rljax import optim
 from rljax import sharding
+from rljax import tasks
 from rljax.train import auto_batch
 from rljax.train import schedules
 
@@ -71,6 +72,7 @@ def check(config, device_count=None, process_count=None):
     raise ValueError(f'train.checkpoint_every must be >= 0 (0: only at the end), got '
                      f'{train.checkpoint_every}')
   _check_data(config)
+  _check_tools(config, jax.process_count() if process_count is None else process_count)
   if config.model.moe_impl not in moe.EXPERT_IMPLS:
     raise ValueError(f'model.moe_impl must be one of {sorted(moe.EXPERT_IMPLS)}, got '
                      f'{config.model.moe_impl!r}')
@@ -145,6 +147,26 @@ def _check_data(config):
     raise ValueError(f'data.dir {data.dir} exists and is not a directory')
   if config.reward != 'auto':   # 'auto': the task's own verifier (rljax.tasks)
     rewards.get_reward_fn(config.reward)  # raises on an unknown verifier
+
+
+def _check_tools(config, process_count):
+  """A task whose responses call a tool: its settings, and an algorithm and a rollout schedule
+  that run its turns (rljax.rollout.turns)."""
+  if not hasattr(tasks.get(tasks.name_of(config)), 'tool'):
+    return
+  tools, rollout = config.tools, config.rollout
+  _positive('tools.timeout_s', tools.timeout_s)
+  if not (isinstance(tools.max_calls, int) and tools.max_calls >= 1):
+    raise ValueError(f'tools.max_calls must be an integer >= 1, got {tools.max_calls!r}')
+  if algos.get(config.algo).BATCH_ARG != 'P':
+    raise ValueError(f'a tool task trains grpo or rloo, not {config.algo}: its value targets would '
+                     'take a tool\'s result for the end of the response')
+  for field, value in (('partial', rollout.partial), ('devices', rollout.devices)):
+    if value:
+      raise ValueError(f'rollout.{field} does not run tool turns; turn it off for the '
+                       f'{tasks.name_of(config)} task')
+  if process_count > 1:
+    raise ValueError('tool turns run in one process (the host serves every call)')
 
 
 def _check_mesh(config, batch, minibatch, device_count, process_count):
