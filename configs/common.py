@@ -158,4 +158,5 @@ def tool_task(config, runlocal):
     # A fixed warm start (threshold 0: it stops at min_steps), so the runs with and without the
     # tool, whose evaluations differ, start from one checkpoint.
     config.warmstart.update(threshold=0.0, min_steps=300, eval_every=50)
+    config.train.update(max_samples=16_384, eval_every=16)
   return config
