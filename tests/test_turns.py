@@ -61,7 +61,8 @@ def prompts(rows):
 
 def expected_row(policy_ids, tool):
   """The response of `policy_ids` (its sampled tokens, in order) with tool results inserted after
-  each call-close, recomputed from the text: (ids, tool mask)."""
+  each call-close, recomputed from the text (the error result where the tool refuses the call or
+  returns no text or too much): (ids, tool mask)."""
   ids, is_tool, calls = [], [], 0
   for token in policy_ids:
     ids.append(token)
@@ -69,9 +70,13 @@ def expected_row(policy_ids, tool):
     if token == CALL_CLOSE and calls < tool.max_calls:
       text = TOKENIZER.decode(ids)
       call = text[text.rindex('[') + 1:-1] if '[' in text[:-1] else None
-      result = tool.error if call is None or tool.fn is None else str(tool.fn(call))
-      if tool.fn is not None and call is not None and len(result) > tool.max_chars:
-        result = tool.error
+      result = tool.error
+      if call is not None and tool.fn is not None:
+        try:
+          result = tool.fn(call)
+        except ValueError:   # the calculator refuses the call
+          pass
+      result = result if isinstance(result, str) and len(result) <= tool.max_chars else tool.error
       result_ids = TOKENIZER.encode('{' + result + '}')
       ids += result_ids
       is_tool += [True] * len(result_ids)

@@ -107,10 +107,8 @@ def chunk(model, params, turns, tool_SxK, length_S, resume_S, prompt_PxT, valid_
   rows = sampler_lib.refill_rows(turns.waiting_S.shape[0])
   prompt_kv = (sampler_lib.prompt_rows(decoder, variables, prompt_PxT, valid_PxT, 1)
                if prompt_len > 1 else None)
-  turns = jax.lax.cond(
-      jnp.any(resume_S), lambda t: append(decoder, variables, t, tool_SxK, length_S, resume_S,
-                                          position0_N, prompt_len),
-      lambda t: t._replace(waiting_S=jnp.zeros_like(t.waiting_S)), turns)   # every call served
+  # Always run (no lax.cond): with nothing to resume it only writes columns no response holds.
+  turns = append(decoder, variables, turns, tool_SxK, length_S, resume_S, position0_N, prompt_len)
 
   def can_fill(busy, pending):   # a whole chunk of free slots (or of the responses left)
     free, left = jnp.sum(~busy), num - pending
@@ -158,10 +156,11 @@ class TurnRollout(NamedTuple):
 class TurnSampler(NamedTuple):
   """The turn loop: called as a sampler, `(params, prompt_PxT, valid_PxT, rng) -> TurnRollout`
   (`sample`); its jitted pieces are `chunk(params, turns, tool_SxK, length_S, resume_S,
-  prompt_PxT, valid_PxT, rng) -> Turns`, which is what `lower` compiles (rljax.plan), and
-  `empty(num, prompt_len) -> Turns`."""
+  prompt_PxT, valid_PxT, rng) -> Turns`, which is what `lower` compiles (rljax.plan),
+  `empty(num, prompt_len) -> Turns` and `finish(turns) -> (Rollout, tool_NxL)`."""
   chunk: object
   empty: object
+  finish: object
   tool: tool_calls.Tool
   cfg: sampler_lib.SamplingConfig
 
@@ -179,7 +178,13 @@ def make_sampler(model, cfg, tool, wrap=lambda fn: fn):
   chunk_fn = jax.jit(functools.partial(chunk, model, cfg=cfg, call_id=call_id), donate_argnums=1)
   empty_fn = jax.jit(functools.partial(empty, model.cfg, cfg, tool.max_tokens),
                      static_argnums=(0, 1))
-  return TurnSampler(wrap(chunk_fn), wrap(empty_fn), tool, cfg)
+  return TurnSampler(wrap(chunk_fn), wrap(empty_fn), wrap(jax.jit(finish)), tool, cfg)
+
+
+def finish(turns):
+  """The Rollout of the finished turn loop, and its tool-result mask."""
+  return sampler_lib.finish(turns.tokens_NxL, turns.logp_NxL, turns.mask_NxL, turns.steps,
+                            turns.waiting_S.shape[0]), turns.tool_NxL
 
 
 def sample(sampler, params, prompt_PxT, valid_PxT, rng) -> TurnRollout:
@@ -204,11 +209,10 @@ def sample(sampler, params, prompt_PxT, valid_PxT, rng) -> TurnRollout:
     served = serve(tool, turns, waiting_S, calls_N, counts, cfg)
     results_N[np.asarray(turns.slots.response_S)[served.resume_S]] += 1
     tool_seconds += time.perf_counter() - start
-  rollout = sampler_lib.finish(turns.tokens_NxL, turns.logp_NxL, turns.mask_NxL, turns.steps,
-                               slots)
+  rollout, tool_NxL = sampler.finish(turns)
   stats = dict(counts, tool_calls=int(np.sum(calls_N)), tool_time_s=tool_seconds,
                turns_mean=float(np.mean(1 + results_N)), turn_chunks=chunks)
-  return TurnRollout(rollout, turns.tool_NxL, stats)
+  return TurnRollout(rollout, tool_NxL, stats)
 
 
 class Served(NamedTuple):
