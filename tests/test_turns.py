@@ -183,3 +183,29 @@ def test_call_and_length_limits_end_responses():
   check_structure(out, tool)
   starts_N = np.sum(np.diff(out.tool_BxL.astype(int), axis=1) == 1, axis=1) + out.tool_BxL[:, 0]
   assert starts_N.max() == 1
+
+
+def test_a_waiting_response_blocks_no_other():
+  """After one chunk, the responses waiting on a call hold their slots, and every other response
+  started has ended (end token or budget): the chunk ran on while they waited, and refilled the
+  slots the others freed."""
+  sampler = turn_sampler(6, 1)
+  params = random_params_lib.for_model(CFG, 1)
+  prompt_PxT, valid_PxT = prompts(12)
+  state = sampler.empty(12, prompt_PxT.shape[1])
+  served = turns.Served(np.zeros((6, TOOL.max_tokens), np.int32), np.zeros(6, np.int32),
+                        np.zeros(6, bool))
+  state = jax.device_get(sampler.chunk(params, state, *served, prompt_PxT, valid_PxT,
+                                       jax.random.PRNGKey(1)))
+  waiting_N = np.zeros(12, bool)
+  waiting_N[state.slots.response_S[state.waiting_S]] = True
+  assert not state.slots.active_S.any()
+  ended = 0
+  for n in range(int(state.pending)):
+    row = state.tokens_NxL[n]
+    if waiting_N[n]:
+      assert row[state.mask_NxL[n]][-1] == CALL_CLOSE
+    else:
+      assert EOS in row or state.mask_NxL[n].all()
+      ended += 1
+  assert waiting_N.any() and ended and state.pending > 6   # refilled while others waited
