@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from configs import common
 from configs import grpo as grpo_config
 from configs import rloo as rloo_config
 from rljax.data.builders import tool_sums
@@ -28,6 +29,7 @@ from rljax.train import metrics
 from rljax.train import run as run_lib
 from rljax.train import warmstart
 
+import test_train
 from test_turns import expected_row
 
 TOKENIZER = tokenizer_lib.ToolTokenizer()
@@ -93,21 +95,10 @@ def test_the_warm_start_does_not_train_on_the_tools_result():
 
 
 def tiny(tmp_path, config_file=grpo_config, **train_overrides):
-  """A random policy on 2-digit tool sums, P=4 x G=4, no warm start."""
-  config = config_file.get_config('runlocal,P=4,G=4')
-  common_tool_task(config)
-  config.data.update(dir=str(tmp_path / 'data'), digits=2, num_train=200, num_test=20,
-                     demo_frac=0.5)
-  config.warmstart.enabled = False
-  config.metrics.update(tensorboard=False, progress=False)
-  config.train.update(dict(dict(max_samples=0, max_steps=2, eval_every=2, eval_size=8,
-                                micro_batch=8, checkpoint_every=100), **train_overrides))
+  """test_train's random tiny policy, P=4 x G=4, on 2-digit tool sums."""
+  config = common.tool_task(test_train.tiny(config_file, tmp_path, **train_overrides), True)
+  config.data.update(digits=2, demo_frac=0.5)
   return config
-
-
-def common_tool_task(config):
-  from configs import common   # pylint: disable=import-outside-toplevel
-  common.tool_task(config, runlocal=True)
 
 
 def test_trained_sequences_are_sampled_tokens_plus_tool_results(tmp_path):

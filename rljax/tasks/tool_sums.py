@@ -3,7 +3,6 @@
 character tokenizer with the tool's symbols (rljax.data.tokenizer.ToolTokenizer)."""
 from rljax.data.builders import tool_sums
 from rljax.data import calculator
-from rljax.data import sources
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.rollout import tool_calls
 from rljax.tasks import _characters
@@ -28,8 +27,7 @@ def make(config, data_dir):
   dcfg = config.data
   builder_config = tool_sums.make_config(dcfg.max_operands, dcfg.digits, dcfg.demo_frac,
                                          dcfg.num_train, dcfg.num_test, dcfg.seed)
-  train, test = (sources.load_tfds_split(tool_sums.ToolSums, builder_config, data_dir, split)
-                 for split in ('train', 'test'))
+  train, test = _characters.tfds_splits(tool_sums.ToolSums, builder_config, data_dir)
   return tokenizer_lib.ToolTokenizer(), train, test
 
 
