@@ -78,7 +78,8 @@ def base_config(P, G, runlocal, seed, model=''):
   config.data = dict(name='arithmetic', dir='', digits=3, ops='+', zero_pad=True,
                      num_train=100_000, num_test=1000, seed=0, on_bad_record='skip',
                      path='', test_path='', max_prompt_len=256, max_response_len=512,
-                     instruction='', chat_template=True, max_operands=8)   # max_operands: sums
+                     instruction='', chat_template=True, max_operands=8,   # max_operands: sums
+                     demo_frac=0.25)   # tool_sums: train answers that demonstrate the call
   config.reward = 'auto'   # the task's verifier: exact_numeric (arithmetic), math (gsm8k, math)
 
   # A Hugging Face Qwen3 / Qwen3-MoE directory to start from (architecture, weights, tokenizer).
@@ -94,6 +95,11 @@ def base_config(P, G, runlocal, seed, model=''):
   # devices sample, one policy version behind, while the others train (0: one mesh for both).
   config.rollout = dict(P=P, G=G, max_new_tokens=0, temperature=1.0, top_k=0, top_p=1.0, slots=0,
                         partial=False, max_staleness=1, devices=0)
+
+  # Tool calls, for a task whose responses may make them (tool_sums; docs/guide/tools.md): each
+  # call gets timeout_s seconds, a response max_calls calls; enabled=False gives every call the
+  # error result (the run without the tool).
+  config.tools = dict(enabled=True, timeout_s=1.0, max_calls=2)
 
   # lr = lr * f(P*G / base_batch), f = sqrt | linear | constant (lr_rule). decay: the lr after
   # warmup, held ('constant') or annealed to 0 at the budget's end ('linear', 'cosine').
@@ -143,4 +149,18 @@ def enable_auto_batch(config):
     if section in config:
       config[section].decay = 'constant'
   config.train.micro_batch = min(config.train.micro_batch or auto.min * G, auto.min * G // 2)
+  return config
+
+
+def tool_task(config, runlocal):
+  """`config` on the tool task: 5-digit additions with a calculator tool, a quarter of the warm
+  start's answers demonstrating the call (docs/guide/tools.md)."""
+  config.data.update(name='tool_sums', digits=5, max_operands=2, demo_frac=0.25)
+  config.model.vocab_size = max(config.model.vocab_size, 23)   # the tool tokenizer's
+  if runlocal:
+    config.model.max_seq_len = 48
+    # A fixed warm start (threshold 0: it stops at min_steps), so the runs with and without the
+    # tool, whose evaluations differ, start from one checkpoint.
+    config.warmstart.update(threshold=0.0, min_steps=300, eval_every=50)
+    config.train.update(max_samples=16_384, eval_every=16)
   return config

@@ -6,15 +6,15 @@
 Args after ':' (comma-separated): P (prompts per batch; P=auto: chosen during the run among
 config.auto_batch's bounds, docs/guide/auto_batch.md), G (responses per prompt), runlocal (tiny
 model and budget for a 2-core CPU), seed, model (a preset of configs/models.py, e.g.
-qwen3-30b-a3b), task (arithmetic | sums). Any field can be overridden with --config.a.b=value.
+qwen3-30b-a3b), task (arithmetic | sums | tools). Any field can be overridden with --config.a.b=value.
 """
 from configs import common
 
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='', task='arithmetic')
-  if arg.task not in ('arithmetic', 'sums'):
-    raise ValueError(f"config arg task={arg.task!r}: expected 'arithmetic' or 'sums'")
+  if arg.task not in ('arithmetic', 'sums', 'tools'):
+    raise ValueError(f"config arg task={arg.task!r}: expected 'arithmetic', 'sums' or 'tools'")
   auto = arg.P == 'auto'
   config = common.base_config(16 if auto else arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
   config.algo = 'grpo'
@@ -42,4 +42,6 @@ def get_config(arg=None):
       config.warmstart.update(batch=64, lr=2e-3, min_steps=300, eval_every=10, threshold=0.5)
       config.optimizer.lr = 2e-4
       config.train.max_samples = 48_000
+  if arg.task == 'tools':   # long additions with a calculator tool (docs/guide/tools.md)
+    common.tool_task(config, arg.runlocal)
   return common.enable_auto_batch(config) if auto else config

@@ -198,3 +198,30 @@ def test_lengths_and_vocabulary():
 def test_bad_config_arg(arg, message):
   with pytest.raises(ValueError, match=message):
     grpo.get_config(arg)
+
+
+@pytest.mark.parametrize('edit, message', [
+    (dict(tools=dict(timeout_s=0.0)), r'tools.timeout_s must be a positive number, got 0.0'),
+    (dict(tools=dict(max_calls=0)), r'tools.max_calls must be an integer >= 1, got 0'),
+    (dict(rollout=dict(partial=True, slots=8)), r'rollout.partial does not run tool turns'),
+    (dict(rollout=dict(devices=4)), r'rollout.devices does not run tool turns'),
+])
+def test_bad_tool_settings(edit, message):
+  config = grpo.get_config('runlocal,P=4,G=4,task=tools')
+  config.train.micro_batch = 8
+  config_checks.check(config, device_count=8, process_count=1)
+  for section, fields in edit.items():
+    config[section].update(fields)
+  with pytest.raises(ValueError, match=message):
+    config_checks.check(config, device_count=8, process_count=1)
+
+
+def test_tool_tasks_refuse_ppo_and_several_processes():
+  config = ppo.get_config('runlocal,B=64')
+  config.data.name = 'tool_sums'
+  with pytest.raises(ValueError, match=r'a tool task trains grpo or rloo, not ppo'):
+    config_checks.check(config, device_count=1, process_count=1)
+  config = grpo.get_config('runlocal,P=4,G=4,task=tools')
+  config.train.micro_batch = 8
+  with pytest.raises(ValueError, match=r'tool turns run in one process'):
+    config_checks.check(config, device_count=2, process_count=2)

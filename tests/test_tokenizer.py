@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from rljax.data.tokenizer import ArithmeticTokenizer
+from rljax.data.tokenizer import ToolTokenizer
 
 
 def test_vocabulary_layout():
@@ -34,3 +35,13 @@ def test_encode_names_the_bad_character():
 def test_decode_rejects_out_of_range_ids():
   with pytest.raises(ValueError, match='16'):
     ArithmeticTokenizer().decode([2, 16])
+
+
+def test_tool_tokenizer_extends_the_arithmetic_ids():
+  tool, arithmetic = ToolTokenizer(), ArithmeticTokenizer()
+  assert tool.vocab_size == 23
+  assert tool.encode('0123456789+-*=') == arithmetic.encode('0123456789+-*=')
+  assert tool.encode('()[]{}?') == list(range(16, 23))
+  assert tool.decode(tool.encode('[12+3]{15}15')) == '[12+3]{15}15'
+  with pytest.raises(ValueError, match="'x'"):
+    tool.encode('[x]')

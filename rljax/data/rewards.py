@@ -73,7 +73,15 @@ def running_sums(response: str, answer: str) -> float:
                values == [_number(value) for step in reference for value in step])
 
 
-REWARDS = {'exact_numeric': exact_numeric, 'math': math_equivalent, 'running_sums': running_sums}
+def final_answer(response: str, answer: str) -> float:
+  """exact_numeric on what follows the last tool result ('}') of each, or the whole text where
+  there is none: '[1+2]{3}3' and '3' both answer '3' (rljax.data.builders.tool_sums). The
+  response's final answer is its own tokens: a tool's result alone answers nothing."""
+  return exact_numeric(response.rsplit('}', 1)[-1], answer.rsplit('}', 1)[-1])
+
+
+REWARDS = {'exact_numeric': exact_numeric, 'math': math_equivalent, 'running_sums': running_sums,
+           'final_answer': final_answer}
 
 
 def get_reward_fn(name: str):

@@ -1,29 +1,30 @@
-"""Character tokenizer for the arithmetic tasks: 16 ids, one per symbol.
+"""Character tokenizers for the built-in tasks: one id per symbol.
 
 A fixed tiny vocabulary keeps toy models small and makes token ids readable in
 tests and logs: PAD=0, EOS=1, '0'..'9' -> 2..11, '+' -> 12, '-' -> 13,
-'*' -> 14, '=' -> 15.
+'*' -> 14, '=' -> 15. The tool task's tokenizer adds the calculator's
+parentheses, its call and result markers and its error mark after those:
+'(' ')' '[' ']' '{' '}' '?' -> 16..22.
 """
-
-_SYMBOLS = '0123456789+-*='
 
 
 class ArithmeticTokenizer:
   """Maps arithmetic text to token ids and back."""
 
+  symbols = '0123456789+-*='
   pad_id = 0
   eos_id = 1
-  vocab_size = 2 + len(_SYMBOLS)
+  vocab_size = 2 + len(symbols)
 
   def encode(self, text: str) -> list[int]:
     """Returns one id per character; no EOS is appended."""
     ids = []
     for char in text:
-      position = _SYMBOLS.find(char)
+      position = self.symbols.find(char)
       if position < 0:
         raise ValueError(
             f'cannot encode character {char!r} in {text!r}; the vocabulary is'
-            f' {_SYMBOLS!r}')
+            f' {self.symbols!r}')
       ids.append(2 + position)
     return ids
 
@@ -39,5 +40,12 @@ class ArithmeticTokenizer:
       if not 2 <= token_id < self.vocab_size:
         raise ValueError(
             f'token id {token_id} is outside [0, {self.vocab_size})')
-      chars.append(_SYMBOLS[token_id - 2])
+      chars.append(self.symbols[token_id - 2])
     return ''.join(chars)
+
+
+class ToolTokenizer(ArithmeticTokenizer):
+  """The arithmetic symbols (same ids), then '()[]{}?': the tool task's (rljax.tasks.tool_sums)."""
+
+  symbols = ArithmeticTokenizer.symbols + '()[]{}?'
+  vocab_size = 2 + len(symbols)

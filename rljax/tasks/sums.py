@@ -1,7 +1,6 @@
 """Multi-operand addition with every running sum written out (rljax.data.builders.sums): responses
 of uneven length, 4 to 35 tokens by default, character tokenizer."""
 from rljax.data.builders import sums
-from rljax.data import sources
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.tasks import _characters
 
@@ -24,6 +23,5 @@ def make(config, data_dir):
   dcfg = config.data
   builder_config = sums.make_config(dcfg.max_operands, dcfg.digits, dcfg.num_train,
                                     dcfg.num_test, dcfg.seed)
-  train, test = (sources.load_tfds_split(sums.Sums, builder_config, data_dir, split)
-                 for split in ('train', 'test'))
+  train, test = _characters.tfds_splits(sums.Sums, builder_config, data_dir)
   return tokenizer_lib.ArithmeticTokenizer(), train, test

@@ -28,6 +28,7 @@ def check(config, device_count=None, process_count=None):
   _check_loop(config)
   checkpoint.check(config.train)
   tasks.check_data(config, process_count)
+  _check_tools(config, process_count)
   _check_model(config.model)
   batch, micro = algos.batch_size(config), config.train.micro_batch
   batches = [('the batch P*G', batch), ('the minibatch', batch // config.train.num_minibatches)]
@@ -50,6 +51,27 @@ def _check_loop(config):
       raise ValueError(f'train.{key} must be >= 1, got {train[key]}')
   if config.optimizer.max_bad_steps < 1:
     raise ValueError(f'optimizer.max_bad_steps must be >= 1, got {config.optimizer.max_bad_steps}')
+
+
+def _check_tools(config, process_count):
+  """A task whose responses call a tool: its settings, and an algorithm and a rollout schedule
+  that run its turns (rljax.rollout.turns)."""
+  if not hasattr(tasks.get(tasks.name_of(config)), 'tool'):
+    return
+  tools, rollout = config.tools, config.rollout
+  if not tools.timeout_s > 0:
+    raise ValueError(f'tools.timeout_s must be > 0, got {tools.timeout_s}')
+  if not (isinstance(tools.max_calls, int) and tools.max_calls >= 1):
+    raise ValueError(f'tools.max_calls must be an integer >= 1, got {tools.max_calls!r}')
+  if algos.get(config.algo).BATCH_ARG != 'P':
+    raise ValueError(f'a tool task trains grpo or rloo, not {config.algo}: its value targets would '
+                     'take a tool\'s result for the end of the response')
+  for field, value in (('partial', rollout.partial), ('devices', rollout.devices)):
+    if value:
+      raise ValueError(f'rollout.{field} does not run tool turns; turn it off for the '
+                       f'{tasks.name_of(config)} task')
+  if process_count > 1:
+    raise ValueError('tool turns run in one process (the host serves every call)')
 
 
 def _check_model(model):

@@ -23,6 +23,7 @@ from rljax import algos
 from rljax.data import sources as data
 from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
+from rljax.rollout import turns
 from rljax import sharding
 
 step_key = jax.jit(jax.random.fold_in)
@@ -41,6 +42,7 @@ class Sampled(NamedTuple):
 class Sampler(NamedTuple):
   """What every schedule samples with."""
   sample: Callable   # (params, prompt_PxT, valid_PxT, rng) -> Rollout of P x group responses
+  #                    (with a tool: rljax.rollout.turns.TurnRollout)
   sampling: sampler_lib.SamplingConfig   # its settings; `group`: responses per prompt row
   G: int             # responses per prompt
   tokenizer: Any
@@ -59,8 +61,11 @@ def sample_rollout(sampler, params, examples, rng):
   sampled = repeat(G // sampler.sampling.group)   # each sampled row makes `group` responses
   rollout = sampler.sample(params, *sampled,
                            jax.device_put(rng, sharding.replicated(sampler.mesh)))
+  stats = {}
+  if isinstance(rollout, turns.TurnRollout):   # a tool's turns: their numbers join the row
+    rollout, stats = rollout.rollout, rollout.stats
   prompt_BxT, valid_BxT = sampled if sampler.sampling.group == 1 else repeat(G)
-  return Sampled(rollout, prompt_BxT, valid_BxT, answers, {})
+  return Sampled(rollout, prompt_BxT, valid_BxT, answers, stats)
 
 
 def _answer_rows(rows):

@@ -24,6 +24,7 @@ from rljax.data import sources as data
 from rljax import losses
 from rljax.model import transformer as model_lib
 from rljax import optim
+from rljax.rollout import tool_calls
 from rljax import sharding
 from rljax.train import checkpoint
 from rljax import update
@@ -53,9 +54,14 @@ def fingerprint(config):
   return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def supervised_batch(prompts, answers, tokenizer, prompt_len, seq_len):
-  """Fixed-width [prompt | answer EOS | PAD] rows (fixed shapes: one compilation)."""
+def supervised_batch(prompts, answers, tokenizer, prompt_len, seq_len, tool=None):
+  """Fixed-width [prompt | answer EOS | PAD] rows (fixed shapes: one compilation). With a `tool`
+  (rljax.rollout.tool_calls), answers may demonstrate calls: the results in them are the tool's,
+  so no loss is on them, as none is in RL."""
   tokens_BxS, valid_BxS, loss_mask_BxS = data.encode_supervised(prompts, answers, tokenizer)
+  if tool is not None:
+    tool_output_BxS = np.stack([tool_calls.output_mask(tool, row) for row in tokens_BxS])
+    loss_mask_BxS[:, :-1] &= ~tool_output_BxS[:, 1:]
   left = prompt_len - max(len(tokenizer.encode(p)) for p in prompts)
   pad = ((0, 0), (left, seq_len - left - tokens_BxS.shape[1]))
   tokens_BxS = np.pad(tokens_BxS, pad, constant_values=tokenizer.pad_id)
@@ -107,8 +113,9 @@ def _save(path, params, info):
 
 
 def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_dir, prompt_len,
-               seq_len, mesh):
-  """Returns (params, info): restored from the cache, or trained now and cached."""
+               seq_len, mesh, tool=None):
+  """Returns (params, info): restored from the cache, or trained now and cached. `tool`: the
+  task's, whose results in demonstrations are not trained on (`supervised_batch`)."""
   ws = config.warmstart
   path = os.path.abspath(os.path.join(cache_dir, f'warmstart-{fingerprint(config)}'))
   cached = _cached(path, init_params)
@@ -133,12 +140,12 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
   opt_state = sharding.init_optimizer(optimizer, params, mesh)
   iterator = data.PromptIterator(source, ws.batch, seed=seed(config) + 7919,
                                  process_index=jax.process_index(),
-                                 process_count=jax.process_count())
+                                 process_count=jax.process_count(), tokenizer=tokenizer)
   start, accuracy, step = time.time(), 0.0, 0
   for step in range(1, ws.max_steps + 1):
     examples = next(iterator)
     batch = sharding.put_batch(supervised_batch(examples['prompt'], examples['answer'], tokenizer,
-                                                prompt_len, seq_len), mesh)
+                                                prompt_len, seq_len, tool), mesh)
     params, opt_state, metrics = step_fn(params, opt_state, batch)
     if step >= ws.min_steps and step % ws.eval_every == 0:
       accuracy, _ = evaluate(params)

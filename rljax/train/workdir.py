@@ -35,6 +35,8 @@ INTRODUCED = {
     'train.logits_chunk': 0, 'rollout.slots': 0, 'rollout.partial': False,
     'rollout.max_staleness': 1, 'rollout.devices': 0, 'auto_batch.enabled': False,
     'grpo.adv_eps': 1e-6, 'model.router_replay': False,
+    # read only by the tool task, which came with them: their defaults
+    'data.demo_frac': 0.25, 'tools.enabled': True, 'tools.timeout_s': 1.0, 'tools.max_calls': 2,
     **{f'{algo}.{key}': value for algo in _LOSSES for key, value in (
         ('clip_ratio_c', 0.0), ('off_policy', 'none'), ('is_low', 0.5), ('is_high', 2.0))}}
 

@@ -7,3 +7,5 @@ from rljax.data.builders.math_jsonl import MathJsonl
 from rljax.data.builders.math_jsonl import MathJsonlConfig
 from rljax.data.builders.sums import Sums
 from rljax.data.builders.sums import SumsConfig
+from rljax.data.builders.tool_sums import ToolSums
+from rljax.data.builders.tool_sums import ToolSumsConfig

@@ -1,0 +1,242 @@
+"""Multi-turn rollouts with tool calls: continuous batching whose responses may stop at a tool
+call, get the tool's result appended to their KV cache, and decode on from there.
+
+Token in, token out: a response is one row of tokens, the sampled ones and the tools' results in
+the order they came, and that row is what the trainer reads; nothing is decoded to text and
+encoded again between turns. `mask` marks the sampled tokens (the policy loss, the KL and
+`logprob_mismatch` are over them), `tool` the tools' results, which the model attends to but
+which are not its actions.
+
+Decoding runs in chunks, one jitted call each (`chunk`): the continuous-batching loop of
+rljax.rollout.sampler (`refill`, `decode_slots`), in which a response that samples the tool's
+call-close token waits in its slot, cache and all, while the other slots decode and refill; the
+chunk returns once no slot decodes. The host then runs the waiting responses' calls
+(rljax.rollout.tool_calls), and the next chunk starts by appending their results to the cache in
+one forward pass over the slots (`append`: K columns per slot, each at its own position). A
+response ends at the end token, at its token budget (tool tokens count), or at a call it has no
+turns or room left for. A slot's cache row holds its prompt in columns [0, T) and its response
+from T on, as generate_continuous lays it out, with K more columns of room for an append.
+"""
+import functools
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.model import transformer as model_lib
+from rljax.rollout import sampler as sampler_lib
+from rljax.rollout import tool_calls
+
+
+class Turns(NamedTuple):
+  """The turn loop between chunks: S slots over N responses of up to L tokens."""
+  cache: model_lib.KVCache   # S rows, T + L + K columns
+  kv_valid_SxC: jax.Array
+  slots: sampler_lib.Slots   # active_S: decoding
+  waiting_S: jax.Array       # stopped at a tool call, holding its slot and cache
+  pending: jax.Array         # responses started so far
+  tokens_NxL: jax.Array      # sampled tokens and tools' results, PAD after the end
+  logp_NxL: jax.Array        # sampler log-probs of the sampled tokens (0 elsewhere)
+  mask_NxL: jax.Array        # True on sampled tokens
+  tool_NxL: jax.Array        # True on tools' result tokens
+  steps: jax.Array           # decoding steps
+  decoded: jax.Array         # slot-steps that decoded a response token
+
+
+def num_slots(cfg, num):
+  """Decode slots of N responses: rollout.slots (0: one per response), at least 2 (a one-row
+  KV cache has no batch axis)."""
+  return max(2, min(cfg.slots or num, num))
+
+
+def empty(model_cfg, cfg, room, num, prompt_len):
+  """The turn loop before the first chunk: idle slots, no token sampled."""
+  slots, max_len = num_slots(cfg, num), cfg.max_new_tokens
+  columns = prompt_len + max_len + room
+  zeros = lambda *shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
+  return Turns(
+      cache=sampler_lib.shard_cache(model_lib.KVCache.zeros(model_cfg, slots, columns)),
+      kv_valid_SxC=jnp.ones((slots, columns), bool),
+      slots=sampler_lib.Slots(jnp.full((slots,), num, jnp.int32), zeros(slots),
+                              jnp.full((slots,), cfg.pad_id, jnp.int32), zeros(slots, dtype=bool)),
+      waiting_S=zeros(slots, dtype=bool), pending=jnp.int32(0),
+      tokens_NxL=jnp.full((num, max_len), cfg.pad_id, jnp.int32),
+      logp_NxL=zeros(num, max_len, dtype=jnp.float32), mask_NxL=zeros(num, max_len, dtype=bool),
+      tool_NxL=zeros(num, max_len, dtype=bool), steps=jnp.int32(0), decoded=jnp.int32(0))
+
+
+def append(decoder, variables, turns, tool_SxK, length_S, resume_S, position0_N, prompt_len):
+  """`turns` with each resumed slot's tool result (its first length_S of tool_SxK) written to its
+  response and its cache: one forward pass feeds the call-close token and all but the last result
+  token (K tokens per slot from column T - 1 + t), the last is the next one decoding feeds. Slots
+  not resumed end their response (their K columns go to the free slot's response columns)."""
+  slots, num = turns.slots, turns.tokens_NxL.shape[0]
+  room = tool_SxK.shape[1]
+  t_S = jnp.where(resume_S, slots.t_S, 0)
+  feed_SxK = jnp.concatenate([slots.token_S[:, None], tool_SxK[:, :-1]], axis=1)
+  positions_SxK = (position0_N[jnp.minimum(slots.response_S, num - 1)] + t_S)[:, None] + (
+      jnp.arange(room))
+  _, cache, _ = decoder.apply(variables, feed_SxK, turns.kv_valid_SxC, turns.cache,
+                              prompt_len - 1 + t_S, positions_SxK, method='hidden')
+  real_SxK = resume_S[:, None] & (jnp.arange(room) < length_S[:, None])
+  row_SxK = jnp.where(real_SxK, slots.response_S[:, None], num)
+  column_SxK = t_S[:, None] + jnp.arange(room)
+  at = lambda x, value: x.at[row_SxK, column_SxK].set(value, mode='drop')
+  last_S = jnp.take_along_axis(tool_SxK, jnp.maximum(length_S - 1, 0)[:, None], axis=1)[:, 0]
+  slots = sampler_lib.Slots(slots.response_S, jnp.where(resume_S, slots.t_S + length_S, slots.t_S),
+                            jnp.where(resume_S, last_S, slots.token_S), resume_S)
+  return turns._replace(cache=cache, slots=slots, waiting_S=jnp.zeros_like(resume_S),
+                        tokens_NxL=at(turns.tokens_NxL, tool_SxK),
+                        tool_NxL=at(turns.tool_NxL, True))
+
+
+def chunk(model, params, turns, tool_SxK, length_S, resume_S, prompt_PxT, valid_PxT, rng,
+          cfg: sampler_lib.SamplingConfig, call_id):
+  """Appends the resumed slots' tool results (`append`), then decodes until no slot decodes:
+  every response finished or waiting on a call. Jit with model, cfg and call_id static; response
+  n (of N = P x cfg.group) is of prompt n // group and draws token t with fold_in(key_n, t)."""
+  num, prompt_len = turns.tokens_NxL.shape[0], prompt_PxT.shape[1]
+  decoder = model_lib.Transformer(model.cfg, unrolled=True)
+  variables = {'params': model_lib.decoding_params(params, model.cfg)}
+  keys_Nx2 = sampler_lib.response_keys(rng, num)
+  position0_N = sampler_lib.repeat_rows(
+      model_lib.positions_from_valid(valid_PxT)[:, -1], cfg.group)
+  caps_N = jnp.full((num,), cfg.max_new_tokens)
+  rows = sampler_lib.refill_rows(turns.waiting_S.shape[0])
+  prompt_kv = (sampler_lib.prompt_rows(decoder, variables, prompt_PxT, valid_PxT, 1)
+               if prompt_len > 1 else None)
+  # Always run (no lax.cond): with nothing to resume it only writes columns no response holds.
+  turns = append(decoder, variables, turns, tool_SxK, length_S, resume_S, position0_N, prompt_len)
+
+  def can_fill(busy, pending):   # a whole chunk of free slots (or of the responses left)
+    free, left = jnp.sum(~busy), num - pending
+    return (left > 0) & (free >= jnp.minimum(rows, left))
+
+  def fill(carry):
+    cache, kv_valid_SxC, slots, pending = carry
+    return sampler_lib.refill(prompt_kv, prompt_PxT, valid_PxT, cfg.group, cache, kv_valid_SxC,
+                              slots, pending, rows)
+
+  def body(t):
+    busy = t.slots._replace(active_S=t.slots.active_S | t.waiting_S)
+    cache, kv_valid_SxC, busy, pending = jax.lax.while_loop(
+        lambda c: can_fill(c[2].active_S, c[3]), fill, (t.cache, t.kv_valid_SxC, busy, t.pending))
+    slots = busy._replace(active_S=busy.active_S & ~t.waiting_S)
+    cache, decoded, step = sampler_lib.decode_slots(decoder, variables, cache, kv_valid_SxC, slots,
+                                                    keys_Nx2, position0_N, caps_N, prompt_len, cfg)
+    call_S = slots.active_S & ~step.stop_S & (step.token_S == call_id)
+    keep = lambda new, old: jnp.where(t.waiting_S, old, new)   # a waiting slot stays where it is
+    at = lambda x, value: x.at[step.row_S, step.t_S].set(value, mode='drop')
+    return t._replace(
+        cache=cache, kv_valid_SxC=kv_valid_SxC, pending=pending,
+        slots=sampler_lib.Slots(decoded.response_S, keep(decoded.t_S, slots.t_S),
+                                keep(decoded.token_S, slots.token_S), decoded.active_S & ~call_S),
+        waiting_S=t.waiting_S | call_S, tokens_NxL=at(t.tokens_NxL, step.token_S),
+        logp_NxL=at(t.logp_NxL, step.logp_S), mask_NxL=at(t.mask_NxL, True), steps=t.steps + 1,
+        decoded=t.decoded + jnp.sum(slots.active_S))
+
+  def cond(t):
+    return jnp.any(t.slots.active_S) | can_fill(t.slots.active_S | t.waiting_S, t.pending)
+
+  return jax.lax.while_loop(cond, body, turns)
+
+
+class TurnRollout(NamedTuple):
+  rollout: sampler_lib.Rollout   # mask_BxL: the sampled tokens only
+  tool_BxL: jax.Array            # True on the tools' result tokens
+  stats: dict                    # the step's tool numbers (host floats)
+
+  @property
+  def tokens_BxL(self):   # what an evaluator reads of any sampler's output
+    return self.rollout.tokens_BxL
+
+
+class TurnSampler(NamedTuple):
+  """The turn loop: called as a sampler, `(params, prompt_PxT, valid_PxT, rng) -> TurnRollout`
+  (`sample`); its jitted pieces are `chunk(params, turns, tool_SxK, length_S, resume_S,
+  prompt_PxT, valid_PxT, rng) -> Turns`, which is what `lower` compiles (rljax.plan),
+  `empty(num, prompt_len) -> Turns` and `finish(turns) -> (Rollout, tool_NxL)`."""
+  chunk: object
+  empty: object
+  finish: object
+  tool: tool_calls.Tool
+  cfg: sampler_lib.SamplingConfig
+
+  def __call__(self, params, prompt_PxT, valid_PxT, rng):
+    return sample(self, params, prompt_PxT, valid_PxT, rng)
+
+  def lower(self, *args):
+    return self.chunk.lower(*args)
+
+
+def make_sampler(model, cfg, tool, wrap=lambda fn: fn):
+  """The TurnSampler of `model` under `cfg` with `tool`; `wrap` puts a jitted function on a mesh
+  (rljax.sharding.on_mesh)."""
+  call_id = tool.marker_ids()[1]
+  chunk_fn = jax.jit(functools.partial(chunk, model, cfg=cfg, call_id=call_id), donate_argnums=1)
+  empty_fn = jax.jit(functools.partial(empty, model.cfg, cfg, tool.max_tokens),
+                     static_argnums=(0, 1))
+  return TurnSampler(wrap(chunk_fn), wrap(empty_fn), wrap(jax.jit(finish)), tool, cfg)
+
+
+def finish(turns):
+  """The Rollout of the finished turn loop, and its tool-result mask."""
+  return sampler_lib.finish(turns.tokens_NxL, turns.logp_NxL, turns.mask_NxL, turns.steps,
+                            turns.waiting_S.shape[0]), turns.tool_NxL
+
+
+def sample(sampler, params, prompt_PxT, valid_PxT, rng) -> TurnRollout:
+  """Responses of P x group rows with their tool turns: chunks of decoding, each followed by the
+  waiting responses' calls on the host, until every response has ended."""
+  cfg, tool = sampler.cfg, sampler.tool
+  num = prompt_PxT.shape[0] * cfg.group
+  turns = sampler.empty(num, prompt_PxT.shape[1])
+  slots = turns.waiting_S.shape[0]
+  served = Served(np.full((slots, tool.max_tokens), cfg.pad_id, np.int32),
+                  np.zeros(slots, np.int32), np.zeros(slots, bool))
+  calls_N, results_N = np.zeros(num, np.int32), np.zeros(num, np.int32)
+  counts = dict.fromkeys(('tool_errors',) + tuple(f'tool_{e}' for e in tool_calls.ERRORS), 0)
+  tool_seconds, chunks = 0.0, 0
+  while True:
+    turns = sampler.chunk(params, turns, *served, prompt_PxT, valid_PxT, rng)
+    chunks += 1
+    waiting_S = np.asarray(turns.waiting_S)
+    if not waiting_S.any():
+      break
+    start = time.perf_counter()
+    served = serve(tool, turns, waiting_S, calls_N, counts, cfg)
+    results_N[np.asarray(turns.slots.response_S)[served.resume_S]] += 1
+    tool_seconds += time.perf_counter() - start
+  rollout, tool_NxL = sampler.finish(turns)
+  stats = dict(counts, tool_calls=int(np.sum(calls_N)), tool_time_s=tool_seconds,
+               turns_mean=float(np.mean(1 + results_N)), turn_chunks=chunks)
+  return TurnRollout(rollout, tool_NxL, stats)
+
+
+class Served(NamedTuple):
+  """The tool results a chunk appends: per slot, its tokens, their count, and whether it goes on."""
+  tool_SxK: np.ndarray
+  length_S: np.ndarray
+  resume_S: np.ndarray
+
+
+def serve(tool, turns, waiting_S, calls_N, counts, cfg):
+  """Runs the waiting slots' calls; a response at its last call, or without room for the result
+  and one more token, ends instead. Counts calls per response and errors by kind."""
+  response_S, t_S = np.asarray(turns.slots.response_S), np.asarray(turns.slots.t_S)
+  tokens_NxL = np.asarray(turns.tokens_NxL)
+  callers = [s for s in np.flatnonzero(waiting_S) if calls_N[response_S[s]] < tool.max_calls]
+  outcomes = tool_calls.run_calls(tool, [tokens_NxL[response_S[s], :t_S[s]] for s in callers])
+  served = Served(np.full((len(t_S), tool.max_tokens), cfg.pad_id, np.int32),
+                  np.zeros(len(t_S), np.int32), np.zeros(len(t_S), bool))
+  for s, outcome in zip(callers, outcomes):
+    calls_N[response_S[s]] += 1
+    if outcome.error:
+      counts['tool_errors'] += 1
+      counts[f'tool_{outcome.error}'] += 1
+    length = len(outcome.ids)
+    if length <= tool.max_tokens and t_S[s] + length < cfg.max_new_tokens:
+      served.tool_SxK[s, :length], served.length_S[s], served.resume_S[s] = outcome.ids, length, True
+  return served

@@ -1,0 +1,40 @@
+"""Long additions with a calculator tool (rljax.data.builders.tool_sums): a response may call
+'[52817+90412]', gets '{143229}' back from rljax.data.calculator, and answers '143229'. The
+character tokenizer with the tool's symbols (rljax.data.tokenizer.ToolTokenizer)."""
+from rljax.data.builders import tool_sums
+from rljax.data import calculator
+from rljax.data import tokenizer as tokenizer_lib
+from rljax.rollout import tool_calls
+from rljax.tasks import _characters
+
+REWARD = 'final_answer'
+MARKERS = ('[', ']', '{', '}')   # call open, call close (the stop), result open, result close
+
+
+def check(config):
+  del config   # characters: no tokenizer or data file needed
+
+
+def lengths(config):
+  dcfg = config.data
+  tool_sums.make_config(dcfg.max_operands, dcfg.digits, dcfg.demo_frac)   # bad knobs, first
+  prompt_len, response_len = tool_sums.lengths(dcfg.max_operands, dcfg.digits)
+  return prompt_len, response_len + 1, tokenizer_lib.ToolTokenizer.vocab_size
+
+
+def make(config, data_dir):
+  _characters.check_no_hf_tokenizer(config)
+  dcfg = config.data
+  builder_config = tool_sums.make_config(dcfg.max_operands, dcfg.digits, dcfg.demo_frac,
+                                         dcfg.num_train, dcfg.num_test, dcfg.seed)
+  train, test = _characters.tfds_splits(tool_sums.ToolSums, builder_config, data_dir)
+  return tokenizer_lib.ToolTokenizer(), train, test
+
+
+def tool(config):
+  """The calculator; with tools.enabled False every call gets the error result '{?}'."""
+  tools = config.tools
+  return tool_calls.Tool(calculator.calculate if tools.enabled else None,
+                         tokenizer_lib.ToolTokenizer(), MARKERS, error='?',
+                         max_chars=calculator.RESULT_CHARS, timeout_s=tools.timeout_s,
+                         max_calls=tools.max_calls)
