@@ -124,7 +124,7 @@ def test_responses_are_sampled_tokens_and_tool_results_token_for_token(slots, gr
 
   # After the results too: the sampler's log-probs are the trainer's over the whole sequence.
   prompt_NxT, valid_NxT = (np.repeat(x, group, 0) for x in (prompt_PxT, valid_PxT))
-  logp_NxL, _, _ = policy_loss.response_logprobs(MODEL, params, prompt_NxT, valid_NxT,
+  logp_NxL, *_ = policy_loss.response_logprobs(MODEL, params, prompt_NxT, valid_NxT,
                                                  rollout.tokens_BxL, 1.0)
   mask_NxL = rollout.mask_BxL
   after_NxL = mask_NxL & (np.cumsum(tool_NxL, axis=1) > 0)

@@ -60,7 +60,7 @@ def _check_tools(config, process_count):
     return
   tools, rollout = config.tools, config.rollout
   if not tools.timeout_s > 0:
-    raise ValueError(f'tools.timeout_s must be > 0, got {tools.timeout_s}')
+    raise ValueError(f'tools.timeout_s must be a positive number, got {tools.timeout_s}')
   if not (isinstance(tools.max_calls, int) and tools.max_calls >= 1):
     raise ValueError(f'tools.max_calls must be an integer >= 1, got {tools.max_calls!r}')
   if algos.get(config.algo).BATCH_ARG != 'P':
@@ -72,6 +72,9 @@ def _check_tools(config, process_count):
                        f'{tasks.name_of(config)} task')
   if process_count > 1:
     raise ValueError('tool turns run in one process (the host serves every call)')
+  if config.model.router_replay:
+    raise ValueError('model.router_replay: tool turns do not record the experts they route to; '
+                     f'turn it off for the {tasks.name_of(config)} task')
 
 
 def _check_model(model):
