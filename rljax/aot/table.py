@@ -51,8 +51,14 @@ def format_report(r):
     rows.append(('recorded experts', f'{mib(ids["per_step"])} per step, {mib(ids["per_chip"])} '
                  'per chip (router replay\'s ids; in the programs\' memory)'))
   rows.append(('peak / headroom', f'{_gib(r["peak"])} / {_gib(r["headroom"])}'))
-  if 'programs' not in r:
-    return _aligned(rows)
+  if 'programs' in r:
+    rows += _program_rows(r)
+  return _aligned(rows)
+
+
+def _program_rows(r):
+  """The compiled programs' rows: compile times, collectives, kernels and the roofline bounds."""
+  rows = []
   for name in ('sampler', 'update', 'make_batch', 'evaluate'):
     program = r['programs'][name]
     rows.append((f'{name} compile', f'{program["compile_s"]:.0f} s'))
@@ -90,7 +96,7 @@ def format_report(r):
     rows.append((f'decode step bound, batch {b["batch"]}',
                  f'{ms["bound_s"]} ms (compute {ms["compute_s"]}, HBM {ms["memory_s"]}, '
                  f'collectives {ms["collectives_s"]} ms), {b["kernels"]} kernels'))
-  return _aligned(rows)
+  return rows
 
 
 def _aligned(rows):

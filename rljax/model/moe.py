@@ -363,6 +363,18 @@ def gather_dim(w, w_spec, dim):
   return jax.lax.all_gather(w, axes, axis=dim, tiled=True) if axes else w
 
 
+def _expert_layout(mesh, weights, split_hidden):
+  """(the expert weights' specs, the axes an expert group spans, the axes their hidden dimension
+  is split over): as stored (the model dimension may be split over 'fsdp', gathered for the
+  call), or in decoding's layout."""
+  names = [('expert', 'embed', 'mlp'), ('expert', 'embed', 'mlp'), ('expert', 'mlp', 'embed')]
+  names = [DECODING_NAMES[n] for n in names] if split_hidden else names
+  w_specs = [sharding.spec_for(w.shape, n, mesh) for w, n in zip(weights, names)]
+  if split_hidden:
+    return w_specs, ('fsdp', 'expert'), jax.tree.leaves(tuple(w_specs[0])[2])
+  return w_specs, ('expert',), ('tensor',)
+
+
 def moe_expert_parallel(cfg, decoding, mesh, x_TxD, recorded_TxK, router_DxE, w_gate, w_up,
                         w_down, split_hidden=False):
   """The experts on any mesh, in `jax.shard_map` (XLA cannot partition the TPU grouped-matmul
@@ -380,14 +392,7 @@ def moe_expert_parallel(cfg, decoding, mesh, x_TxD, recorded_TxK, router_DxE, w_
   """
   batch_axes = tuple(a for a in ('data', 'fsdp', 'expert') if a in mesh.shape)
   spec = jax.sharding.PartitionSpec
-  # As stored (the model dimension may be split over 'fsdp', gathered in `local`), or decoding's.
-  names = [('expert', 'embed', 'mlp'), ('expert', 'embed', 'mlp'), ('expert', 'mlp', 'embed')]
-  names = [DECODING_NAMES[n] for n in names] if split_hidden else names
-  w_specs = [sharding.spec_for(w.shape, n, mesh) for w, n in zip((w_gate, w_up, w_down), names)]
-  if split_hidden:
-    group_axes, hidden_axes = ('fsdp', 'expert'), jax.tree.leaves(tuple(w_specs[0])[2])
-  else:
-    group_axes, hidden_axes = ('expert',), ('tensor',)
+  w_specs, group_axes, hidden_axes = _expert_layout(mesh, (w_gate, w_up, w_down), split_hidden)
 
   def local(x_TxD, recorded_TxK, router_DxE, w_gate, w_up, w_down):
     if not split_hidden:   # FSDP: the layer's experts whole, in the compute dtype, for this call
