@@ -71,7 +71,8 @@ def append(decoder, variables, turns, tool_SxK, length_S, resume_S, position0_N,
   """`turns` with each resumed slot's tool result (its first length_S of tool_SxK) written to its
   response and its cache: one forward pass feeds the call-close token and all but the last result
   token (K tokens per slot from column T - 1 + t), the last is the next one decoding feeds. Slots
-  not resumed end their response (their K columns go to the free slot's response columns)."""
+  not resumed end their response; the pass writes their K columns from T - 1, which the slot's
+  next response writes again before it reads them."""
   slots, num = turns.slots, turns.tokens_NxL.shape[0]
   room = tool_SxK.shape[1]
   t_S = jnp.where(resume_S, slots.t_S, 0)
@@ -107,7 +108,8 @@ def chunk(model, params, turns, tool_SxK, length_S, resume_S, prompt_PxT, valid_
   rows = sampler_lib.refill_rows(turns.waiting_S.shape[0])
   prompt_kv = (sampler_lib.prompt_rows(decoder, variables, prompt_PxT, valid_PxT, 1)
                if prompt_len > 1 else None)
-  # Always run (no lax.cond): with nothing to resume it only writes columns no response holds.
+  # Always run: with nothing to resume it only writes columns no response reads. (Under lax.cond,
+  # the forward pass's collectives deadlocked a mesh of XLA:CPU devices.)
   turns = append(decoder, variables, turns, tool_SxK, length_S, resume_S, position0_N, prompt_len)
 
   def can_fill(busy, pending):   # a whole chunk of free slots (or of the responses left)
