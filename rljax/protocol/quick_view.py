@@ -39,9 +39,8 @@ def build(sweep, workdir, seeds, calibration_seeds):
   protocol['protocol'].update(quick=True, num_seeds=seeds, calibration_seeds=calibration_seeds)
   with open(os.path.join(workdir, 'protocol.json'), 'w') as f:
     json.dump(protocol, f, indent=1)
-  for name in ('calibration.json',):
-    if os.path.exists(os.path.join(sweep, name)):
-      shutil.copy(os.path.join(sweep, name), workdir)
+  if os.path.exists(os.path.join(sweep, 'calibration.json')):
+    shutil.copy(os.path.join(sweep, 'calibration.json'), workdir)
   calibration = os.path.join(sweep, 'calibration')
   for lr in sorted(os.listdir(calibration)) if os.path.isdir(calibration) else []:
     _copy_arm(os.path.join(calibration, lr), os.path.join(workdir, 'calibration', lr),
