@@ -77,6 +77,7 @@ def base_config(P, G, runlocal, seed, model=''):
   # template of init.hf_path's tokenizer, up to max_prompt_len tokens, responses max_response_len.
   config.data = dict(name='arithmetic', dir='', digits=3, ops='+', zero_pad=True,
                      num_train=100_000, num_test=1000, seed=0, on_bad_record='skip',
+                     extra_test=0,   # arithmetic: held-out problems drawn after the train split
                      path='', test_path='', max_prompt_len=256, max_response_len=512,
                      instruction='', chat_template=True, max_operands=8,   # max_operands: sums
                      demo_frac=0.25)   # tool_sums: train answers that demonstrate the call

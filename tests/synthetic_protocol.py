@@ -45,7 +45,7 @@ SHALLOW = Model(start=0.319, rise=0.10, scale=2500.0, stop=0.40, max_samples=32_
 # of samples to J 0.107-0.134; eval residuals with no persistent part beyond Binomial; 747 samples/s
 # at the base; rounds' log-sd 0.06-0.07.
 DEEP = Model(start=0.37, rise=0.20, scale=9500.0, stop=1.0, max_samples=65_536,
-             eval_every=8192, prompts=1000, seed_sd=0.12, prompt_sd=0.0,
+             eval_every=8192, prompts=4000, seed_sd=0.12, prompt_sd=0.0,
              fractions=(0.5, 0.7, 0.9), samples_per_s=747.0)
 ROUND_SD = 0.07
 # The paper's truth at batches 128/256/1024/2048: 1024 takes 0.71x the base's time.
@@ -88,7 +88,7 @@ def write_seeds(root, batch, seeds, truth, seed_sd, rng, model, prompts):
               max(model.eval_every, max(truth)), model, prompts)   # one grid for all arms
 
 
-def write_workdir(root, truth, rng, model, seeds, rounds, prompts):
+def write_workdir(root, truth, rng, model, seeds, rounds, prompts, level):
   """Arms x `seeds` seeds, `rounds` throughput rounds, protocol.json (lr0 given, no calibration
   and no confirmation: the decision is what is under test)."""
   seed_sd = {b: model.seed_sd * np.exp(0.5 * rng.standard_normal()) for b in truth}
@@ -109,16 +109,16 @@ def write_workdir(root, truth, rng, model, seeds, rounds, prompts):
   layout.write(root, 'protocol', dict(
       algo='grpo', target=min(model.stop, model.start + 0.05), targets=[],
       target_fractions=list(model.fractions), base_arm=arm_name(base), base_batch=base,
-      rn_tolerance=0.2, smooth_window=5 if model is SHALLOW else 3, level=0.95, n_draws=2000,
+      rn_tolerance=0.2, smooth_window=5 if model is SHALLOW else 3, level=level, n_draws=2000,
       seed=0, throughput_warmup=2))
   return seed_sd
 
 
 def run_protocol(root, truth, rng, model=DEEP, seeds=8, rounds=10, max_seeds=12, extra_seeds=4,
-                 prompts=None):
+                 prompts=None, level=0.95):
   """A synthetic protocol through the real report code and the driver's staged seeds."""
   prompts = prompts or model.prompts
-  seed_sd = write_workdir(root, truth, rng, model, seeds, rounds, prompts)
+  seed_sd = write_workdir(root, truth, rng, model, seeds, rounds, prompts, level)
   counts, spent = {arm_name(b): seeds for b in truth}, 0
   report = report_lib.build_report(root)
   while spent < extra_seeds:

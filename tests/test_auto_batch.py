@@ -310,8 +310,6 @@ def test_a_move_that_kept_its_progress_is_kept_and_measured(tmp_path):
 
 # ------------------------------------------------------------------------------ one short run
 
-TIMING = ('step_time_s', 'rollout_time_s', 'reward_time_s', 'update_time_s', 'samples_per_s',
-          'wallclock_s')
 
 
 def tiny_auto(tmp_path):
@@ -332,7 +330,7 @@ def tiny_auto(tmp_path):
 
 
 def without_timing(rows):
-  return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+  return [{k: v for k, v in row.items() if k not in rljax_cli.TIMING} for row in rows]
 
 
 def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identically(tmp_path):

@@ -93,6 +93,22 @@ def test_test_split_avoids_train_even_when_problems_repeat(tmp_path):
   assert len({prompt for prompt, _ in train}) == 60  # All the rest, repeated.
 
 
+def test_extra_test_problems_leave_the_train_split_as_it_is(data_dir, small):
+  """extra_test appends held-out problems drawn after the train split: the train split and the
+  first num_test test problems are the ones without it, and no extra problem is trained on."""
+  extra = dict(SMALL, extra_test=300)
+  assert arithmetic.make_config(**extra).name == 'd3_ops-plus_pad1_n2000_t200_s0_x300'
+  train = _records(data.load_split(data_dir, **extra, split='train'))
+  test = _records(data.load_split(data_dir, **extra, split='test'))
+  assert train == small['train'] and test[:200] == small['test'] and len(test) == 500
+  prompts = [prompt for prompt, _ in test]
+  assert len(set(prompts)) == 500 and not set(prompts) & {prompt for prompt, _ in train}
+  for prompt, answer in test:
+    _check_arithmetic(prompt, answer)
+  with pytest.raises(ValueError, match='extra_test'):
+    arithmetic.make_config(digits=1, num_train=50, num_test=10, extra_test=30)
+
+
 def test_build_is_deterministic(tmp_path, small):
   assert _records(data.load_split(tmp_path, **SMALL, split='test')) == (
       small['test'])

@@ -135,6 +135,21 @@ def test_intervals_are_simultaneous_over_the_batches_compared():
       'interval_method']
 
 
+def test_staged_seeds_count_as_looks_at_the_data():
+  """Two staged rounds gave the base (and the arm then fastest) two more seeds than the arm with
+  the fewest: every interval is Welch's at 1 - 0.05 / (2 comparisons x 3 looks)."""
+  rng = np.random.default_rng(4)
+  cands = [dict(batch=b, samples_per_seed=lognormal_seeds(rng, 1e4, n=n, sd=0.2),
+                throughput_rounds=lognormal_seeds(rng, 1e3, n=5, sd=0.05))
+           for b, n in ((16, 10), (32, 10), (64, 8))]
+  result = decision_lib.decide(cands, base_batch=16, n_draws=100)
+  rows = {r['batch']: r for r in result['candidates']}
+  for c in cands[1:]:
+    alone = decision_lib.welch_log_time_ratio(c, cands[0], 1 - 0.05 / 6)
+    assert rows[c['batch']]['relative_wallclock_ci'] == pytest.approx([alone['lo'], alone['hi']])
+  assert '2 comparisons and 3 looks' in result['interval_method']
+
+
 @pytest.mark.parametrize('spreads', [(0.2, 0.2, 0.2, 0.2), (0.35, 0.175, 0.175, 0.175)],
                          ids=['equal', 'base-2x'])
 def test_no_batch_is_called_faster_when_all_are_equal(spreads):

@@ -27,7 +27,7 @@ def test_tensorboard_events_match_metrics_jsonl(tmp_path):
   writer = metrics.MetricsWriter(str(tmp_path), tensorboard=True)
   for step in (1, 2, 3):
     writer.train(train_row(step, 0.1 * step), console=False)
-  writer.eval(3, 48, 0.75, [True, False], 1.5)
+  writer.eval(3, 48, 0.75, [True, False], 1.5, 0.25)
   writer.close()
   rows = metrics.read_jsonl(str(tmp_path / 'metrics.jsonl'))
   scalars = read_tensorboard(str(tmp_path / 'tensorboard'))
@@ -78,7 +78,7 @@ def test_without_a_terminal_plain_lines_carry_the_eta_and_no_bar(tmp_path, capsy
   writer = metrics.MetricsWriter(str(tmp_path), progress=dict(samples=160, step=100))
   for step in range(1, 7):
     writer.train(train_row(step, 0.25), console=step % 2 == 0)
-  writer.eval(6, 96, 0.5, [True], 1.0)
+  writer.eval(6, 96, 0.5, [True], 1.0, 0.25)
   writer.close()
   out, err = capsys.readouterr()
   assert '\r' not in out + err and err == ''

@@ -18,10 +18,10 @@ from rljax.data.tokenizer import ArithmeticTokenizer
 
 
 def load_split(data_dir, *, digits=3, ops='+', zero_pad=True,
-               num_train=100_000, num_test=1_000, seed=0, split='train'):
+               num_train=100_000, num_test=1_000, seed=0, extra_test=0, split='train'):
   """Returns a data source of one split of the arithmetic task."""
   config = arithmetic.make_config(digits, ops, zero_pad, num_train, num_test,
-                                  seed)
+                                  seed, extra_test)
   return load_tfds_split(arithmetic.Arithmetic, config, data_dir, split)
 
 

@@ -8,9 +8,10 @@ the base on the log of that time (docs/guide/protocol.md, "The decision"):
   times: four independent means (samples of the arm and of the base, throughput of each), each
   with its own spread (a pooled spread under-covers when spreads differ 2x, as they do between
   arms), Welch-Satterthwaite degrees of freedom;
-- the intervals are simultaneous over the m batches compared with the base (Bonferroni: each at
-  1 - (1 - level) / m), so the chance that any equally fast batch is called faster stays below
-  (1 - level) / 2 however many batches the sweep holds;
+- the intervals are simultaneous over the m batches compared with the base and over the looks at
+  the data that staged seeds took (Bonferroni: each at 1 - (1 - level) / (m x looks)), so the
+  chance that any equally fast batch is called faster stays below (1 - level) / 2 however many
+  batches the sweep holds and however often seeds were added until one looked faster;
 - a batch is recommended only when its interval lies below 1; P(fastest) is the share of joint
   draws (each mean from its own t) in which a batch has the shortest time: a summary for the
   reader, never the rule.
@@ -95,8 +96,8 @@ def decide(candidates, base_batch, level=0.95, n_draws=4000, rng=0):
   base = next((c for c in eligible if c['batch'] == base_batch), None)
   if base is None:
     return _undefined(rows, 'the base arm has no resolved samples-to-target')
-  comparisons = max(len(eligible) - 1, 1)
-  each_level = 1 - (1 - level) / comparisons
+  comparisons, looks = max(len(eligible) - 1, 1), staged_looks(eligible, base)
+  each_level = 1 - (1 - level) / (comparisons * looks)
   wins_K = p_fastest(eligible, n_draws, np.random.default_rng(rng))
   by_batch = {}
   for c, wins in zip(eligible, wins_K):
@@ -111,9 +112,18 @@ def decide(candidates, base_batch, level=0.95, n_draws=4000, rng=0):
     r.update(by_batch.get(r['batch'], {}))
   fastest = min(by_batch, key=lambda b: by_batch[b]['predicted_wallclock_s'])
   method = (f'Welch t on log time, simultaneous over {comparisons} comparison'
-            f"{'s' if comparisons > 1 else ''} (Bonferroni, each at {each_level:.4g})")
+            f"{'s' if comparisons > 1 else ''}" +
+            (f' and {looks} looks at the data' if looks > 1 else '') +
+            f' (Bonferroni, each at {each_level:.4g})')
   return dict(candidates=rows, fastest=fastest, interval_method=method,
               **verdict(by_batch, fastest, base_batch))
+
+
+def staged_looks(eligible, base):
+  """How often the decision looked at the data: 1 + the staged rounds, each of which gave the base
+  one more seed than the arm with the fewest (rljax.protocol.driver.add_seeds)."""
+  fewest = min(len(c['samples_per_seed']) for c in eligible)
+  return 1 + len(base['samples_per_seed']) - fewest
 
 
 def verdict(by_batch, fastest, base_batch):

@@ -129,6 +129,8 @@ def _cost_sentence(report):
           f"({_num(cost['calibration_vs_arms'], '.0%')} of the arms'), arms "
           f"{_count(cost['arms'])}, throughput rounds {_count(cost['throughput'])}, confirmation "
           f"{_count(cost['confirm'])}.")
+  if 'arms_eval_share' in cost:
+    text += f" Evaluations took {cost['arms_eval_share']:.0%} of the arms' run time."
   if timing:
     text += (' Wall-clock: ' + ', '.join(f'{k} {v / 60:.1f} min' for k, v in timing.items()) +
              f', {sum(timing.values()) / 60:.1f} min in all.')

@@ -225,6 +225,12 @@ def _cost(data, base_arm):
   cost['full_sweep'] = cost['calibration'] + cost['arms'] + cost['throughput']
   cost['quick'] = cost['calibration'] + cost['base_arm'] + cost['throughput']
   cost['calibration_vs_arms'] = cost['calibration'] / cost['arms'] if cost['arms'] else np.nan
+  eval_s = sum(np.nansum(r['eval'].get('eval_time_s', np.nan)) for a in data['arms']
+               for r in a['runs'] if not r['reused'])
+  if eval_s > 0:   # logged since rljax timed its evaluations; older archives rebuild unchanged
+    train_s = sum(np.nansum(r['train']['step_time_s']) for a in data['arms'] for r in a['runs']
+                  if not r['reused'])
+    cost['arms_eval_share'] = float(eval_s / (eval_s + train_s))
   return cost
 
 

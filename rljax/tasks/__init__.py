@@ -63,9 +63,13 @@ def check_data(config, process_count):
   if data.num_train < P:
     raise ValueError(f'data.num_train ({data.num_train}) is smaller than one batch of '
                      f'P = {P} prompts')
-  if not 1 <= config.train.eval_size <= data.num_test:
-    raise ValueError(f'train.eval_size ({config.train.eval_size}) must be in [1, data.num_test = '
-                     f'{data.num_test}]')
+  if data.extra_test and data.name != 'arithmetic':
+    raise ValueError(f'data.extra_test ({data.extra_test}): only the arithmetic task draws extra '
+                     f'held-out problems, not {data.name}')
+  held_out = data.num_test + data.extra_test
+  if not 1 <= config.train.eval_size <= held_out:
+    raise ValueError(f'train.eval_size ({config.train.eval_size}) must be in [1, data.num_test + '
+                     f'data.extra_test = {held_out}]')
   if data.dir and os.path.exists(data.dir) and not os.path.isdir(data.dir):
     raise ValueError(f'data.dir {data.dir} exists and is not a directory')
   if config.reward != 'auto':   # 'auto': the task's own verifier

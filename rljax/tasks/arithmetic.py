@@ -22,6 +22,6 @@ def make(config, data_dir):
   _characters.check_no_hf_tokenizer(config)
   dcfg = config.data
   knobs = dict(digits=dcfg.digits, ops=dcfg.ops, zero_pad=dcfg.zero_pad,
-               num_train=dcfg.num_train, num_test=dcfg.num_test, seed=dcfg.seed)
+               num_train=dcfg.num_train, num_test=dcfg.num_test, seed=dcfg.seed, extra_test=dcfg.extra_test)
   train, test = (sources.load_split(data_dir, split=split, **knobs) for split in ('train', 'test'))
   return tokenizer_lib.ArithmeticTokenizer(), train, test

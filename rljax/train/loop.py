@@ -106,6 +106,15 @@ def _advance(meta, row, iterator):
   return meta
 
 
+def _evaluate(run, carry, meta, step, wallclock_s):
+  """Evaluates the policy into meta and the logs; the row keeps how long it took (not training
+  time: wallclock_s leaves it out)."""
+  start = time.perf_counter()
+  meta['eval_accuracy'], correct = run.evaluate(carry['algo']['params'])
+  run.writer.eval(step, meta['samples'], meta['eval_accuracy'], correct, wallclock_s,
+                  eval_time_s=time.perf_counter() - start)
+
+
 def _check_updates(run, carry, row, workdir):
   """Warns of skipped non-finite updates; stops the run after `max_bad_steps` in a row."""
   step, limit = row['step'], run.config.optimizer.max_bad_steps
@@ -136,8 +145,7 @@ def train(config, workdir, stop=None, shape=None):
           f'{meta["samples"]} samples); nothing to do. Raise train.max_steps or '
           'train.max_samples to continue it', flush=True)
   if meta['step'] == 0:
-    meta['eval_accuracy'], correct = run.evaluate(carry['algo']['params'])
-    run.writer.eval(0, 0, meta['eval_accuracy'], correct, 0.0)
+    _evaluate(run, carry, meta, step=0, wallclock_s=0.0)
   while not _done(config.train, meta):
     carry, row = rl_step(run, carry, next(run.iterator), meta['step'] + 1)
     samples_before, meta = meta['samples'], _advance(meta, row, run.iterator)
@@ -147,9 +155,7 @@ def train(config, workdir, stop=None, shape=None):
     run.writer.train(row, console=row['step'] % config.train.log_every == 0)
     _check_updates(run, carry, row, workdir)
     if rebatch.eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
-      meta['eval_accuracy'], correct = run.evaluate(carry['algo']['params'])
-      run.writer.eval(row['step'], meta['samples'], meta['eval_accuracy'], correct,
-                      meta['wallclock_s'])
+      _evaluate(run, carry, meta, step=row['step'], wallclock_s=meta['wallclock_s'])
     done = _done(config.train, meta)   # the evaluation may have reached the target
     # Every process gets the same answer at the same step; a request during the last step is moot.
     stopping = stop is not None and stop.agreed() and not done

@@ -173,9 +173,9 @@ class MetricsWriter:
     if self.enabled:
       self._print(line)
 
-  def eval(self, step, samples, accuracy, correct_N, wallclock_s):
+  def eval(self, step, samples, accuracy, correct_N, wallclock_s, eval_time_s):
     row = dict(step=step, samples=samples, eval=True, eval_accuracy=accuracy,
-               wallclock_s=wallclock_s)
+               wallclock_s=wallclock_s, eval_time_s=eval_time_s)
     self._append(self.path, row)
     self._append(self.eval_path, dict(step=step, samples=samples,
                                       correct=''.join('1' if c else '0' for c in correct_N)))

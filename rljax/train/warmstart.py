@@ -48,8 +48,9 @@ def seed(config):
 
 def fingerprint(config):
   model = {k: v for k, v in config.model.items() if k != 'max_seq_len'}  # a bound, not the model
+  # extra_test: held-out problems drawn after the train split; the training data are the same.
   relevant = dict(model=model, seed=seed(config),
-                  data={k: v for k, v in config.data.items() if k != 'dir'},
+                  data={k: v for k, v in config.data.items() if k not in ('dir', 'extra_test')},
                   warmstart={k: v for k, v in config.warmstart.items() if k not in ('dir', 'seed')})
   return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 

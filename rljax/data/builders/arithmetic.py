@@ -5,6 +5,9 @@ download and is identical on every host. Each knob combination gets its own
 config name, so differently configured datasets never share a cache directory.
 The test split holds distinct problems that never occur in the train split;
 train problems are drawn uniformly with replacement from everything else.
+`extra_test` more held-out problems are drawn after the train split and appended
+to the test split: a larger eval set that leaves the train split (and every run
+trained on it) as it is.
 """
 
 import dataclasses
@@ -29,13 +32,14 @@ class ArithmeticConfig(tfds.core.BuilderConfig):
   num_train: int = 100_000
   num_test: int = 1_000
   seed: int = 0
+  extra_test: int = 0  # Held-out problems drawn after the train split.
 
 
-def config_name(digits, ops, zero_pad, num_train, num_test, seed) -> str:
-  """Encodes every knob, e.g. 'd3_ops-plus_pad1_n100000_t1000_s0'."""
+def config_name(digits, ops, zero_pad, num_train, num_test, seed, extra_test=0) -> str:
+  """Encodes every knob, e.g. 'd3_ops-plus_pad1_n100000_t1000_s0' ('_x3000' with extra_test)."""
   op_names = '-'.join(_OP_NAMES[op] for op in ops)
   return (f'd{digits}_ops-{op_names}_pad{int(zero_pad)}_n{num_train}'
-          f'_t{num_test}_s{seed}')
+          f'_t{num_test}_s{seed}' + (f'_x{extra_test}' if extra_test else ''))
 
 
 def _num_problems(digits: int, ops: str) -> int:
@@ -44,7 +48,7 @@ def _num_problems(digits: int, ops: str) -> int:
 
 
 def _new_config(digits=3, ops='+', zero_pad=True, num_train=100_000,
-                num_test=1_000, seed=0) -> ArithmeticConfig:
+                num_test=1_000, seed=0, extra_test=0) -> ArithmeticConfig:
   """Validates the knobs and names the config after them."""
   unknown = set(ops) - set(_OPS)
   if not ops or unknown:
@@ -58,8 +62,12 @@ def _new_config(digits=3, ops='+', zero_pad=True, num_train=100_000,
         f'num_test={num_test} leaves no training problems: there are only'
         f' {_num_problems(digits, ops)} distinct problems with {digits} digits'
         f' and ops {ops!r}')
+  spare = max(0, _num_problems(digits, ops) - num_test - num_train) // 2
+  if extra_test and not 0 < extra_test <= spare:
+    raise ValueError(f'extra_test={extra_test} must be in [0, {spare}]: at most half the problems'
+                     ' that neither split can hold')
   knobs = dict(digits=digits, ops=ops, zero_pad=bool(zero_pad),
-               num_train=num_train, num_test=num_test, seed=seed)
+               num_train=num_train, num_test=num_test, seed=seed, extra_test=extra_test)
   return ArithmeticConfig(
       name=config_name(**knobs),
       description=f'Arithmetic problems with knobs {knobs}.',
@@ -76,6 +84,9 @@ def _problem_ids(config: ArithmeticConfig):
   while clashes.any():  # Redraw the few train problems that hit the test set.
     train_ids[clashes] = rng.integers(num_problems, size=clashes.sum())
     clashes = np.isin(train_ids, test_ids)
+  if config.extra_test:   # drawn last: the draws above are the same with and without them
+    unused = np.setdiff1d(np.arange(num_problems), np.concatenate([test_ids, train_ids]))
+    test_ids = np.concatenate([test_ids, rng.choice(unused, config.extra_test, replace=False)])
   return test_ids, train_ids
 
 
@@ -100,7 +111,7 @@ class Arithmetic(local.LocalBuilder):
 
 
 def make_config(digits=3, ops='+', zero_pad=True, num_train=100_000,
-                num_test=1_000, seed=0) -> ArithmeticConfig:
+                num_test=1_000, seed=0, extra_test=0) -> ArithmeticConfig:
   """Returns the config for these knobs (the predefined one if they match)."""
-  return local.predefined_or(Arithmetic,
-                             _new_config(digits, ops, zero_pad, num_train, num_test, seed))
+  return local.predefined_or(Arithmetic, _new_config(digits, ops, zero_pad, num_train, num_test,
+                                                     seed, extra_test))
