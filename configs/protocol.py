@@ -135,7 +135,7 @@ def deep_preset(config):
       target=0.50, stop_at_target=False, target_fractions=(0.5, 0.7, 0.9),
       max_samples=65_536, eval_every_samples=8192, smooth_window=3,
       calibration_factors=(0.5, 1.0, 2.0), calibration_eval_every_samples=2048,
-      calibration_max_samples=32_768, max_seeds=12, extra_seeds=4, throughput_rounds=10,
+      calibration_max_samples=32_768, max_seeds=12, extra_seeds=4, throughput_rounds=16,
       throughput_steps=16, confirm_seeds=4)
   config.arm.optimizer.update(lr=1e-4, decay='constant')   # the README run's lr scale
   config.arm.data.extra_test = 3000

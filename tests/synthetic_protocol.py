@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from configs import protocol as protocol_config
 from rljax.protocol import driver as protocol_lib
 from rljax.protocol import layout
 from rljax.protocol import report as report_lib
@@ -41,13 +42,14 @@ class Model(NamedTuple):
 SHALLOW = Model(start=0.319, rise=0.10, scale=2500.0, stop=0.40, max_samples=32_768,
                 eval_every=1024, prompts=1000, seed_sd=0.08, prompt_sd=0.0,
                 fractions=(0.3, 0.5, 0.7), samples_per_s=700.0)
-# Fitted to docs/guide/protocol/grpo-deep-seed-offset-0.tar.xz: the base's curve; per-arm log-sds
-# of samples to J 0.107-0.134; eval residuals with no persistent part beyond Binomial; 747 samples/s
-# at the base; rounds' log-sd 0.06-0.07.
-DEEP = Model(start=0.37, rise=0.20, scale=9500.0, stop=1.0, max_samples=65_536,
+# Fitted to docs/guide/protocol/grpo-deep-seed-offset-0.tar.xz (8 seeds per arm, 4000 prompts per
+# eval): the base's curve; a per-arm seed spread whose samples to J have the log-sds measured there
+# (0.10-0.13; the model's median 0.13); 807 samples/s at the base; throughput rounds' log-sd
+# 0.06-0.16.
+DEEP = Model(start=0.356, rise=0.217, scale=13_300.0, stop=1.0, max_samples=65_536,
              eval_every=8192, prompts=4000, seed_sd=0.12, prompt_sd=0.0,
-             fractions=(0.5, 0.7, 0.9), samples_per_s=747.0)
-ROUND_SD = 0.07
+             fractions=(0.5, 0.7, 0.9), samples_per_s=807.0)
+ROUND_SD = 0.11
 # The paper's truth at batches 128/256/1024/2048: 1024 takes 0.71x the base's time.
 PAPER = {128: (1.0, 1.0), 256: (1.25, 1.0), 1024: (1.41, 1.0), 2048: (1.30, 1.6)}  # (gain, rN)
 NULL = {128: (1.0, 1.0), 256: (1.0, 1.0), 1024: (1.0, 1.0), 2048: (1.0, 1.0)}
@@ -114,9 +116,14 @@ def write_workdir(root, truth, rng, model, seeds, rounds, prompts, level):
   return seed_sd
 
 
-def run_protocol(root, truth, rng, model=DEEP, seeds=8, rounds=10, max_seeds=12, extra_seeds=4,
-                 prompts=None, level=0.95):
-  """A synthetic protocol through the real report code and the driver's staged seeds."""
+PRESET = protocol_config.get_config('runlocal').protocol   # the deep preset's design
+
+
+def run_protocol(root, truth, rng, model=DEEP, seeds=PRESET.num_seeds,
+                 rounds=PRESET.throughput_rounds, max_seeds=PRESET.max_seeds,
+                 extra_seeds=PRESET.extra_seeds, prompts=None, level=PRESET.level):
+  """A synthetic protocol through the real report code and the driver's staged seeds, by default
+  with the deep preset's seeds, staging, throughput rounds and level."""
   prompts = prompts or model.prompts
   seed_sd = write_workdir(root, truth, rng, model, seeds, rounds, prompts, level)
   counts, spent = {arm_name(b): seeds for b in truth}, 0
