@@ -71,6 +71,9 @@ def test_a_checkpoint_in_the_flat_layout_resumes_and_goes_on_as_before(tmp_path,
   config.train.max_steps = 3
   train.train(config, workdir)
   assert rows(f'{workdir}/metrics.jsonl') == rows(os.path.join(OLD, schedule, 'expected.jsonl'))
+  trained, = [row['trained'] for row in metrics.read_jsonl(f'{workdir}/prompts.jsonl')]
+  # prompts the old checkpoint held have no stream index recorded: logged as null
+  assert (None in trained) == (schedule != 'each_step') and len(trained) == 4
 
 
 def test_each_schedule_is_chosen_from_the_config(tmp_path):

@@ -151,7 +151,7 @@ def test_split_mesh_trains_one_step_behind_like_a_serial_loop(tmp_path):
   for step in (1, 2, 3):
     if step > 1:
       drawn.append(draw(state['params'], keys[step - 1]))   # the policy before this update
-    rollout, prompt_BxT, valid_BxT, answers, _ = drawn[step - 1]
+    rollout, prompt_BxT, valid_BxT, answers, *_ = drawn[step - 1]
     rollout, prompt_BxT, valid_BxT = jax.tree.map(
         lambda x: jax.device_put(x, sharding.batch_sharding(run.mesh, x.ndim)),
         (rollout, prompt_BxT, valid_BxT))
