@@ -43,7 +43,8 @@ def tiny(tmp_path, **rollout):
 # name: (config, the points resumed from)
 SCHEDULES = {
     'each_step': (tiny, (1, 2)),
-    'partial': (lambda tmp: tiny(tmp, slots=6, partial=True, max_new_tokens=8), (1, 2)),
+    # 7 slots: after step 1 and after step 2 the pool holds groups begun but not finished
+    'partial': (lambda tmp: tiny(tmp, slots=7, partial=True, max_new_tokens=8), (1, 2)),
     'drawn_ahead': (lambda tmp: tiny(tmp, devices=4, slots=6, max_new_tokens=8), (1, 2)),
     'auto_batch': (tiny_auto, (3, 6)),   # P 4 -> 8 at step 6: before, and right after the change
 }
@@ -98,7 +99,7 @@ def test_resumed_at_any_point_the_run_trains_each_prompt_as_the_uninterrupted_on
   if name == 'partial':   # the resume points hold prompts whose responses are under way
     saved = cli.checkpoints(reference)[0]
     for point in points:
-      assert (saved[point][0]['rollout']['status_R'] == partial_lib.DECODING).any(), point
+      assert (saved[point][0]['rollout']['status_R'] >= partial_lib.DECODING).any(), point
   resume_from_each(reference, points, lambda: make_config(tmp_path))
 
 
