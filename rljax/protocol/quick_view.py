@@ -20,13 +20,26 @@ def _copy_arm(source, dest, seeds):
   os.makedirs(dest, exist_ok=True)
   shutil.copy(os.path.join(source, 'arm.json'), dest)
   for k in range(seeds):
-    run = os.path.join(source, f'seed_{k}')
-    if not os.path.isdir(run):
-      raise ValueError(f'{run} is missing: the sweep has fewer than {seeds} seeds there')
     os.makedirs(os.path.join(dest, f'seed_{k}'), exist_ok=True)
     for name in RUN_FILES:
-      if os.path.exists(os.path.join(run, name)):
-        shutil.copy(os.path.join(run, name), os.path.join(dest, f'seed_{k}'))
+      if os.path.exists(os.path.join(source, f'seed_{k}', name)):
+        shutil.copy(os.path.join(source, f'seed_{k}', name), os.path.join(dest, f'seed_{k}'))
+
+
+def _arms_to_copy(sweep, protocol, seeds, calibration_seeds):
+  """[(arm folder in the sweep, its folder in the view, seeds)], every run checked to exist before
+  anything is written: a bad --seeds leaves no partial view behind."""
+  calibration = os.path.join(sweep, 'calibration')
+  arms = [(os.path.join(calibration, lr), os.path.join('calibration', lr), calibration_seeds)
+          for lr in (sorted(os.listdir(calibration)) if os.path.isdir(calibration) else [])]
+  arms.append((os.path.join(sweep, 'arms', protocol['base_arm']),
+               os.path.join('arms', protocol['base_arm']), seeds))
+  for source, _, count in arms:
+    missing = [k for k in range(count) if not os.path.isdir(os.path.join(source, f'seed_{k}'))]
+    if missing:
+      raise ValueError(f"{os.path.join(source, f'seed_{missing[0]}')} is missing: the sweep has "
+                       f'fewer than {count} seeds there')
+  return arms
 
 
 def build(sweep, workdir, seeds, calibration_seeds):
@@ -35,17 +48,14 @@ def build(sweep, workdir, seeds, calibration_seeds):
     protocol = json.load(f)
   if protocol['protocol'].get('quick'):
     raise ValueError(f'{sweep} is a quick run already; give a full sweep')
+  arms = _arms_to_copy(sweep, protocol, seeds, calibration_seeds)
   os.makedirs(workdir, exist_ok=True)
   protocol['protocol'].update(quick=True, num_seeds=seeds, calibration_seeds=calibration_seeds)
   with open(os.path.join(workdir, 'protocol.json'), 'w') as f:
     json.dump(protocol, f, indent=1)
   if os.path.exists(os.path.join(sweep, 'calibration.json')):
     shutil.copy(os.path.join(sweep, 'calibration.json'), workdir)
-  calibration = os.path.join(sweep, 'calibration')
-  for lr in sorted(os.listdir(calibration)) if os.path.isdir(calibration) else []:
-    _copy_arm(os.path.join(calibration, lr), os.path.join(workdir, 'calibration', lr),
-              calibration_seeds)
-  base = protocol['base_arm']
-  _copy_arm(os.path.join(sweep, 'arms', base), os.path.join(workdir, 'arms', base), seeds)
+  for source, dest, count in arms:
+    _copy_arm(source, os.path.join(workdir, dest), count)
   shutil.copytree(os.path.join(sweep, 'throughput'), os.path.join(workdir, 'throughput'),
                   dirs_exist_ok=True)

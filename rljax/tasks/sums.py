@@ -7,21 +7,19 @@ from rljax.tasks import _characters
 REWARD = 'running_sums'
 
 
-def check(config):
-  del config   # characters: no tokenizer or data file needed
+check = _characters.check
 
 
 def lengths(config):
   dcfg = config.data
   sums.make_config(dcfg.max_operands, dcfg.digits)   # ValueError on bad knobs, first
-  prompt_len, response_len = sums.lengths(dcfg.max_operands, dcfg.digits)
-  return prompt_len, response_len + 1, tokenizer_lib.ArithmeticTokenizer.vocab_size
+  return _characters.lengths(sums.lengths(dcfg.max_operands, dcfg.digits),
+                             tokenizer_lib.ArithmeticTokenizer)
 
 
 def make(config, data_dir):
-  _characters.check_no_hf_tokenizer(config)
   dcfg = config.data
   builder_config = sums.make_config(dcfg.max_operands, dcfg.digits, dcfg.num_train,
                                     dcfg.num_test, dcfg.seed)
-  train, test = _characters.tfds_splits(sums.Sums, builder_config, data_dir)
-  return tokenizer_lib.ArithmeticTokenizer(), train, test
+  return _characters.make(config, sums.Sums, builder_config, tokenizer_lib.ArithmeticTokenizer(),
+                          data_dir)

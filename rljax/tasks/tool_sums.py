@@ -11,24 +11,22 @@ REWARD = 'final_answer'
 MARKERS = ('[', ']', '{', '}')   # call open, call close (the stop), result open, result close
 
 
-def check(config):
-  del config   # characters: no tokenizer or data file needed
+check = _characters.check
 
 
 def lengths(config):
   dcfg = config.data
   tool_sums.make_config(dcfg.max_operands, dcfg.digits, dcfg.demo_frac)   # bad knobs, first
-  prompt_len, response_len = tool_sums.lengths(dcfg.max_operands, dcfg.digits)
-  return prompt_len, response_len + 1, tokenizer_lib.ToolTokenizer.vocab_size
+  return _characters.lengths(tool_sums.lengths(dcfg.max_operands, dcfg.digits),
+                             tokenizer_lib.ToolTokenizer)
 
 
 def make(config, data_dir):
-  _characters.check_no_hf_tokenizer(config)
   dcfg = config.data
   builder_config = tool_sums.make_config(dcfg.max_operands, dcfg.digits, dcfg.demo_frac,
                                          dcfg.num_train, dcfg.num_test, dcfg.seed)
-  train, test = _characters.tfds_splits(tool_sums.ToolSums, builder_config, data_dir)
-  return tokenizer_lib.ToolTokenizer(), train, test
+  return _characters.make(config, tool_sums.ToolSums, builder_config,
+                          tokenizer_lib.ToolTokenizer(), data_dir)
 
 
 def tool(config):

@@ -34,7 +34,7 @@ INTRODUCED = {
     'mode': 'train', 'warmstart.seed': -1, 'optimizer.decay': 'constant',
     'train.logits_chunk': 0, 'rollout.slots': 0, 'rollout.partial': False,
     'rollout.max_staleness': 1, 'rollout.devices': 0, 'auto_batch.enabled': False,
-    'grpo.adv_eps': 1e-6, 'model.router_replay': False,
+    'grpo.adv_eps': 1e-6, 'model.router_replay': False, 'data.extra_test': 0,
     # read only by the tool task, which came with them: their defaults
     'data.demo_frac': 0.25, 'tools.enabled': True, 'tools.timeout_s': 1.0, 'tools.max_calls': 2,
     **{f'{algo}.{key}': value for algo in _LOSSES for key, value in (
