@@ -75,6 +75,11 @@ def rows(workdir):
           for row in metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
 
 
+def prompt_rows(workdir):
+  """prompts.jsonl: the stream indices each step trained or skipped."""
+  return metrics.read_jsonl(os.path.join(workdir, 'prompts.jsonl'))
+
+
 def last_step(workdir):
   """The last training step logged so far (0: none)."""
   return max((row['step'] for row in rows(workdir) if not row.get('eval')), default=0)

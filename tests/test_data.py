@@ -251,6 +251,22 @@ def test_bad_records_are_skipped_and_counted():
   assert iterator.skipped >= 3
 
 
+def test_batches_carry_stream_indices_and_skipped_records_their_reasons():
+  source = _source_with_bad_records()
+  iterator = data.PromptIterator(source, 4, seed=0)
+  batches = _take(iterator, 10)   # over two epochs
+  skipped = iterator.take_skipped_records()
+  indices = [index for b in batches for index in b['id']] + [index for index, _ in skipped]
+  assert len(set(indices)) == len(indices)   # epoch x 20 + position: unique over the stream
+  assert all(source[index % 20]['answer'] == answer
+             for b in batches for index, answer in zip(b['id'], b['answer']))
+  assert len(skipped) == iterator.skipped and {index % 20 for index, _ in skipped} == {2, 5, 11}
+  reasons = {index % 20: reason for index, reason in skipped}
+  assert "cannot encode character 'x'" in reasons[2] and 'empty' in reasons[5]
+  assert reasons[11] == "KeyError('answer')"
+  assert iterator.take_skipped_records() == []   # each skipped record is taken once
+
+
 def test_skip_count_survives_resume():
   source = _source_with_bad_records()
   iterator = data.PromptIterator(source, 4, seed=0)

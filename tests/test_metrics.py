@@ -153,11 +153,20 @@ def test_torn_line_in_the_middle_is_an_error(tmp_path):
 
 def test_truncate_after_keeps_rows_up_to_the_checkpoint(tmp_path):
   rows = [dict(step=s, samples=s * 16, value=0.1 * s) for s in range(5)]
-  for name in ('metrics.jsonl', 'eval_correct.jsonl'):
+  for name in ('metrics.jsonl', 'eval_correct.jsonl', 'prompts.jsonl'):
     _write(tmp_path / name, ''.join(json.dumps(r) + '\n' for r in rows) + '{"step": 5, "sam')
   writer = metrics.MetricsWriter(str(tmp_path))
   writer.truncate_after(2)
-  assert metrics.read_jsonl(writer.path) == rows[:3]
-  assert metrics.read_jsonl(writer.eval_path) == rows[:3]
+  for path in (writer.path, writer.eval_path, writer.prompts_path):
+    assert metrics.read_jsonl(path) == rows[:3]
   writer.truncate_after(-1)
   assert metrics.read_jsonl(writer.path) == [] and not list(tmp_path.glob('*.tmp'))
+
+
+def test_prompts_rows_list_the_trained_indices_then_the_skipped_ones_by_reason(tmp_path):
+  writer = metrics.MetricsWriter(str(tmp_path))
+  writer.prompts(1, [7, 3], [])
+  writer.prompts(2, [5, 9], [(11, 'KeyError'), (2, 'empty'), (4, 'KeyError')])
+  assert metrics.read_jsonl(writer.prompts_path) == [
+      dict(step=1, trained=[7, 3]), dict(step=2, trained=[5, 9]),
+      dict(step=2, skipped=[11, 4], reason='KeyError'), dict(step=2, skipped=[2], reason='empty')]

@@ -45,8 +45,8 @@ def finish(process):
   return out
 
 
-def rows(workdir):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+def rows(workdir, name='metrics.jsonl'):
+  with open(os.path.join(workdir, name)) as f:
     return [json.loads(line) for line in f]
 
 
@@ -69,3 +69,5 @@ def test_two_processes_match_one_process(tmp_path):
     for key in COMPARED:
       if key in a:
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
+  # process 0 logs both processes' prompts: the global batch, as one process trains it
+  assert rows(tmp_path / 'two', 'prompts.jsonl') == rows(tmp_path / 'one', 'prompts.jsonl')

@@ -80,8 +80,8 @@ def kill_trial(tiny, workdir, kinds, rng, overrides=()):
 
 
 def differences_from_reference(tiny, workdir):
-  """What differs between `workdir` and the reference run (metrics, final meta, final state);
-  empty when it holds exactly the reference run."""
+  """What differs between `workdir` and the reference run (metrics, prompts trained, final meta,
+  final state); empty when it holds exactly the reference run."""
   reference = tiny / 'reference'
   (state, meta), (ref_state, ref_meta) = (cli.checkpoints(w)[0][cli.MAX_STEPS]
                                           for w in (workdir, reference))
@@ -92,6 +92,8 @@ def differences_from_reference(tiny, workdir):
                  for i, (a, b) in enumerate(zip(rows, ref_rows)) if a != b][:2]
   if len(rows) != len(ref_rows):
     differences.append(f'{len(rows)} metrics rows, reference {len(ref_rows)}')
+  if cli.prompt_rows(workdir) != cli.prompt_rows(reference):
+    differences.append('prompts.jsonl differs: a prompt trained twice, or not at all')
   if meta != ref_meta:
     differences.append(f'meta {meta} != {ref_meta}')
   if not cli.same_arrays(state, ref_state):

@@ -12,6 +12,7 @@ import shutil
 
 import jax
 import pytest
+import rljax_cli
 
 from configs import grpo as grpo_config
 from rljax.train import loop as train
@@ -20,8 +21,6 @@ from rljax.train import run as run_lib
 from rljax.train import schedules
 
 OLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'testdata', 'carry_before_slots')
-TIMING = ('step_time_s', 'rollout_time_s', 'reward_time_s', 'update_time_s', 'samples_per_s',
-          'wallclock_s')
 
 
 def tiny(schedule, data_dir):
@@ -45,7 +44,8 @@ def tiny(schedule, data_dir):
 
 
 def rows(path):
-  return [{k: v for k, v in row.items() if k not in TIMING} for row in metrics.read_jsonl(path)]
+  return [{k: v for k, v in row.items() if k not in rljax_cli.TIMING}
+          for row in metrics.read_jsonl(path)]
 
 
 @pytest.mark.parametrize('schedule, kind', [('each_step', schedules.EachStep),
@@ -71,6 +71,9 @@ def test_a_checkpoint_in_the_flat_layout_resumes_and_goes_on_as_before(tmp_path,
   config.train.max_steps = 3
   train.train(config, workdir)
   assert rows(f'{workdir}/metrics.jsonl') == rows(os.path.join(OLD, schedule, 'expected.jsonl'))
+  trained, = [row['trained'] for row in metrics.read_jsonl(f'{workdir}/prompts.jsonl')]
+  # prompts the old checkpoint held have no stream index recorded: logged as null
+  assert (None in trained) == (schedule != 'each_step') and len(trained) == 4
 
 
 def test_each_schedule_is_chosen_from_the_config(tmp_path):

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import rljax_cli
 
 from configs import grpo as grpo_config
 from configs import rloo as rloo_config
@@ -99,10 +100,7 @@ def test_partial_rollouts_resume_mid_flight_identically(tmp_path):
   config.optimizer.decay = 'constant'
   config.grpo.off_policy = 'tis'
   workdir = str(tmp_path / 'run')
-  timing = ('step_time_s', 'rollout_time_s', 'reward_time_s', 'update_time_s', 'samples_per_s',
-            'wallclock_s')
-  rows = lambda: [{k: v for k, v in row.items() if k not in timing}
-                  for row in metrics.read_jsonl(f'{workdir}/metrics.jsonl')]
+  rows = lambda: rljax_cli.rows(workdir)
   train.train(config, workdir)
   whole = rows()
   shutil.rmtree(f'{workdir}/checkpoints/3')
@@ -151,7 +149,7 @@ def test_split_mesh_trains_one_step_behind_like_a_serial_loop(tmp_path):
   for step in (1, 2, 3):
     if step > 1:
       drawn.append(draw(state['params'], keys[step - 1]))   # the policy before this update
-    rollout, prompt_BxT, valid_BxT, answers, _ = drawn[step - 1]
+    rollout, prompt_BxT, valid_BxT, answers, *_ = drawn[step - 1]
     rollout, prompt_BxT, valid_BxT = jax.tree.map(
         lambda x: jax.device_put(x, sharding.batch_sharding(run.mesh, x.ndim)),
         (rollout, prompt_BxT, valid_BxT))

@@ -121,6 +121,10 @@ class PromptIterator:
   A skipped record is replaced by the next one from the same process's own
   slices, which keeps the processes disjoint and every batch full.
 
+  A batch is {'prompt': [...], 'answer': [...], 'id': [...]}: 'id' is each
+  record's stream index, epoch x records in the split + its position in the
+  split, unique over the stream (what WORKDIR/prompts.jsonl logs).
+
   The batch size can change between batches (rljax.train.rebatch): the
   state's 'offset' is where in the epoch's order the current layout of
   batches starts, and `continue_with_batch` moves it past the batches drawn
@@ -152,6 +156,7 @@ class PromptIterator:
     self._on_bad_record = on_bad_record
     state = state or {'epoch': 0, 'index': 0}
     self.skipped = int(state.get('skipped', 0))  # Malformed records passed over so far.
+    self._skipped_records = []   # (stream index, reason) of those since take_skipped_records
     self._epoch, self._index = int(state['epoch']), int(state['index'])
     self._offset = int(state.get('offset', 0))   # where this epoch's layout starts
     self._batches = int(state.get('batches', self._index // self._local_batch_size))
@@ -180,6 +185,15 @@ class PromptIterator:
         count, self._process_count, self._local_batch_size)
     return batches[:, self._process_index].reshape(-1)
 
+  def take_skipped_records(self) -> list:
+    """[(stream index, reason)] of the malformed records passed over since the last call: the
+    step that read them logs them (rljax.train.loop)."""
+    taken, self._skipped_records = self._skipped_records, []
+    return taken
+
+  def _stream_index(self, position) -> int:
+    return self._epoch * len(self._source) + int(position)
+
   def _parse(self, record, position: int):
     """Returns (prompt, answer), or None for a skipped malformed record."""
     try:
@@ -192,6 +206,7 @@ class PromptIterator:
       if self._on_bad_record == 'raise':
         raise ValueError(f'malformed record {position}: {error!r}') from error
       self.skipped += 1
+      self._skipped_records.append((self._stream_index(position), repr(error)))
       return None
     return prompt, answer
 
@@ -199,7 +214,7 @@ class PromptIterator:
     return self
 
   def __next__(self) -> dict:
-    prompts, answers = [], []
+    prompts, answers, indices = [], [], []
     visited = 0
     while len(prompts) < self._local_batch_size:
       if self._index == len(self._positions):
@@ -215,10 +230,11 @@ class PromptIterator:
         if example is not None:
           prompts.append(example[0])
           answers.append(example[1])
+          indices.append(self._stream_index(position))
       visited += len(positions)
       self._index = stop
     self._batches += 1
-    return {'prompt': prompts, 'answer': answers}
+    return {'prompt': prompts, 'answer': answers, 'id': indices}
 
 
 def continue_with_batch(state: dict, batch_size: int) -> dict:

@@ -6,11 +6,14 @@ budget, evaluation, checkpoints, preemption and the non-finite stop. The rollout
 (rljax.train.schedules) owns where a batch comes from; the algorithm (rljax.algos, by
 `config.algo`) owns how a rollout becomes a training batch and what its update does.
 """
+import json
 import time
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
+import numpy as np
 
 from rljax import algos
 from rljax.data import rewards
@@ -69,7 +72,29 @@ def rl_step(run, carry, examples, step):
                                                  rollout_stats(rewards_B, rollout)))
   row = training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
   row.update(reward_failures=reward_failures, data_skipped=run.iterator.skipped)
+  _log_prompts(run, step, sampled.prompt_ids)
   return dict(carry, algo=state, rollout=rollout_state), row
+
+
+def _log_prompts(run, step, trained):
+  """prompts.jsonl's rows of the step: the stream indices of the prompts it `trained` and the
+  malformed records the iterator passed over during it, every process's, process 0's first."""
+  local = dict(trained=trained, skipped=run.iterator.take_skipped_records())
+  everyone = _from_every_process(local)
+  run.writer.prompts(step, [index for part in everyone for index in part['trained']],
+                     [record for part in everyone for record in part['skipped']])
+
+
+def _from_every_process(value):
+  """Every process's JSON `value`, in process order (collective with several processes)."""
+  if jax.process_count() == 1:
+    return [value]
+  encoded = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  size = int(np.max(multihost_utils.process_allgather(np.int32(encoded.size))))
+  padded = np.zeros(size, np.uint8)
+  padded[:encoded.size] = encoded
+  rows = multihost_utils.process_allgather(padded)
+  return [json.loads(bytes(row).rstrip(b'\0').decode()) for row in rows]
 
 
 def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics):
@@ -159,7 +184,8 @@ def train(config, workdir, stop=None, shape=None):
     done = _done(config.train, meta)   # the evaluation may have reached the target
     # Every process gets the same answer at the same step; a request during the last step is moot.
     stopping = stop is not None and stop.agreed() and not done
-    saved = dict(meta, answers=run.schedule.answers, config=workdir_lib.config_json(config))
+    saved = dict(meta, answers=run.schedule.answers, prompt_ids=run.schedule.prompt_ids,
+                 config=workdir_lib.config_json(config))
     run.ckpt.save(meta['step'], carry, saved, force=done or stopping)
     if stopping:
       run.ckpt.close()

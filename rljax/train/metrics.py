@@ -1,5 +1,7 @@
 """Run logs: WORKDIR/metrics.jsonl (the contract other tools read), WORKDIR/eval_correct.jsonl
-(per-prompt eval correctness, for bootstrap confidence intervals), TensorBoard event files in
+(per-prompt eval correctness, for bootstrap confidence intervals), WORKDIR/prompts.jsonl (the
+stream indices of the prompts each step trained and of the malformed records it skipped, so every
+prompt can be accounted for across resumes), TensorBoard event files in
 WORKDIR/tensorboard (`tensorboard --logdir WORKDIR`), optionally Weights & Biases, and the console:
 a progress bar (steps, reward, samples/s, ETA) on an interactive terminal only, since its
 carriage-return redraws become thousands of partial lines in a file (a cluster's log, nohup, CI);
@@ -20,9 +22,11 @@ import tqdm
 
 
 def _plain(value):
-  """numpy / jax scalars -> JSON-native numbers."""
+  """numpy / jax scalars -> JSON-native numbers (in lists too)."""
   if isinstance(value, (bool, int, float, str)) or value is None:
     return value
+  if isinstance(value, list):
+    return [_plain(item) for item in value]
   return np.asarray(value).item()
 
 
@@ -67,6 +71,7 @@ class MetricsWriter:
     self.workdir = workdir
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self.eval_path = os.path.join(workdir, 'eval_correct.jsonl')
+    self.prompts_path = os.path.join(workdir, 'prompts.jsonl')
     self.tensorboard_dir = os.path.join(workdir, 'tensorboard') if tensorboard else None
     self._progress, self._wandb_args = progress, wandb
     self._resume_step, self._tb, self._bar, self._wandb = 0, None, None, None
@@ -86,7 +91,7 @@ class MetricsWriter:
     self._resume_step = step
     if not self.enabled:
       return
-    for path in (self.path, self.eval_path):
+    for path in (self.path, self.eval_path, self.prompts_path):
       rows = [row for row in read_jsonl(path) if row['step'] <= step]
       with open(path + '.tmp', 'w') as f:
         f.writelines(json.dumps(row) + '\n' for row in rows)
@@ -167,6 +172,17 @@ class MetricsWriter:
                   f" | lr {row['lr']:.2e} | grad norm {row['grad_norm']:.3f} | "
                   f"{row['samples_per_s']:.0f} samples/s" +
                   (f" | batch {row['batch']} responses" if 'batch' in row else '') + eta)
+
+  def prompts(self, step, trained, skipped):
+    """The step's prompts.jsonl rows: {step, trained: [stream index, ...]}, then one {step,
+    skipped: [stream index, ...], reason} per reason of the malformed records it passed over
+    (`skipped`: [(stream index, reason)])."""
+    self._append(self.prompts_path, dict(step=step, trained=trained))
+    by_reason = {}
+    for index, reason in skipped:
+      by_reason.setdefault(reason, []).append(index)
+    for reason, indices in by_reason.items():
+      self._append(self.prompts_path, dict(step=step, skipped=indices, reason=reason))
 
   def say(self, line):
     """A line on the console (process 0), beside the progress bar when there is one."""

@@ -212,5 +212,6 @@ def _restore(ckpt, carry, schedule):
             lambda old, meta: schedules.from_legacy(old, meta, carry, schedule))
   carry, meta = ckpt.restore(carry, legacy=legacy)
   schedule.answers = meta.get('answers', schedule.answers)
+  schedule.prompt_ids = schedules.held_prompt_ids(meta, schedule.answers)
   logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
   return carry, meta

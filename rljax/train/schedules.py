@@ -10,7 +10,9 @@ and `rljax.train.loop.rl_step` calls its `draw` without asking which it is:
 Each has `init()` (its state in the carry's `rollout` slot, checkpointed; None for EachStep) and
 `draw(params, state, examples, rng, step) -> (state, Sampled)`. Answers stay on the host: a
 schedule that carries a batch between steps keeps them in `answers` (saved in the checkpoint's
-meta), keyed by the serial of their group, so no answer length depends on the schedule.
+meta), keyed by the serial of their group, so no answer length depends on the schedule; the
+prompts' stream indices ride beside them in `prompt_ids`, so each step logs which prompts it
+trained (WORKDIR/prompts.jsonl).
 """
 import math
 from typing import Any, Callable, NamedTuple
@@ -37,6 +39,7 @@ class Sampled(NamedTuple):
   valid_BxT: jax.Array
   answers: list   # B answers, on the host: the verifier's input
   stats: dict     # the schedule's own numbers for the training row
+  prompt_ids: list   # the P prompts' stream indices (rljax.data.sources.PromptIterator)
 
 
 class Sampler(NamedTuple):
@@ -65,7 +68,7 @@ def sample_rollout(sampler, params, examples, rng):
   if isinstance(rollout, turns.TurnRollout):   # a tool's turns: their numbers join the row
     rollout, stats = rollout.rollout, rollout.stats
   prompt_BxT, valid_BxT = sampled if sampler.sampling.group == 1 else repeat(G)
-  return Sampled(rollout, prompt_BxT, valid_BxT, answers, stats)
+  return Sampled(rollout, prompt_BxT, valid_BxT, answers, stats, list(examples['id']))
 
 
 def _answer_rows(rows):
@@ -78,7 +81,7 @@ class EachStep:
   legacy_key = None   # its carry had no rollout state
 
   def __init__(self, sampler):
-    self.sampler, self.answers, self.iterator = sampler, None, None
+    self.sampler, self.answers, self.prompt_ids, self.iterator = sampler, None, None, None
 
   def init(self):
     return None
@@ -119,6 +122,7 @@ class Partial:
     self.admit, self.advance, self.pool = programs   # jitted admit and advance; the empty pool
     self.P, self.max_staleness = rollout_cfg.P, rollout_cfg.max_staleness
     self.answers = {}   # str(serial of a group in the pool) -> its answer
+    self.prompt_ids = {}   # str(serial) -> its prompt's stream index
 
   def init(self):
     return self.pool
@@ -131,17 +135,19 @@ class Partial:
                                                   self.sampler.prompt_len)
       caps_N = np.full(len(prompt_PxT) * self.sampler.G, flight.tokens_RxL.shape[1], np.int32)
       flight = self.admit(flight, prompt_PxT, valid_PxT, None, step_key(rng, 100 + i), caps_N)
-      self.answers.update({str(admitted + i * self.P + p): str(answer)
-                           for p, answer in enumerate(batch['answer'])})
+      serials = [str(admitted + i * self.P + p) for p in range(len(prompt_PxT))]
+      self.answers.update(zip(serials, map(str, batch['answer'])))
+      self.prompt_ids.update(zip(serials, batch['id']))
     version = step - 1
     flight, finished = self.advance(params, flight, version, self.max_staleness)
-    answers = [self.answers.pop(str(serial)) for serial in np.asarray(finished.serial_P)]
+    serials = [str(serial) for serial in np.asarray(finished.serial_P)]
+    answers = [self.answers.pop(serial) for serial in serials]
     answers = [answer for answer in answers for _ in range(self.sampler.G)]
     stats = dict(partial_lib.staleness_stats(finished.version_BxL, finished.rollout.mask_BxL,
                                              version, self.max_staleness),
                  restarted=finished.restarted)
     return flight, Sampled(finished.rollout, finished.prompt_BxT, finished.valid_BxT, answers,
-                           stats)
+                           stats, [self.prompt_ids.pop(serial) for serial in serials])
 
   def legacy(self, flight):
     """The pool as checkpoints kept it before `answers`: its answers as rows in the pool, and no
@@ -192,6 +198,7 @@ class DrawnAhead:
     self.sampler, self.to_sampler, self.mesh = sampler, to_sampler, mesh
     self.iterator, self.empty = None, empty   # the run's prompt iterator, set by setup
     self.answers = []   # the P answers of the batch drawn ahead
+    self.prompt_ids = []   # its P prompts' stream indices
 
   def init(self):
     return self.empty
@@ -200,18 +207,20 @@ class DrawnAhead:
     sampled = sample_rollout(self.sampler, params, examples, rng)
     ahead = dict(rollout=sampled.rollout, prompt_BxT=sampled.prompt_BxT,
                  valid_BxT=sampled.valid_BxT)
-    return ahead, [str(answer) for answer in examples['answer']]
+    return ahead, [str(answer) for answer in examples['answer']], list(examples['id'])
 
   def draw(self, params, ahead, examples, rng, step):
-    params, answers = self.to_sampler(params), self.answers
+    params, answers, prompt_ids = self.to_sampler(params), self.answers, self.prompt_ids
     if step == 1:   # nothing drawn ahead yet: the first batch is drawn now, from the same policy
-      ahead, answers = self._draw(params, examples, step_key(rng, 100))
+      ahead, answers, prompt_ids = self._draw(params, examples, step_key(rng, 100))
       examples = next(self.iterator)
-    drawn, self.answers = self._draw(params, examples, rng)   # runs on while this step updates
+    # runs on while this step updates
+    drawn, self.answers, self.prompt_ids = self._draw(params, examples, rng)
     ahead = jax.device_put(ahead, jax.tree.map(
         lambda x: sharding.batch_sharding(self.mesh, x.ndim), ahead))
     answers = [answer for answer in answers for _ in range(self.sampler.G)]
-    return drawn, Sampled(ahead['rollout'], ahead['prompt_BxT'], ahead['valid_BxT'], answers, {})
+    return drawn, Sampled(ahead['rollout'], ahead['prompt_BxT'], ahead['valid_BxT'], answers, {},
+                          prompt_ids)
 
   def legacy(self, ahead):
     """The batch drawn ahead as checkpoints kept it before `answers`: its answers as rows, and no
@@ -300,6 +309,16 @@ def make(config, s, sampler, programs, to_sampler):
     return DrawnAhead(sampler, to_sampler, s.mesh,
                       empty_ahead(sampler, s.sampler_params, config.rollout.P))
   return EachStep(sampler)
+
+
+def held_prompt_ids(meta, answers):
+  """The stream indices of the prompts a restored schedule holds: the checkpoint's, or None for
+  each held answer of a checkpoint saved before they were kept (prompts.jsonl logs them so)."""
+  if 'prompt_ids' in meta:
+    return meta['prompt_ids']
+  if isinstance(answers, dict):
+    return dict.fromkeys(answers)
+  return None if answers is None else [None] * len(answers)
 
 
 def legacy_carry(carry, schedule):

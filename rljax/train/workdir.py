@@ -22,7 +22,7 @@ import tempfile
 RESUMABLE = ('train.max_samples', 'train.max_steps', 'train.target', 'train.log_every',
              'train.checkpoint_every', 'train.keep_checkpoints', 'train.overwrite', 'data.dir',
              'warmstart.dir', 'mesh')
-RUN_FILES = ('metrics.jsonl', 'eval_correct.jsonl', 'config.json')
+RUN_FILES = ('metrics.jsonl', 'eval_correct.jsonl', 'prompts.jsonl', 'config.json')
 WRITTEN_FOLDERS = ('checkpoints', 'tensorboard')   # checked at start-up with the workdir
 _MISSING = '<missing>'
 _LOSSES = ('grpo', 'ppo', 'rloo')
