@@ -128,9 +128,11 @@ def deep_preset(config):
   top, and lr0 is calibrated on a proxy target (protocol.target) reached a third of the way into
   that budget, at a quarter of the sweep's training samples or less. Evaluations on 4000 held-out
   prompts (the test split's 1000 and 3000 drawn after the training split, so the training data and
-  the warm start stay the README run's): at this depth the eval's Binomial noise, not the seeds,
-  dominates the crossing. Eight seeds per arm (and up to four staged): the decision's power at the
-  paper's truth (docs/guide/protocol_results.md, "Power and cost")."""
+  the warm start stay the README run's), which shrinks the evaluation's own noise; on the same
+  training runs it changed the seeds' spread of samples to J little (docs/guide/protocol_results.md).
+  Eight seeds per arm (and up to four staged) and 16 throughput rounds (at
+  10 the rounds carried ~40% of an arm's log-time variance): the decision's power at the paper's
+  truth (docs/guide/protocol_results.md, "Power and cost")."""
   config.protocol.update(
       target=0.50, stop_at_target=False, target_fractions=(0.5, 0.7, 0.9),
       max_samples=65_536, eval_every_samples=8192, smooth_window=3,

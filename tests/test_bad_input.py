@@ -55,7 +55,7 @@ CHECK_CASES = [
     ('empty-dataset', {'data.num_train': 0}, 1,
      r'data.num_train \(0\) is smaller than one batch of P = 4 prompts'),
     ('eval-set-beyond-test-split', {'train.eval_size': 2000}, 1,
-     r'train.eval_size \(2000\) must be in \[1, data.num_test = 1000\]'),
+     r'train.eval_size \(2000\) must be in \[1, data.num_test \+ data.extra_test = 1000\]'),
     ('micro-batch-not-dividing', {'train.micro_batch': 5}, 1,
      r'train.micro_batch \(5\) must divide the minibatch of 16 responses'),
     ('temperature-zero', {'rollout.temperature': 0.0}, 1,

@@ -14,7 +14,7 @@ import pytest
 import synthetic_protocol as sp
 
 N = int(os.environ.get('RLJAX_POWER_REPLICATES', 80))
-N_NULL = max(N, 400)   # a 5% bound needs more sweeps than a power of 80%: binomial sd 1% here
+N_NULL = max(N, 200)   # a 5% bound needs more sweeps than a power of 80%: binomial sd 1% here
 TRULY_FASTEST = min(sp.true_relative_time(sp.PAPER).items(), key=lambda kv: kv[1])[0]
 TRULY_SLOWER = max(sp.true_relative_time(sp.PAPER).items(), key=lambda kv: kv[1])[0]
 

@@ -115,13 +115,15 @@ def test_runlocal_builds_valid_arms_and_a_calibration_sweep(arg):
 
 def test_the_deep_preset_runs_every_arm_on_and_calibrates_on_a_proxy_target():
   """runlocal (GRPO): arms run the whole budget (targets come from the base arm's curve), the
-  calibration stops at the proxy J + margin on its own finer grid, evals on all 1000 prompts."""
+  calibration stops at the proxy J + margin on its own finer grid, evals on 4000 prompts (the test
+  split's 1000 and 3000 drawn after the training split)."""
   config = protocol_config.get_config('runlocal')
   arms = protocol.arms(config, 'D')
   assert [(a.batch, a.config.train.target, a.config.train.max_samples) for a in arms] == [
       (16, 0.0, 65_536), (64, 0.0, 65_536), (256, 0.0, 65_536)]
   assert [a.config.train.eval_every * a.batch for a in arms] == [8192] * 3
-  assert {(a.config.data.num_test, a.config.train.eval_size) for a in arms} == {(1000, 1000)}
+  assert {(a.config.data.num_test, a.config.data.extra_test, a.config.train.eval_size)
+          for a in arms} == {(1000, 3000, 4000)}
   sweep = protocol.calibration_arms(config, 'D')
   assert [(a.batch, round(a.config.train.target, 6), a.config.train.eval_every,
            a.config.train.max_samples) for a in sweep] == [(16, 0.53, 128, 32_768)] * 3
