@@ -19,6 +19,7 @@ protocol preset's settings (constant lr at the base batch 16 with the sqrt rule,
 `--eval_every_samples` samples. A finished run is not run again; `--analyse` reads the runs only.
 """
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -33,10 +34,14 @@ from rljax.train import metrics
 
 
 def run_args(arm, seed, args):
-  """The rljax.main command line of `arm` ('auto' or a fixed P) at `seed`."""
-  batch = 16 if arm == 'auto' else int(arm) * 8
-  extra = [] if arm == 'auto' else [f'--config.train.micro_batch={min(64, batch // 2)}']
-  return [sys.executable, '-m', 'rljax.main', f'--config=configs/grpo.py:runlocal,P={arm}',
+  """The rljax.main command line of `arm` (a fixed P, 'auto' or 'auto-v<verify_samples>') at
+  `seed`."""
+  auto, _, verify = arm.partition('-v')
+  if auto == 'auto':
+    batch, extra = 16, [f'--config.auto_batch.verify_samples={verify}'] if verify else []
+  else:
+    batch, extra = int(arm) * 8, [f'--config.train.micro_batch={min(64, int(arm) * 4)}']
+  return [sys.executable, '-m', 'rljax.main', f'--config=configs/grpo.py:runlocal,P={auto}',
           f'--workdir={arm_dir(args.workdir, arm, seed)}', f'--config.seed={seed}',
           f'--config.warmstart.dir={args.warmstart}', '--config.warmstart.seed=0',
           '--config.optimizer.decay=constant', f'--config.optimizer.lr={args.lr}',
@@ -128,6 +133,8 @@ def moves(directory):
 
 
 def analyse(arms, seeds, args):
+  fixed = [arm for arm in arms if not arm.startswith('auto')]
+  autos = [arm for arm in arms if arm.startswith('auto')]
   table = {}
   for target in args.targets:
     per_arm = {arm: [to_target(arm_dir(args.workdir, arm, s), target, args.window) for s in seeds]
@@ -137,20 +144,20 @@ def analyse(arms, seeds, args):
     for arm in arms:
       cells = ' '.join(f'{n / 1000:.1f}k/{t:.1f}s' for n, t in per_arm[arm])
       print(f'  P={arm}: {cells}')
-    for arm in arms[:-1]:
-      found = paired_ratio([t for _, t in per_arm['auto']], [t for _, t in per_arm[arm]])
-      print(f'  auto / P={arm}, measured seconds: {found}')
+    for auto, arm in itertools.product(autos, fixed):
+      found = paired_ratio([t for _, t in per_arm[auto]], [t for _, t in per_arm[arm]])
+      print(f'  {auto} / P={arm}, measured seconds: {found}')
     if args.throughput_from:
       rate = rounds_rate(args.throughput_from)
       modelled = {arm: [modelled_to_target(arm_dir(args.workdir, arm, s), target, args.window, rate,
                                            args.compile_s) for s in seeds] for arm in arms}
       print('  modelled seconds: ' + '; '.join(
           f'P={arm} ' + ' '.join(f'{t:.1f}' for t in modelled[arm]) for arm in arms))
-      for arm in arms[:-1]:
-        print(f'  auto / P={arm}, modelled seconds: '
-              f'{paired_ratio(modelled["auto"], modelled[arm])}')
-  for s in seeds:
-    print(f'seed {s} moves (samples, from, to): {moves(arm_dir(args.workdir, "auto", s))}')
+      for auto, arm in itertools.product(autos, fixed):
+        print(f'  {auto} / P={arm}, modelled seconds: '
+              f'{paired_ratio(modelled[auto], modelled[arm])}')
+  for auto, s in itertools.product(autos, seeds):
+    print(f'{auto} seed {s} moves (samples, from, to): {moves(arm_dir(args.workdir, auto, s))}')
   return table
 
 
@@ -164,6 +171,8 @@ def main(argv=None):
   parser.add_argument('--lr', type=float, default=1.77e-5)
   parser.add_argument('--max_samples', type=int, default=20480)
   parser.add_argument('--eval_every_samples', type=int, default=2048)
+  parser.add_argument('--auto', default='auto',
+                      help="P=auto arms: 'auto' (the defaults) or 'auto-v<verify_samples>'")
   parser.add_argument('--auto_max', type=int, default=32)
   parser.add_argument('--window', type=int, default=3)
   parser.add_argument('--analyse', action='store_true', help='read the runs only')
@@ -173,7 +182,7 @@ def main(argv=None):
   first, _, last = args.seeds.partition('-')
   seeds = list(range(int(first), int(last or first) + 1))
   args.targets = [float(t) for t in args.targets.split(',')]
-  arms = args.fixed.split(',') + ['auto']
+  arms = args.fixed.split(',') + args.auto.split(',')
   if not args.analyse:
     run_all(arms, seeds, args)
   analyse(arms, seeds, args)
