@@ -33,23 +33,30 @@ from rljax.protocol import curves
 from rljax.train import metrics
 
 
+AUTO_OPTIONS = {'v': ['--config.auto_batch.verify_samples={n}'],
+                'h': ['--config.train.max_samples={n}', '--config.train.target={stop}']}
+
+
+
 def run_args(arm, seed, args):
-  """The rljax.main command line of `arm` (a fixed P, 'auto' or 'auto-v<verify_samples>') at
-  `seed`."""
-  auto, _, verify = arm.partition('-v')
-  if auto == 'auto':
-    batch, extra = 16, [f'--config.auto_batch.verify_samples={verify}'] if verify else []
+  """The rljax.main command line of `arm` at `seed`: a fixed P, or 'auto' with optional suffixes
+  '-v<verify_samples>' and '-h<max_samples>' (a longer budget, the rule's horizon, with the run
+  stopped once an evaluation reaches --stop_at)."""
+  name, *options = arm.split('-')
+  if name == 'auto':
+    batch = 16
+    extra = [flag.format(n=o[1:], stop=args.stop_at) for o in options for flag in AUTO_OPTIONS[o[0]]]
   else:
     batch, extra = int(arm) * 8, [f'--config.train.micro_batch={min(64, int(arm) * 4)}']
-  return [sys.executable, '-m', 'rljax.main', f'--config=configs/grpo.py:runlocal,P={auto}',
+  return [sys.executable, '-m', 'rljax.main', f'--config=configs/grpo.py:runlocal,P={name}',
           f'--workdir={arm_dir(args.workdir, arm, seed)}', f'--config.seed={seed}',
           f'--config.warmstart.dir={args.warmstart}', '--config.warmstart.seed=0',
           '--config.optimizer.decay=constant', f'--config.optimizer.lr={args.lr}',
           '--config.optimizer.base_batch=16', '--config.train.eval_size=1000',
-          f'--config.train.max_samples={args.max_samples}',
+          *([] if '-h' in arm else [f'--config.train.max_samples={args.max_samples}']),
           f'--config.train.eval_every={max(1, args.eval_every_samples // batch)}',
           '--config.train.checkpoint_every=100000', '--config.metrics.tensorboard=False',
-          f'--config.auto_batch.max={args.auto_max}', *extra, *args.extra]
+          f'--config.auto_batch.max={args.auto_max}', *args.extra, *extra]
 
 
 def arm_dir(workdir, arm, seed):
@@ -172,7 +179,9 @@ def main(argv=None):
   parser.add_argument('--max_samples', type=int, default=20480)
   parser.add_argument('--eval_every_samples', type=int, default=2048)
   parser.add_argument('--auto', default='auto',
-                      help="P=auto arms: 'auto' (the defaults) or 'auto-v<verify_samples>'")
+                      help="P=auto arms: 'auto', suffixed by -v<verify_samples>, -h<max_samples>")
+  parser.add_argument('--stop_at', type=float, default=0.55,
+                      help='eval accuracy that stops an -h<max_samples> arm')
   parser.add_argument('--auto_max', type=int, default=32)
   parser.add_argument('--window', type=int, default=3)
   parser.add_argument('--analyse', action='store_true', help='read the runs only')
