@@ -33,27 +33,35 @@ from rljax.protocol import curves
 from rljax.train import metrics
 
 
-AUTO_OPTIONS = {'v': ['--config.auto_batch.verify_samples={n}'],
-                'h': ['--config.train.max_samples={n}', '--config.train.target={stop}']}
-
+def auto_flags(options, args):
+  """rljax.main flags of a P=auto arm's suffixes: 'v<verify_samples>' and 'h<max_samples>' (a
+  longer budget, the rule's horizon, the run stopped once an evaluation reaches --stop_at);
+  without 'h' the arms' common --max_samples."""
+  flags = {'v': ['--config.auto_batch.verify_samples={n}'],
+           'h': ['--config.train.max_samples={n}', f'--config.train.target={args.stop_at}']}
+  found = {o[:1]: o[1:] for o in options}
+  if set(found) - set(flags) or not all(n.isdigit() for n in found.values()):
+    raise ValueError(f"P=auto arm options {options}: expected -v<samples> or -h<samples>")
+  found.setdefault('h', None)
+  return ([f'--config.train.max_samples={args.max_samples}'] if found['h'] is None else []) + [
+      flag.format(n=n) for key, n in found.items() if n is not None for flag in flags[key]]
 
 
 def run_args(arm, seed, args):
   """The rljax.main command line of `arm` at `seed`: a fixed P, or 'auto' with optional suffixes
-  '-v<verify_samples>' and '-h<max_samples>' (a longer budget, the rule's horizon, with the run
-  stopped once an evaluation reaches --stop_at)."""
+  (auto_flags), e.g. 'auto-v2048-h65536'."""
   name, *options = arm.split('-')
   if name == 'auto':
-    batch = 16
-    extra = [flag.format(n=o[1:], stop=args.stop_at) for o in options for flag in AUTO_OPTIONS[o[0]]]
+    batch, extra = 16, auto_flags(options, args)
   else:
-    batch, extra = int(arm) * 8, [f'--config.train.micro_batch={min(64, int(arm) * 4)}']
+    batch = int(arm) * 8
+    extra = [f'--config.train.max_samples={args.max_samples}',
+             f'--config.train.micro_batch={min(64, batch // 2)}']
   return [sys.executable, '-m', 'rljax.main', f'--config=configs/grpo.py:runlocal,P={name}',
           f'--workdir={arm_dir(args.workdir, arm, seed)}', f'--config.seed={seed}',
           f'--config.warmstart.dir={args.warmstart}', '--config.warmstart.seed=0',
           '--config.optimizer.decay=constant', f'--config.optimizer.lr={args.lr}',
           '--config.optimizer.base_batch=16', '--config.train.eval_size=1000',
-          *([] if '-h' in arm else [f'--config.train.max_samples={args.max_samples}']),
           f'--config.train.eval_every={max(1, args.eval_every_samples // batch)}',
           '--config.train.checkpoint_every=100000', '--config.metrics.tensorboard=False',
           f'--config.auto_batch.max={args.auto_max}', *args.extra, *extra]
@@ -192,6 +200,11 @@ def main(argv=None):
   seeds = list(range(int(first), int(last or first) + 1))
   args.targets = [float(t) for t in args.targets.split(',')]
   arms = args.fixed.split(',') + args.auto.split(',')
+  try:
+    for arm in arms:
+      run_args(arm, 0, args)
+  except ValueError as error:
+    parser.error(str(error))
   if not args.analyse:
     run_all(arms, seeds, args)
   analyse(arms, seeds, args)

@@ -101,9 +101,9 @@ else:
     restored, meta = ckpt.restore(state(0))
     same = all(np.array_equal(a.data, b.data) for name in ('w', 'b') for a, b in
                zip(restored[name].addressable_shards, state(meta['step'])[name].addressable_shards))
-    print('restored', meta['step'], 'values', 'equal' if same else 'differ', flush=True)
+    print('RESULT restored', meta['step'], 'values', 'equal' if same else 'differ', flush=True)
   except checkpoint.Damaged as error:
-    print(f'rljax: error: {error}', flush=True)
+    print(f'RESULT rljax: error: {error}', flush=True)
 ckpt.close()
 '''
 
@@ -125,8 +125,9 @@ def _two_processes(workdir, mode):
       process.kill()
   for process, (out, err) in zip(processes, outs):
     assert process.returncode == 0 and 'Traceback' not in err, err[-3000:]
-  return [('\n'.join(line for line in out.splitlines() if not line.startswith('[Gloo]')), err)
-          for out, err in outs]   # gloo says on stdout that it connected
+  # gloo's threads say on stdout that they connected, in lines that can break into each other
+  return [('\n'.join(line.split('RESULT ', 1)[1] for line in out.splitlines() if 'RESULT ' in line),
+           err) for out, err in outs]
 
 
 def _damage_half_of_process_1(step_dir):

@@ -30,8 +30,9 @@ import threading
 from absl import logging
 import jax
 import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
+
+from rljax.train import collective
 
 DELETED = 'deleted'   # under WORKDIR/checkpoints/: steps beyond `keep`, on their way out
 DAMAGED = 'damaged'   # under WORKDIR/checkpoints/: steps that failed their check, kept to inspect
@@ -212,20 +213,10 @@ def read_latest_meta(workdir):
   """The JSON meta of the newest step whose meta reads as process 0 sees it, on every process
   (so all start afresh or all resume), or None without steps; reads no arrays. Raises Damaged
   when there are steps but no meta reads."""
-  found = _from_process_0(_latest_meta(workdir) if jax.process_index() == 0 else None)
+  found = collective.from_process_0(_latest_meta(workdir) if jax.process_index() == 0 else None)
   if isinstance(found, str):
     raise Damaged(found)
   return found
-
-
-def _gathered(text, size=1024):
-  """Every process's `text` (utf-8, its first `size` bytes), in process order. Collective."""
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  raw = np.zeros(size, np.uint8)
-  encoded = text.encode()[:size]
-  raw[:len(encoded)] = np.frombuffer(encoded, np.uint8)
-  rows = multihost_utils.process_allgather(raw)
-  return [bytes(row).rstrip(b'\0').decode(errors='replace') for row in rows]
 
 
 def _agreed(outcome):
@@ -234,7 +225,7 @@ def _agreed(outcome):
   step (or none)."""
   if jax.process_count() == 1:
     return outcome
-  reasons = _gathered(outcome if isinstance(outcome, str) else '')
+  reasons = collective.from_every_process(outcome if isinstance(outcome, str) else '')
   failed = [(i, why) for i, why in enumerate(reasons) if why]
   return f'on process {failed[0][0]}: {failed[0][1]}' if failed else outcome
 
@@ -243,22 +234,8 @@ def _seen_by_any(steps):
   """The steps that any process sees, newest first: a step one process misses is damaged there
   (collective)."""
   if jax.process_count() > 1:
-    seen = _gathered(','.join(map(str, steps)), size=4096)
-    steps = {int(step) for text in seen for step in text.split(',') if step}
+    steps = {step for seen in collective.from_every_process(list(steps)) for step in seen}
   return sorted(steps, reverse=True)
-
-
-def _from_process_0(value):
-  """Process 0's JSON `value` on every process (collective)."""
-  if jax.process_count() == 1:
-    return value
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  encoded = np.frombuffer(json.dumps(value).encode(), np.uint8)
-  size = int(multihost_utils.broadcast_one_to_all(np.int32(encoded.size)))
-  raw = np.zeros(size, np.uint8)
-  if jax.process_index() == 0:
-    raw = encoded
-  return json.loads(bytes(multihost_utils.broadcast_one_to_all(raw)).decode())
 
 
 class Checkpointer:

@@ -6,20 +6,18 @@ budget, evaluation, checkpoints, preemption and the non-finite stop. The rollout
 (rljax.train.schedules) owns where a batch comes from; the algorithm (rljax.algos, by
 `config.algo`) owns how a rollout becomes a training batch and what its update does.
 """
-import json
 import time
 
 from absl import logging
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
-import numpy as np
 
 from rljax import algos
 from rljax.data import rewards
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import stats
+from rljax.train import collective
 from rljax.train import evaluation
 from rljax.train import metrics as metrics_lib
 from rljax.train import preemption
@@ -80,21 +78,9 @@ def _log_prompts(run, step, trained):
   """prompts.jsonl's rows of the step: the stream indices of the prompts it `trained` and the
   malformed records the iterator passed over during it, every process's, process 0's first."""
   local = dict(trained=trained, skipped=run.iterator.take_skipped_records())
-  everyone = _from_every_process(local)
+  everyone = collective.from_every_process(local)
   run.writer.prompts(step, [index for part in everyone for index in part['trained']],
                      [record for part in everyone for record in part['skipped']])
-
-
-def _from_every_process(value):
-  """Every process's JSON `value`, in process order (collective with several processes)."""
-  if jax.process_count() == 1:
-    return [value]
-  encoded = np.frombuffer(json.dumps(value).encode(), np.uint8)
-  size = int(np.max(multihost_utils.process_allgather(np.int32(encoded.size))))
-  padded = np.zeros(size, np.uint8)
-  padded[:encoded.size] = encoded
-  rows = multihost_utils.process_allgather(padded)
-  return [json.loads(bytes(row).rstrip(b'\0').decode()) for row in rows]
 
 
 def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics):
