@@ -54,6 +54,8 @@ CHECK_CASES = [
      r'the batch P\*G \(6\) is not divisible by the data-parallel size data \* fsdp \* expert = 4 .*'),
     ('empty-dataset', {'data.num_train': 0}, 1,
      r'data.num_train \(0\) is smaller than one batch of P = 4 prompts'),
+    ('extra-test-on-another-task', {'data.name': 'sums', 'data.extra_test': 100}, 1,
+     r'data.extra_test \(100\): only the arithmetic task draws extra held-out problems, not sums'),
     ('eval-set-beyond-test-split', {'train.eval_size': 2000}, 1,
      r'train.eval_size \(2000\) must be in \[1, data.num_test \+ data.extra_test = 1000\]'),
     ('micro-batch-not-dividing', {'train.micro_batch': 5}, 1,
