@@ -10,9 +10,10 @@ maximises their product: goodput(B) = throughput(B) x efficiency(B), useful prog
 
 This module does that with the caution a single run needs: both factors come with intervals (the
 noise scale from a block bootstrap over recent steps, throughput from repeated measured steps),
-and the batch moves only when the lower end of the predicted gain clears 1 + margin, one power of
-two at a time, with a stricter bar for going back to the batch it just left (hysteresis), and it
-never moves on a noise scale that is not finite. Batches are counted in samples (responses).
+and the batch moves only when the lower end of the predicted gain clears 1 + margin, to the batch
+on the way to the predicted best whose gain has the highest lower end, with a stricter bar for
+going back to the batch it just left (hysteresis), and it never moves on a noise scale that is
+not finite. Batches are counted in samples (responses).
 
 A move also costs a compile, which Pollux (no compiler) does not pay. When the run has a budget
 (train.max_samples or max_steps) the rule moves once the gain over the rest of it repays the
@@ -77,22 +78,26 @@ def finite_noise(noise):
 
 
 def throughput_guess(batch, table):
-  """Samples/s at `batch`: measured, or an optimistic guess from the measured batches. Above
-  them it grows as over the last measured doubling (linearly when only one batch is measured,
-  never faster); below them it is flat. Unmeasured batches look at least as good as they are
-  likely to be, so the rule tries them once; after that their measurement decides."""
+  """Samples/s at `batch`: measured, or the most it can be if a step's seconds never fall as the
+  batch grows and grow at a rate that never falls (a fixed cost plus a cost per sample, or a
+  roofline's max of the two) and samples/s never fall: the step's seconds are at least the
+  nearest smaller batch's, at least the nearest bigger one's scaled down to `batch`'s samples,
+  and at least the line through the two nearest measured batches on either side. With one
+  batch measured, samples/s above it grow linearly. Unmeasured batches so look at least as good
+  as they can be, and the rule tries them; after that their measurement decides."""
   if batch in table:
     return table[batch]
-  below = sorted(b for b in table if b < batch)
-  if not below:
-    return table[min(table)]
-  base = below[-1]
-  growth = 2.0   # per doubling
-  if len(below) > 1:
-    growth = min(2.0, (table[base].value / table[below[-2]].value) ** (
-        1 / math.log2(base / below[-2])))
-  factor = growth ** math.log2(batch / base)
-  return Estimate(*(x * factor for x in table[base]))
+  step_s = {b: b / table[b].value for b in sorted(table)}
+  below, above = [b for b in step_s if b < batch], [b for b in step_s if b > batch][::-1]
+  bounds = [step_s[below[-1]]] if below else [step_s[above[-1]] * batch / above[-1]]
+  if below and above:
+    bounds.append(step_s[above[-1]] * batch / above[-1])
+  for side in (below, above):   # nearest last
+    if len(side) > 1:
+      near, far = side[-1], side[-2]
+      bounds.append(step_s[near] + (step_s[near] - step_s[far]) / (near - far) * (batch - near))
+  value = batch / max(bounds)
+  return Estimate(value, value, value)
 
 
 def goodput(batch, noise_value, table):
@@ -156,7 +161,7 @@ def _by_noise_scale(current, batches, noise, table, margin, left, costs):
   best = best_batch(batches, noise, table)
   if best == current:
     return Decision(current, best, 1.0, 1.0, 'the current batch has the best predicted goodput')
-  target = current * 2 if best > current else current // 2
+  target = surest_step(current, best, batches, noise, table)
   point, lo = step_gain(current, target, noise, table)
   bar = (1 + margin) ** 2 if target == left else 1 + margin
   if lo <= bar:
@@ -167,3 +172,11 @@ def _by_noise_scale(current, batches, noise, table, margin, left, costs):
         'is not repaid yet'))
   verb = 'try' if target not in table else 'move'
   return Decision(target, best, point, lo, f'{verb}: gain lower end {lo:.3f} > {bar:.3f}')
+
+
+def surest_step(current, best, batches, noise, table):
+  """The batch on the way from `current` to `best` (inclusive) whose predicted gain has the
+  highest lower end: one move as far as the intervals vouch for (ties: the nearer)."""
+  way = [b for b in batches if b != current and min(current, best) <= b <= max(current, best)]
+  return max(way, key=lambda b: (step_gain(current, b, noise, table)[1],
+                                 -abs(math.log2(b / current))))
