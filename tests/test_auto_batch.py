@@ -143,11 +143,19 @@ def test_costs_are_seconds_at_the_current_batch_and_the_budget_left():
 
 
 @pytest.mark.parametrize('noise', [Estimate(np.nan, np.nan, np.nan), Estimate(500, np.nan, 900),
-                                   Estimate(500, -10, 900), Estimate(np.inf, np.inf, np.inf)])
+                                   Estimate(500, -10, 900), Estimate(np.inf, np.inf, np.inf),
+                                   Estimate(-50, 10, 900)])
 def test_a_noise_scale_that_is_not_finite_keeps_the_batch(noise):
   table = table_of({b: 10.0 * b for b in BATCHES})
   decision = auto_batch.decide(64, BATCHES, noise, table, margin=0.1)
   assert decision.batch == 64 and 'not estimable' in decision.reason
+
+
+def test_a_point_lost_in_the_noise_is_an_unbounded_noise_scale_with_its_lower_end():
+  table = table_of({b: 10.0 * b for b in BATCHES})
+  unbounded = auto_batch.decide(64, BATCHES, Estimate(np.nan, 300, np.inf), table, margin=0.1)
+  huge = auto_batch.decide(64, BATCHES, Estimate(1e300, 300, np.inf), table, margin=0.1)
+  assert unbounded.batch == huge.batch == 512 and unbounded.gain_lo == pytest.approx(huge.gain_lo)
 
 
 def test_best_batch_is_numpys_argmax_of_throughput_times_efficiency():

@@ -73,8 +73,16 @@ def efficiency(batch, noise_scale):
 
 
 def finite_noise(noise):
-  """Whether the noise-scale estimate can drive a decision: a positive value and lower end."""
-  return all(math.isfinite(x) and x > 0 for x in (noise.value, noise.lo)) and noise.hi >= noise.lo
+  """Whether the noise-scale estimate can drive a decision: a positive, finite lower end (and a
+  point that is not a finite negative)."""
+  return math.isfinite(noise.lo) and noise.lo > 0 and noise.hi >= noise.lo and not noise.value <= 0
+
+
+def unbounded_point(noise):
+  """`noise` with a point that is not finite read as unbounded: over the window |G|^2 was not
+  positive, the gradient's signal lost in its noise, so B_noise is large; the lower end still
+  bounds it."""
+  return noise if math.isfinite(noise.value) else noise._replace(value=math.inf)
 
 
 def throughput_guess(batch, table):
@@ -158,6 +166,7 @@ def _by_noise_scale(current, batches, noise, table, margin, left, costs):
   """decide's answer from the noise scale's prediction alone."""
   if not finite_noise(noise):
     return Decision(current, current, 1.0, 1.0, 'noise scale not estimable: hold')
+  noise = unbounded_point(noise)
   best = best_batch(batches, noise, table)
   if best == current:
     return Decision(current, best, 1.0, 1.0, 'the current batch has the best predicted goodput')
