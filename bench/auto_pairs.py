@@ -15,7 +15,7 @@ each step's samples at the samples/s of D's interleaved throughput rounds for it
 
 The arms are `python -m rljax.main --config=configs/grpo.py:runlocal,P=...` runs with the deep
 protocol preset's settings (constant lr at the base batch 16 with the sqrt rule, evaluations of
-1000 held-out prompts, micro-batches of half the batch up to 64) and an evaluation every
+`--eval_size` held-out prompts (4000, as the deep preset), micro-batches of half the batch up to 64) and an evaluation every
 `--eval_every_samples` samples. A finished run is not run again; `--analyse` reads the runs only.
 """
 import argparse
@@ -34,25 +34,29 @@ from rljax.train import metrics
 
 
 def auto_flags(options, args):
-  """rljax.main flags of a P=auto arm's suffixes: 'v<verify_samples>' and 'h<max_samples>' (a
-  longer budget, the rule's horizon, the run stopped once an evaluation reaches --stop_at);
-  without 'h' the arms' common --max_samples."""
-  flags = {'v': ['--config.auto_batch.verify_samples={n}'],
+  """rljax.main flags of a P=auto arm's suffixes: 'm<P>' (start at P, the lower bound),
+  'v<verify_samples>' and 'h<max_samples>' (a longer budget, the rule's horizon, the run stopped
+  once an evaluation reaches --stop_at); without 'h' the arms' common --max_samples."""
+  flags = {'m': ['--config.auto_batch.min={n}', '--config.rollout.P={n}',
+                 '--config.train.micro_batch={half}'],
+           'v': ['--config.auto_batch.verify_samples={n}'],
            'h': ['--config.train.max_samples={n}', f'--config.train.target={args.stop_at}']}
   found = {o[:1]: o[1:] for o in options}
   if set(found) - set(flags) or not all(n.isdigit() for n in found.values()):
-    raise ValueError(f"P=auto arm options {options}: expected -v<samples> or -h<samples>")
+    raise ValueError(f"P=auto arm options {options}: expected -m<P>, -v<samples> or -h<samples>")
   found.setdefault('h', None)
   return ([f'--config.train.max_samples={args.max_samples}'] if found['h'] is None else []) + [
-      flag.format(n=n) for key, n in found.items() if n is not None for flag in flags[key]]
+      flag.format(n=n, half=int(n) * 8 // 2) for key, n in found.items() if n is not None
+      for flag in flags[key]]
 
 
 def run_args(arm, seed, args):
   """The rljax.main command line of `arm` at `seed`: a fixed P, or 'auto' with optional suffixes
-  (auto_flags), e.g. 'auto-v2048-h65536'."""
+  (auto_flags), e.g. 'auto-v2048-h65536' or 'auto-m16-h65536'."""
   name, *options = arm.split('-')
   if name == 'auto':
-    batch, extra = 16, auto_flags(options, args)
+    extra = auto_flags(options, args)
+    batch = 8 * next((int(o[1:]) for o in options if o.startswith('m')), 2)
   else:
     batch = int(arm) * 8
     extra = [f'--config.train.max_samples={args.max_samples}',
@@ -61,7 +65,8 @@ def run_args(arm, seed, args):
           f'--workdir={arm_dir(args.workdir, arm, seed)}', f'--config.seed={seed}',
           f'--config.warmstart.dir={args.warmstart}', '--config.warmstart.seed=0',
           '--config.optimizer.decay=constant', f'--config.optimizer.lr={args.lr}',
-          '--config.optimizer.base_batch=16', '--config.train.eval_size=1000',
+          '--config.optimizer.base_batch=16', f'--config.train.eval_size={args.eval_size}',
+          f'--config.data.extra_test={max(0, args.eval_size - 1000)}',
           f'--config.train.eval_every={max(1, args.eval_every_samples // batch)}',
           '--config.train.checkpoint_every=100000', '--config.metrics.tensorboard=False',
           f'--config.auto_batch.max={args.auto_max}', *args.extra, *extra]
@@ -186,6 +191,9 @@ def main(argv=None):
   parser.add_argument('--lr', type=float, default=1.77e-5)
   parser.add_argument('--max_samples', type=int, default=20480)
   parser.add_argument('--eval_every_samples', type=int, default=2048)
+  parser.add_argument('--eval_size', type=int, default=4000,
+                      help='held-out prompts per evaluation (beyond the 1000 of the test split: '
+                           'data.extra_test)')
   parser.add_argument('--auto', default='auto',
                       help="P=auto arms: 'auto', suffixed by -v<verify_samples>, -h<max_samples>")
   parser.add_argument('--stop_at', type=float, default=0.55,

@@ -84,18 +84,24 @@ def test_tries_an_unmeasured_bigger_batch_then_its_measurement_decides():
   assert auto_batch.decide(512, BATCHES, small, flat, 0.1, left=16).batch < 512
 
 
-def test_an_untried_batch_s_samples_per_s_is_the_most_a_convex_step_time_allows():
+def test_an_untried_batch_s_samples_per_s_is_bounded_by_a_convex_step_time():
+  most = lambda batch, measured: auto_batch.most_per_s(batch, {b: b / v for b, v in measured.items()})
   guess = lambda batch, measured: auto_batch.throughput_guess(batch, table_of(measured)).value
   assert guess(64, {16: 1000.0}) == pytest.approx(4000.0)   # linear growth from one batch
   assert guess(8, {16: 1000.0}) == pytest.approx(1000.0)    # flat below it
-  # Bracketed: no more than the bigger batch's samples/s, nor than linear from the smaller.
-  assert guess(64, {16: 1000.0, 256: 2000.0}) == pytest.approx(2000.0)
-  assert guess(32, {16: 1000.0, 256: 8000.0}) == pytest.approx(2000.0)
-  # Beyond two measured batches, step seconds grow at least along their line: flat stays flat,
+  # Above two measured batches, step seconds grow at least along their line: flat stays flat,
   # and 16 -> 32 at 1.5x (steps of 16 and 21.3 ms) puts 64 at 64 / 32 ms = 2000.
   assert guess(64, {16: 1000.0, 32: 1000.0}) == pytest.approx(1000.0)
   assert guess(64, {16: 1000.0, 32: 1500.0}) == pytest.approx(2000.0)
-  assert guess(8, {16: 1000.0, 32: 1500.0}) == pytest.approx(8 / (0.016 - 8 * (32 / 1500 - 0.016) / 16))
+  slope = (32 / 1500 - 16 / 1000) / 16   # seconds per sample along the line
+  assert most(8, {16: 1000.0, 32: 1500.0}) == pytest.approx(8 / (0.016 - 8 * slope))
+  # Bracketed: at most the bigger batch's samples/s and linear growth from the smaller; at least
+  # the line between their step times; the guess is the geometric mean of the two.
+  for measured, batch, most_expected in [({16: 1000.0, 256: 2000.0}, 64, 2000.0),
+                                         ({16: 1000.0, 256: 8000.0}, 32, 2000.0)]:
+    assert most(batch, measured) == pytest.approx(most_expected)
+    step_s = np.interp(batch, [16, 256], [16 / measured[16], 256 / measured[256]])
+    assert guess(batch, measured) == pytest.approx(np.sqrt(most_expected * batch / step_s))
 
 
 def test_a_move_waits_until_the_rest_of_the_budget_or_without_one_the_time_lost_repays_its_compile():

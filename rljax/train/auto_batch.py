@@ -86,26 +86,36 @@ def unbounded_point(noise):
 
 
 def throughput_guess(batch, table):
-  """Samples/s at `batch`: measured, or the most it can be if a step's seconds never fall as the
-  batch grows and grow at a rate that never falls (a fixed cost plus a cost per sample, or a
-  roofline's max of the two) and samples/s never fall: the step's seconds are at least the
-  nearest smaller batch's, at least the nearest bigger one's scaled down to `batch`'s samples,
-  and at least the line through the two nearest measured batches on either side. With one
-  batch measured, samples/s above it grow linearly. Unmeasured batches so look at least as good
-  as they can be, and the rule tries them; after that their measurement decides."""
+  """Samples/s at `batch`: measured, or guessed from what a step time that grows with the batch
+  at a rate that never falls (a fixed cost plus a cost per sample, or a roofline's max of the
+  two), with samples/s that never fall, allows. Above the measured batches: the most it allows
+  (`most_per_s`), so the rule tries a bigger batch; between two measured batches: the geometric
+  mean of the most and the least (the line between their step times), so a move down is not
+  made on hope alone. Once tried, a batch's measurement decides."""
   if batch in table:
     return table[batch]
   step_s = {b: b / table[b].value for b in sorted(table)}
-  below, above = [b for b in step_s if b < batch], [b for b in step_s if b > batch][::-1]
-  bounds = [step_s[below[-1]]] if below else [step_s[above[-1]] * batch / above[-1]]
+  value = most_per_s(batch, step_s)
+  below, above = [b for b in step_s if b < batch], [b for b in step_s if b > batch]
   if below and above:
-    bounds.append(step_s[above[-1]] * batch / above[-1])
+    a, c = below[-1], above[0]
+    least = batch / (step_s[a] + (step_s[c] - step_s[a]) * (batch - a) / (c - a))
+    value = math.sqrt(value * least)
+  return Estimate(value, value, value)
+
+
+def most_per_s(batch, step_s):
+  """The most samples/s at `batch` given measured step seconds {batch: s}: a step takes at least
+  the nearest smaller batch's seconds, at least the nearest bigger one's scaled down to `batch`,
+  and at least the line through the two nearest measured batches on either side."""
+  below, above = [b for b in step_s if b < batch], [b for b in step_s if b > batch][::-1]
+  bounds = [step_s[below[-1]]] if below else []
+  bounds += [step_s[above[-1]] * batch / above[-1]] if above else []
   for side in (below, above):   # nearest last
     if len(side) > 1:
       near, far = side[-1], side[-2]
       bounds.append(step_s[near] + (step_s[near] - step_s[far]) / (near - far) * (batch - near))
-  value = batch / max(bounds)
-  return Estimate(value, value, value)
+  return batch / max(bounds)
 
 
 def goodput(batch, noise_value, table):
