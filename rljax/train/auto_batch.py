@@ -86,12 +86,13 @@ def unbounded_point(noise):
 
 
 def throughput_guess(batch, table):
-  """Samples/s at `batch`: measured, or guessed from what a step time that grows with the batch
-  at a rate that never falls (a fixed cost plus a cost per sample, or a roofline's max of the
-  two), with samples/s that never fall, allows. Above the measured batches: the most it allows
-  (`most_per_s`), so the rule tries a bigger batch; between two measured batches: the geometric
-  mean of the most and the least (the line between their step times), so a move down is not
-  made on hope alone. Once tried, a batch's measurement decides."""
+  """Samples/s at `batch`: measured, or guessed within what the measured batches allow if a
+  step's seconds grow with the batch at a rate that never falls (a fixed cost plus a cost per
+  sample, or a roofline's max of the two) and samples/s never fall. Above the measured batches
+  the guess is the most they allow (`most_per_s`), so the rule tries a bigger batch and its
+  measurement then decides; between two measured batches it is the geometric mean of the most
+  and the least (the line between their step times), so a move down is not made on the most
+  alone."""
   if batch in table:
     return table[batch]
   step_s = {b: b / table[b].value for b in sorted(table)}
