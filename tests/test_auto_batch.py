@@ -84,6 +84,14 @@ def test_tries_an_unmeasured_bigger_batch_then_its_measurement_decides():
   assert auto_batch.decide(512, BATCHES, small, flat, 0.1, left=16).batch < 512
 
 
+def test_after_a_jump_an_untried_batch_below_is_not_taken_on_the_most_it_could_make():
+  # The deep preset's CPU numbers: 16 and 256 measured; 64 could make up to 256's samples/s, and
+  # the line between the two step times says 1350 (measured there: 1357).
+  table = table_of({16: 779.0, 256: 1651.0}, spread=0.03)
+  decision = auto_batch.decide(256, BATCHES[:5], Estimate(709, 565, 928), table, 0.1, left=16)
+  assert decision.batch == 256 and decision.best == 64
+
+
 def test_an_untried_batch_s_samples_per_s_is_bounded_by_a_convex_step_time():
   most = lambda batch, measured: auto_batch.most_per_s(batch, {b: b / v for b, v in measured.items()})
   guess = lambda batch, measured: auto_batch.throughput_guess(batch, table_of(measured)).value
