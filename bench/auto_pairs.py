@@ -15,8 +15,9 @@ each step's samples at the samples/s of D's interleaved throughput rounds for it
 
 The arms are `python -m rljax.main --config=configs/grpo.py:runlocal,P=...` runs with the deep
 protocol preset's settings (constant lr at the base batch 16 with the sqrt rule, evaluations of
-`--eval_size` held-out prompts (4000, as the deep preset), micro-batches of half the batch up to 64) and an evaluation every
-`--eval_every_samples` samples. A finished run is not run again; `--analyse` reads the runs only.
+`--eval_size` held-out prompts, 4000 as the deep preset's, micro-batches of half the batch up to
+64) and an evaluation every `--eval_every_samples` samples. A finished run is not run again;
+`--analyse` reads the runs only.
 """
 import argparse
 import itertools
@@ -42,8 +43,10 @@ def auto_flags(options, args):
            'v': ['--config.auto_batch.verify_samples={n}'],
            'h': ['--config.train.max_samples={n}', f'--config.train.target={args.stop_at}']}
   found = {o[:1]: o[1:] for o in options}
-  if set(found) - set(flags) or not all(n.isdigit() for n in found.values()):
-    raise ValueError(f"P=auto arm options {options}: expected -m<P>, -v<samples> or -h<samples>")
+  if (set(found) - set(flags) or not all(n.isdigit() and int(n) > 0 for n in found.values())
+      or int(found.get('m', 1)) & (int(found.get('m', 1)) - 1)):
+    raise ValueError(f"P=auto arm options {options}: expected -m<P> (a power of two), "
+                     "-v<samples> or -h<samples>")
   found.setdefault('h', None)
   return ([f'--config.train.max_samples={args.max_samples}'] if found['h'] is None else []) + [
       flag.format(n=n, half=int(n) * 8 // 2) for key, n in found.items() if n is not None
@@ -213,6 +216,8 @@ def main(argv=None):
       run_args(arm, 0, args)
   except ValueError as error:
     parser.error(str(error))
+  if args.eval_size < 1:
+    parser.error(f'--eval_size={args.eval_size}: expected a positive number of prompts')
   if not args.analyse:
     run_all(arms, seeds, args)
   analyse(arms, seeds, args)

@@ -172,6 +172,16 @@ def test_a_point_lost_in_the_noise_is_an_unbounded_noise_scale_with_its_lower_en
   assert unbounded.batch == huge.batch == 512 and unbounded.gain_lo == pytest.approx(huge.gain_lo)
 
 
+def test_the_switch_line_names_an_unbounded_noise_scale_with_its_interval():
+  row = dict(step=128, auto_from=2, auto_to=32, lr=1e-5, auto_lr=4e-5, auto_noise_scale=None,
+             auto_noise_lo=422.4, auto_noise_hi=None, auto_gain=15.7, auto_reason='try')
+  assert '| B_noise unbounded [422, inf] | predicted gain 15.70 | try' in rebatch._switch_line(row, 'P')
+  row.update(auto_noise_scale=709.2, auto_noise_hi=928.0)
+  assert '| B_noise 709 [422, 928] |' in rebatch._switch_line(row, 'P')
+  row.update(auto_noise_scale=None, auto_noise_lo=None)   # not estimable: no move made on it
+  assert 'B_noise' not in rebatch._switch_line(row, 'P')
+
+
 def test_best_batch_is_numpys_argmax_of_throughput_times_efficiency():
   rng = np.random.default_rng(0)
   for _ in range(200):

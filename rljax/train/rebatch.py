@@ -230,9 +230,11 @@ def _agreed(*values):
 
 def _switch_line(row, batch_arg):
   noise = ''
-  if row.get('auto_noise_scale') is not None and 'auto_check_verdict' not in row:
-    noise = (f" | B_noise {row['auto_noise_scale']:.0f} [{row['auto_noise_lo'] or 0:.0f}, "
-             f"{row['auto_noise_hi'] or float('inf'):.0f}] | predicted gain {row['auto_gain']:.2f}")
+  if row.get('auto_noise_lo') is not None and 'auto_check_verdict' not in row:
+    point = row['auto_noise_scale']   # None: unbounded (auto_batch.unbounded_point)
+    noise = (f" | B_noise {'unbounded' if point is None else f'{point:.0f}'} "
+             f"[{row['auto_noise_lo']:.0f}, {row['auto_noise_hi'] or float('inf'):.0f}] | "
+             f"predicted gain {row['auto_gain']:.2f}")
   return (f"step {row['step']} | auto batch {batch_arg} {row['auto_from']} -> {row['auto_to']} | "
           f"lr {row['lr']:.2e} -> {row['auto_lr']:.2e}{noise} | {row['auto_reason']}")
 
