@@ -22,7 +22,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 MAX_STEPS = 8
 # Fields that measure time: they differ between any two runs; every other field must match.
 TIMING = frozenset({'step_time_s', 'rollout_time_s', 'reward_time_s', 'update_time_s',
-                    'wallclock_s', 'samples_per_s', 'eval_time_s'})
+                    'wallclock_s', 'samples_per_s', 'eval_time_s', 'auto_wait_s'})
 
 
 def args(shared, workdir, *overrides):

@@ -1,9 +1,13 @@
 """rljax.train.auto_batch (the rule, on synthetic noise scales and throughputs, against numpy),
 rljax.train.rebatch (its state), the config surface and its errors, and a short training that
 switches its batch and resumes mid-schedule to the same rows and arrays."""
+from concurrent import futures
 import json
+import logging
 import shutil
 import types
+
+import jax
 
 import numpy as np
 import pytest
@@ -16,6 +20,7 @@ from rljax.train import config_checks
 from rljax.train import loop
 from rljax.train import metrics
 from rljax.train import rebatch
+from rljax.train import run as run_lib
 
 Estimate = auto_batch.Estimate
 BATCHES = auto_batch.allowed_batches(16, 512)
@@ -390,17 +395,18 @@ def test_a_move_that_kept_its_progress_is_kept_and_measured(tmp_path):
 
 def tiny_auto(tmp_path):
   """A random tiny policy on 1-digit addition, P=4 then 8 (x G=4), samples/s from a file so the
-  schedule is the same on every run: the first decision (step 6) doubles P, step 8 checks it."""
+  schedule is the same on every run: from step 6 (the first noise-scale interval) P=8 compiles
+  ahead, the first decision (step 7) doubles P, step 9 checks it."""
   config = grpo_config.get_config('runlocal,P=auto,G=4')
   config.data.update(dir=str(tmp_path / 'data'), digits=1, num_train=200, num_test=20)
   config.warmstart.enabled = False
   config.metrics.update(tensorboard=False, progress=False)
   throughput = tmp_path / 'throughput.json'
   throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198]}))
-  config.auto_batch.update(min=4, max=8, every_samples=96, throughput_file=str(throughput),
+  config.auto_batch.update(min=4, max=8, every_samples=112, throughput_file=str(throughput),
                            compile_s=0.0, verify_samples=64)
   config.rollout.P = 4
-  config.train.update(max_samples=0, max_steps=8, eval_every=4, eval_size=8, micro_batch=8,
+  config.train.update(max_samples=0, max_steps=9, eval_every=4, eval_size=8, micro_batch=8,
                       checkpoint_every=1, keep_checkpoints=10)
   return config
 
@@ -414,23 +420,67 @@ def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identical
   loop.train(tiny_auto(tmp_path), str(reference))
   rows = metrics.read_jsonl(reference / 'metrics.jsonl')
   steps = [row for row in rows if not row.get('eval')]
-  switch = steps[5]
-  assert (switch['step'], switch['auto_from'], switch['auto_to']) == (6, 4, 8)
+  switch = steps[6]
+  assert (switch['step'], switch['auto_from'], switch['auto_to']) == (7, 4, 8)
   assert switch['auto_noise_lo'] > 0 and switch['auto_gain_lo'] > 1.1
-  assert [row['batch'] for row in steps] == [16] * 6 + [32] * 2
+  assert [row['batch'] for row in steps] == [16] * 7 + [32] * 2
+  # P=8 was compiled ahead, beside the step at 4 before the switch; the switch waited for the rest.
+  assert [(row['step'], row['auto_ahead']) for row in steps if 'auto_ahead' in row] == [(6, 8)]
+  assert switch['auto_wait_s'] >= 0
   assert steps[-1]['lr'] == pytest.approx(steps[0]['lr'] * 2 ** 0.5, rel=1e-6)   # sqrt rule
   assert switch['auto_lr'] == pytest.approx(steps[-1]['lr'], rel=1e-6)
-  assert [row['samples'] for row in rows if row.get('eval')] == [0, 64, 128, 160]   # in samples
-  assert 'auto_check_verdict' in steps[7] and steps[7]['auto_check_to'] == 8
-  # Killed after step 7, at P=8 mid-schedule and mid-check (its later checkpoint never written):
+  assert [row['samples'] for row in rows if row.get('eval')] == [0, 64, 144, 176]   # in samples
+  assert 'auto_check_verdict' in steps[8] and steps[8]['auto_check_to'] == 8
+  # Killed after step 8, at P=8 mid-schedule and mid-check (its later checkpoint never written):
   # the resumed run logs the same rows, its check included, and ends with the same arrays and
   # schedule.
   shutil.copytree(reference, killed)
-  shutil.rmtree(killed / 'checkpoints' / '8')
+  shutil.rmtree(killed / 'checkpoints' / '9')
   loop.train(tiny_auto(tmp_path), str(killed))
   assert without_timing(metrics.read_jsonl(killed / 'metrics.jsonl')) == without_timing(rows)
-  (state, meta), (ref_state, ref_meta) = (rljax_cli.checkpoints(w)[0][8] for w in (killed, reference))
+  (state, meta), (ref_state, ref_meta) = (rljax_cli.checkpoints(w)[0][9] for w in (killed, reference))
   assert rljax_cli.same_arrays(state, ref_state)
   schedule = lambda m: {k: v for k, v in m['auto_batch'].items()
                         if k not in ('throughput', 'compile_s')}   # timing
   assert schedule(meta) == schedule(ref_meta) and meta['auto_batch']['P'] == 8
+
+
+class CompileLog(logging.Handler):
+  """The programs XLA compiles under jax.log_compiles (cache hits are not compiled)."""
+
+  def __init__(self):
+    super().__init__()
+    self.names = set()
+
+  def emit(self, record):
+    message = record.getMessage()
+    if message.startswith('Finished XLA compilation of jit('):
+      self.names.add(message.split('jit(', 1)[1].split(')', 1)[0])
+
+
+def compiled_in_step(run, carry, step):
+  """(names of the programs the step compiled, the carry after it)."""
+  log, logger = CompileLog(), logging.getLogger('jax')
+  logger.addHandler(log)
+  try:
+    with jax.log_compiles():
+      carry, _ = loop.rl_step(run, carry, next(run.iterator), step)
+  finally:
+    logger.removeHandler(log)
+  return log.names, carry
+
+
+def test_a_batch_compiled_ahead_on_a_thread_takes_its_first_step_without_compiling(tmp_path):
+  """rebatch.compiled_programs, run on a thread as a look ahead runs it: the first step at its
+  batch finds the sampler ('<lambda>'), make_batch and update compiled, as the first step at the
+  starting batch does not (the control)."""
+  config = tiny_auto(tmp_path)
+  run, carry, _ = run_lib.setup(config, str(tmp_path / 'run'))
+  compiled, carry = compiled_in_step(run, carry, 1)
+  assert {'<lambda>', 'make_batch', 'update'} <= compiled
+  programs = {4: (run.config, run.algo)}
+  with futures.ThreadPoolExecutor(1) as pool:
+    programs[8] = pool.submit(rebatch.compiled_programs, run, config, 8).result()
+  at_8 = rebatch.at_batch(run, config, 8, programs, run.iterator.state())
+  compiled, _ = compiled_in_step(at_8, carry, 2)
+  assert compiled <= {'rollout_stats'}   # the step's own statistics, milliseconds to compile

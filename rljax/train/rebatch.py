@@ -10,8 +10,10 @@ reward of the steps of the last four `verify_samples` (`trail`), the move being 
 and the progress per sample the last checked move kept (`measured`).
 Batches go to the rule in responses (P x G), the unit of the noise scale.
 """
+from concurrent import futures
 import json
 import math
+import time
 
 import jax
 from jax.experimental import multihost_utils
@@ -22,6 +24,7 @@ from rljax.data import sources as data
 from rljax import stats
 from rljax.train import auto_batch
 from rljax.train import auto_check
+from rljax.train import programs as programs_lib
 from rljax.train import run as run_lib
 
 NOISE_BLOCK = 5   # steps per bootstrap block of the noise-scale interval
@@ -177,6 +180,9 @@ class BatchSchedule:
     self.config, self.settings = config, config.auto_batch
     self.programs = {config.rollout.P: (run.config, run.algo)}   # what setup compiled
     self.compiled = set()   # batches that ran in this process: their next steps do not compile
+    self.ahead = None       # (P, future of compiled_programs) while P compiles beside the steps
+    self.pool = futures.ThreadPoolExecutor(1, thread_name_prefix='rljax-compile-ahead')
+    self.next_look = 0      # samples of the next look ahead
     # A checkpoint's state may predate fields the rule reads now: they start afresh.
     meta['auto_batch'] = dict(initial_state(config), **meta.get('auto_batch', {}))
 
@@ -188,22 +194,56 @@ class BatchSchedule:
     """Records the step; checks the last move or decides when due, logs it into `row` and
     switches. Returns the (run, meta) the next step uses."""
     state, P = meta['auto_batch'], meta['auto_batch']['P']
-    seconds, per_s = _agreed(row['step_time_s'], row['samples_per_s'])
+    # A step that ran beside a compile ahead is not a measurement of its batch's samples/s.
+    seconds, per_s, alone = _agreed(row['step_time_s'], row['samples_per_s'],
+                                    float(self.ahead is None))
     row['batch'] = algos.batch_size(run.config)
     state, fields = advance(state, dict(row, step_time_s=seconds, samples_per_s=per_s),
-                            meta['samples'], meta['step'], row['batch'], P in self.compiled,
-                            self.config)
+                            meta['samples'], meta['step'], row['batch'],
+                            P in self.compiled and bool(alone), self.config)
     self.compiled.add(P)
     row.update(fields)
     if 'auto_check_verdict' in row:
       run.writer.say(_check_line(row))
-    if state['P'] != P:
+    if state['P'] == P:
+      self._collect(wait=False)
+      row.update(self._look_ahead(run, state, meta))
+    else:   # the switch waits for a compile ahead still running: the step's time holds the wait
+      waited = self._collect(wait=True)
+      row.update(auto_wait_s=waited, step_time_s=row['step_time_s'] + waited,
+                 wallclock_s=row['wallclock_s'] + waited)
+      meta = dict(meta, wallclock_s=row['wallclock_s'])
       data_state = data.continue_with_batch(run.iterator.state(), P)
       run = at_batch(run, self.config, state['P'], self.programs, data_state)
       meta = dict(meta, data=run.iterator.state())
       row['auto_lr'] = float(run.algo.schedules['lr'](run.algo.updates_per_batch * row['step']))
       run.writer.say(_switch_line(row, algos.get(self.config.algo).BATCH_ARG))
     return run, dict(meta, auto_batch=state)
+
+  def _look_ahead(self, run, state, meta):
+    """Starts compiling, on a thread beside the steps, the batch the rule would move to now
+    (looked at every every_samples / 8 samples), so that a move need not wait for XLA. Returns
+    the field it adds to the training row: `auto_ahead`, the batch it started compiling."""
+    if (self.ahead or meta['samples'] < self.next_look or state['check']
+        or state['P'] not in measured_rounds(state, self.settings)):
+      return {}
+    self.next_look = meta['samples'] + self.settings.every_samples // 8
+    remaining = remaining_samples(self.config.train, meta['samples'], meta['step'],
+                                  algos.batch_size(run.config))
+    P = decide(state, meta['samples'], remaining, self.settings, self.config.rollout.G)[0]['P']
+    if P in self.programs:
+      return {}
+    self.ahead = P, self.pool.submit(compiled_programs, run, self.config, P)
+    return dict(auto_ahead=P)
+
+  def _collect(self, wait):
+    """Seconds waited for the compile ahead; its programs join `programs` once it is done."""
+    if not self.ahead or not (wait or self.ahead[1].done()):
+      return 0.0
+    start = time.perf_counter()
+    P, future = self.ahead
+    self.programs[P], self.ahead = future.result(), None
+    return time.perf_counter() - start
 
 
 def advance(state, row, samples, step, batch, measurable, config):
@@ -249,12 +289,32 @@ def _check_line(row):
 
 def at_batch(run, base_config, P, programs, data_state):
   """`run` at batch P (config.auto_batch): its config, algorithm and prompt iterator. The
-  algorithm's jitted programs are built once per batch and kept in `programs` ({P: (config,
-  algo)}), so each batch compiles once; its optimizer has the lr rule at the new batch, and the
-  state it updates (the carry, Adam's moments included) goes on unchanged."""
+  programs of each batch are compiled once and kept in `programs` ({P: (config, algo)}); its
+  optimizer has the lr rule at the new batch, and the state it updates (the carry, Adam's
+  moments included) goes on unchanged."""
   if P not in programs:
-    config = algos.with_batch(base_config, P, algos.micro_batches(base_config))
-    programs[P] = config, run_lib.jit_schedules(run_lib.abstract_setup(config, run.mesh).algo)
+    programs[P] = compiled_programs(run, base_config, P)
   config, algo = programs[P]
   return run._replace(config=config, algo=algo,
                       iterator=run_lib.make_iterator(config, run.task, data_state))
+
+
+def compiled_programs(run, base_config, P):
+  """(config, algorithm) of `run` at batch P, with the programs its steps call compiled: the
+  sampler's at P, `make_batch`, `update` and the schedules. Compiled here rather than at their
+  first call, so that it can be done ahead of a move (BatchSchedule._look_ahead); a call then
+  finds them in jit's caches."""
+  config = algos.with_batch(base_config, P, algos.micro_batches(base_config))
+  sampler = run.schedule.sampler   # the run's, its settings (rows per prompt) fixed at setup
+  shape = run_lib.abstract_setup(config, run.mesh, sampler.mesh)._replace(
+      sampling=sampler.sampling)
+  algo = run_lib.jit_schedules(shape.algo)
+  on_meshes = [(program, run.mesh) for program in programs_lib.algorithm_programs(shape).values()]
+  sample = programs_lib.rollout_programs(shape)['sample']
+  on_meshes.append((sample._replace(fn=sampler.sample), sampler.mesh))
+  for program, mesh in on_meshes:   # compiled under the mesh it is called under: jit's cache key
+    with jax.set_mesh(mesh):
+      program.fn.lower(*program.args).compile()
+  for schedule in algo.schedules.values():
+    schedule.lower(0).compile()
+  return config, algo
