@@ -443,6 +443,9 @@ def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identical
   schedule = lambda m: {k: v for k, v in m['auto_batch'].items()
                         if k not in ('throughput', 'compile_s')}   # timing
   assert schedule(meta) == schedule(ref_meta) and meta['auto_batch']['P'] == 8
+  # Samples/s measured at 4 on steps 2-6: not step 1 (it compiled), nor 7 (beside the compile
+  # ahead); at 8 on step 9 (8's first step is taken as compiling, as every batch's is).
+  assert {P: len(r) for P, r in ref_meta['auto_batch']['throughput'].items()} == {'4': 5, '8': 1}
 
 
 class CompileLog(logging.Handler):
