@@ -133,6 +133,9 @@ def test_a_move_waits_until_the_rest_of_the_budget_or_without_one_the_time_lost_
   assert decide(1.01 * needed_s, np.inf).batch == 32
   # A free compile (FREE, the default) leaves goodput alone to decide.
   assert auto_batch.decide(16, batches, noise, table, 0.1).batch == 32
+  # A batch compiled already (run before, or compiled ahead of the move) has nothing to repay.
+  paid = auto_batch.Costs(0.0, 0.99 * needed_s, 10.0, frozenset({32}))
+  assert auto_batch.decide(16, batches, noise, table, 0.1, costs=paid).batch == 32
 
 
 def test_a_kept_move_s_measured_progress_judges_the_next_doubling_where_the_noise_scale_holds():

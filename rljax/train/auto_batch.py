@@ -20,7 +20,8 @@ A move also costs a compile, which Pollux (no compiler) does not pay. When the r
 compile. Without one it pays the compile the way the ski-rental problem buys skis (Karlin et al.
 1988): once the time already lost by staying (the seconds at the current batch times 1 - 1/gain)
 has reached the compile's seconds; whatever the run's length, that spends at most twice what
-knowing it in advance would.
+knowing it in advance would. A batch compiled already (run before, or compiled ahead of the move)
+has paid its compile: moving to it costs none.
 
 Every move is then checked by the progress it measurably made (rljax.train.auto_check): a move
 that lost progress per second beyond noise is undone, and a move that cost no more progress per
@@ -44,6 +45,8 @@ class Costs(NamedTuple):
   here_s: float       # run so far at the current batch (since the last move)
   remaining_s: float  # left in the budget at the current batch's throughput
   compile_s: float    # what a first step at a new batch costs (its compile)
+  compiled: frozenset = frozenset()   # batches compiled already (run before, or ahead of a
+  #                                     move): their compile is paid, moving to them costs none
 
 
 FREE = Costs(math.inf, math.inf, 0.0)   # a compile that costs nothing: goodput alone decides
@@ -146,9 +149,12 @@ def step_gain(current, target, noise, table):
   return point * efficiency(target, noise.value) / efficiency(current, noise.value), lo * worst_eff
 
 
-def repays_compile(gain, costs):
-  """At 1 - 1/gain of each second gained by moving: the rest of the budget repays the compile
-  or, with no budget (ski rental), the seconds already lost by staying have reached it."""
+def repays_compile(gain, costs, target):
+  """At 1 - 1/gain of each second gained by moving to `target`: the rest of the budget repays
+  its compile or, with no budget (ski rental), the seconds already lost by staying have reached
+  it. A compiled target has nothing left to repay."""
+  if target in costs.compiled:
+    return True
   horizon = costs.remaining_s if math.isfinite(costs.remaining_s) else costs.here_s
   return (1 - 1 / gain) * horizon >= costs.compile_s
 
@@ -166,7 +172,7 @@ def decide(current, batches, noise, table, margin, left=None, costs=FREE, measur
   point, lo = throughput_ratio(current, current * 2, table)
   point, lo = point * min(measured, 1.0), lo * min(measured, 1.0)
   bar = (1 + margin) ** 2 if current * 2 == left else 1 + margin
-  if lo <= bar or not repays_compile(lo, costs):
+  if lo <= bar or not repays_compile(lo, costs, current * 2):
     return by_noise
   return Decision(current * 2, by_noise.best, point, lo,
                   f'try: measured progress {measured:.2f} per sample, gain lower end {lo:.3f} > '
@@ -186,7 +192,7 @@ def _by_noise_scale(current, batches, noise, table, margin, left, costs):
   bar = (1 + margin) ** 2 if target == left else 1 + margin
   if lo <= bar:
     return Decision(current, best, point, lo, f'hold: gain lower end {lo:.3f} <= {bar:.3f}')
-  if not repays_compile(lo, costs):
+  if not repays_compile(lo, costs, target):
     return Decision(current, best, point, lo, (
         f'hold: gain lower end {lo:.3f} > {bar:.3f}, but the compile ({costs.compile_s:.1f} s) '
         'is not repaid yet'))

@@ -103,24 +103,26 @@ def remaining_samples(train, samples, step, batch):
   return max(min(left), 0) if left else math.inf
 
 
-def costs(state, samples, remaining, samples_per_s, settings):
+def costs(state, samples, remaining, samples_per_s, settings, compiled=frozenset()):
   """auto_batch.Costs in seconds at the current batch's measured samples/s; the compile's from
-  settings.compile_s when it is given (>= 0), else the run's longest compiling step."""
+  settings.compile_s when it is given (>= 0), else the run's longest compiling step; `compiled`:
+  the batches (in responses) whose compile is paid."""
   compile_s = settings.compile_s if settings.compile_s >= 0 else state['compile_s']
   return auto_batch.Costs((samples - state['arrived']) / samples_per_s, remaining / samples_per_s,
-                          compile_s)
+                          compile_s, frozenset(compiled))
 
 
-def decide(state, samples, remaining, settings, G):
-  """(the state after a decision at `samples`, `remaining` samples before the budget ends; the
-  fields it adds to the training row)."""
+def decide(state, samples, remaining, settings, G, compiled=()):
+  """(the state after a decision at `samples`, `remaining` samples before the budget ends, the
+  batches `compiled` (in P) costing no compile; the fields it adds to the training row)."""
   noise = noise_estimate(state)
   batches = [P * G for P in auto_batch.allowed_batches(settings.min, settings.max)]
   left = state['left'] * G if state['left'] else None
   table = throughput_table(measured_rounds(state, settings), G)
   now = state['P'] * G
   decision = auto_batch.decide(now, batches, noise, table, settings.margin, left,
-                               costs(state, samples, remaining, table[now].value, settings),
+                               costs(state, samples, remaining, table[now].value, settings,
+                                     {P * G for P in compiled}),
                                state['measured'])
   P = decision.batch // G
   fields = dict(auto_from=state['P'], auto_to=P, auto_best=decision.best // G,
@@ -195,12 +197,13 @@ class BatchSchedule:
     switches. Returns the (run, meta) the next step uses."""
     state, P = meta['auto_batch'], meta['auto_batch']['P']
     # A step that ran beside a compile ahead is not a measurement of its batch's samples/s.
-    seconds, per_s, alone = _agreed(row['step_time_s'], row['samples_per_s'],
-                                    float(self.ahead is None))
+    seconds, per_s, alone, compiled = _agreed(row['step_time_s'], row['samples_per_s'],
+                                              float(self.ahead is None), self._compiled_mask())
     row['batch'] = algos.batch_size(run.config)
     state, fields = advance(state, dict(row, step_time_s=seconds, samples_per_s=per_s),
                             meta['samples'], meta['step'], row['batch'],
-                            P in self.compiled and bool(alone), self.config)
+                            P in self.compiled and bool(alone), self.config,
+                            self._from_mask(compiled))
     self.compiled.add(P)
     row.update(fields)
     if 'auto_check_verdict' in row:
@@ -230,11 +233,21 @@ class BatchSchedule:
     self.next_look = meta['samples'] + self.settings.every_samples // 8
     remaining = remaining_samples(self.config.train, meta['samples'], meta['step'],
                                   algos.batch_size(run.config))
-    P = decide(state, meta['samples'], remaining, self.settings, self.config.rollout.G)[0]['P']
+    P = decide(state, meta['samples'], remaining, self.settings, self.config.rollout.G,
+               set(self.programs))[0]['P']
     if P in self.programs:
       return {}
     self.ahead = P, self.pool.submit(compiled_programs, run, self.config, P)
     return dict(auto_ahead=P)
+
+  def _compiled_mask(self):
+    """The batches whose programs this process holds, as bits over the allowed batches."""
+    allowed = auto_batch.allowed_batches(self.settings.min, self.settings.max)
+    return float(sum(1 << i for i, P in enumerate(allowed) if P in self.programs))
+
+  def _from_mask(self, mask):
+    allowed = auto_batch.allowed_batches(self.settings.min, self.settings.max)
+    return {P for i, P in enumerate(allowed) if int(mask) >> i & 1}
 
   def _collect(self, wait):
     """Seconds waited for the compile ahead; its programs join `programs` once it is done."""
@@ -246,17 +259,18 @@ class BatchSchedule:
     return time.perf_counter() - start
 
 
-def advance(state, row, samples, step, batch, measurable, config):
+def advance(state, row, samples, step, batch, measurable, config, compiled=()):
   """(the state after one step's training row, the fields it adds to the row): records the step
   (`measurable`: it did not compile), then checks the last move or decides, whichever is due.
-  `samples`, `step`: the run's after the step; `batch`: its responses."""
+  `samples`, `step`: the run's after the step; `batch`: its responses; `compiled`: the batches
+  (in P) whose compile is paid (process 0's: every process must decide alike)."""
   settings, G = config.auto_batch, config.rollout.G
   state = record(state, row, samples, measurable, settings)
   if check_due(state, samples, settings):
     return verify(state, samples, settings, G)
   if due(state, samples, settings):
     remaining = remaining_samples(config.train, samples, step, batch)
-    return decide(state, samples, remaining, settings, G)
+    return decide(state, samples, remaining, settings, G, compiled)
   return state, {}
 
 
