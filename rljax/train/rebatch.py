@@ -185,6 +185,7 @@ class BatchSchedule:
     self.ahead = None       # (P, future of compiled_programs) while P compiles beside the steps
     self.pool = futures.ThreadPoolExecutor(1, thread_name_prefix='rljax-compile-ahead')
     self.next_look = 0      # samples of the next look ahead
+    self.allowed = auto_batch.allowed_batches(config.auto_batch.min, config.auto_batch.max)
     # A checkpoint's state may predate fields the rule reads now: they start afresh.
     meta['auto_batch'] = dict(initial_state(config), **meta.get('auto_batch', {}))
 
@@ -242,12 +243,10 @@ class BatchSchedule:
 
   def _compiled_mask(self):
     """The batches whose programs this process holds, as bits over the allowed batches."""
-    allowed = auto_batch.allowed_batches(self.settings.min, self.settings.max)
-    return float(sum(1 << i for i, P in enumerate(allowed) if P in self.programs))
+    return float(sum(1 << i for i, P in enumerate(self.allowed) if P in self.programs))
 
   def _from_mask(self, mask):
-    allowed = auto_batch.allowed_batches(self.settings.min, self.settings.max)
-    return {P for i, P in enumerate(allowed) if int(mask) >> i & 1}
+    return {P for i, P in enumerate(self.allowed) if int(mask) >> i & 1}
 
   def _collect(self, wait):
     """Seconds waited for the compile ahead; its programs join `programs` once it is done."""
