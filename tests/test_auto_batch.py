@@ -340,10 +340,11 @@ def test_a_checkpoint_state_without_the_compile_fields_resumes_with_them_afresh(
   rebatch.BatchSchedule(config, types.SimpleNamespace(config=config, algo=None), meta)
   assert meta['auto_batch'] == dict(rebatch.initial_state(config), P=4, next_decision=4096)
 
-def drive(rewards_after, tmp_path, steps=400, seed=0):
+def drive(rewards_after, tmp_path, steps=400, seed=0, ready=()):
   """rebatch.advance over synthetic rows: P=2 (16 responses) moves to P=4 at the first decision
-  (a large noise scale, samples/s 1.6x from a file, free compile); after the move the training
-  reward follows `rewards_after(samples)`. Returns the rows' added fields and the states."""
+  (a large noise scale, samples/s 1.6x from a file, free compile), or at a look when 4 is `ready`;
+  after the move the training reward follows `rewards_after(samples)`. Returns the rows' added
+  fields (with `wanted`, the batch a look would compile ahead) and the states."""
   config = grpo_config.get_config('runlocal,P=auto')
   throughput = tmp_path / 'throughput.json'
   throughput.write_text(json.dumps({'2': [500, 505, 495], '4': [800, 810, 790]}))
@@ -359,8 +360,9 @@ def drive(rewards_after, tmp_path, steps=400, seed=0):
     row = dict(samples_per_s=500.0, step_time_s=0.1, grad_sq_small=626 * rng.uniform(0.9, 1.1),
                grad_sq_big=313.5 * rng.uniform(0.9, 1.1), b_small=8.0, b_big=16.0,
                reward_mean=reward + rng.normal(0, 0.02 * np.sqrt(16 / batch)), retained=batch)
-    state, fields = rebatch.advance(state, row, samples, step, batch, True, config)
-    log.append((samples, fields, state))
+    state, fields, wanted = rebatch.advance(state, row, samples, step, batch, True, config,
+                                            ready=ready)
+    log.append((samples, dict(fields, **{'wanted': wanted} if wanted else {}), state))
   return log
 
 
@@ -376,6 +378,21 @@ def test_a_move_that_stopped_progress_is_undone_and_its_batch_needs_the_return_b
   assert checked_at == 1024 + 2048 and check['auto_check_verdict'] == 'undo'
   assert (check['auto_from'], check['auto_to'], state['P'], state['left']) == (4, 2, 2, 4)
   assert check['auto_check_hi'] * 1.6 < 1 and state['measured'] is None
+
+
+def test_a_look_moves_to_a_ready_batch_and_names_one_to_compile_ahead_otherwise(tmp_path):
+  same_curve = lambda samples: 0.2 + 0.003 * np.sqrt(samples)
+  # 4 not ready: the looks (every 128 samples) from the first noise-scale interval name it to
+  # compile ahead; the decision point (1024) moves.
+  log = drive(same_curve, tmp_path)
+  wanted = [samples for samples, fields, _ in log if 'wanted' in fields]
+  assert wanted and wanted[0] < 1024 and all(s % 128 == 0 for s in wanted)
+  assert {fields['wanted'] for _, fields, _ in log if 'wanted' in fields} == {4}
+  assert first(log, 'auto_from')[0] == 1024
+  # 4 ready (its programs at hand): the first look that would move to it moves.
+  moved_at, move, state = first(drive(same_curve, tmp_path, ready={2, 4}), 'auto_from')
+  assert moved_at == wanted[0] and (move['auto_from'], move['auto_to'], state['P']) == (2, 4, 4)
+  assert state['next_decision'] == moved_at + 1024 and state['check']['at'] == moved_at
 
 
 def test_a_move_that_kept_its_progress_is_kept_and_measured(tmp_path):
@@ -398,15 +415,17 @@ def test_a_move_that_kept_its_progress_is_kept_and_measured(tmp_path):
 
 def tiny_auto(tmp_path):
   """A random tiny policy on 1-digit addition, P=4 then 8 (x G=4), samples/s from a file so the
-  schedule is the same on every run: from step 6 (the first noise-scale interval) P=8 compiles
-  ahead, the first decision (step 7) doubles P, step 9 checks it."""
+  schedule is the same on every run: the top of the range (16, no faster than 8) compiles beside
+  step 1; from step 6 (the first noise-scale interval) P=8 compiles ahead, the first decision
+  (step 7) doubles P, step 9 checks it."""
   config = grpo_config.get_config('runlocal,P=auto,G=4')
   config.data.update(dir=str(tmp_path / 'data'), digits=1, num_train=200, num_test=20)
   config.warmstart.enabled = False
   config.metrics.update(tensorboard=False, progress=False)
   throughput = tmp_path / 'throughput.json'
-  throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198]}))
-  config.auto_batch.update(min=4, max=8, every_samples=112, throughput_file=str(throughput),
+  throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198],
+                                    '16': [200, 202, 198]}))
+  config.auto_batch.update(min=4, max=16, every_samples=112, throughput_file=str(throughput),
                            compile_s=0.0, verify_samples=64)
   config.rollout.P = 4
   config.train.update(max_samples=0, max_steps=9, eval_every=4, eval_size=8, micro_batch=8,
@@ -427,9 +446,10 @@ def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identical
   assert (switch['step'], switch['auto_from'], switch['auto_to']) == (7, 4, 8)
   assert switch['auto_noise_lo'] > 0 and switch['auto_gain_lo'] > 1.1
   assert [row['batch'] for row in steps] == [16] * 7 + [32] * 2
-  # P=8 was compiled ahead, beside the step at 4 before the switch; the switch waited for the rest.
+  # The top (16) compiled beside step 1, which waited for it; P=8 was compiled ahead, beside the
+  # step at 4 before the switch; the switch waited for the rest.
   assert [(row['step'], row['auto_ahead']) for row in steps if 'auto_ahead' in row] == [(6, 8)]
-  assert switch['auto_wait_s'] >= 0
+  assert steps[0]['auto_wait_s'] >= 0 and switch['auto_wait_s'] >= 0
   assert steps[-1]['lr'] == pytest.approx(steps[0]['lr'] * 2 ** 0.5, rel=1e-6)   # sqrt rule
   assert switch['auto_lr'] == pytest.approx(steps[-1]['lr'], rel=1e-6)
   assert [row['samples'] for row in rows if row.get('eval')] == [0, 64, 144, 176]   # in samples
@@ -449,6 +469,22 @@ def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identical
   # Samples/s measured at 4 on steps 2-6: not step 1 (it compiled), nor 7 (beside the compile
   # ahead); at 8 on step 9 (8's first step is taken as compiling, as every batch's is).
   assert {P: len(r) for P, r in ref_meta['auto_batch']['throughput'].items()} == {'4': 5, '8': 1}
+
+
+def test_the_top_of_the_range_compiles_beside_the_first_step_and_a_look_moves_there(tmp_path):
+  """16 makes the most progress per second: the first look with a noise-scale interval (step 6)
+  moves there, ahead of the first decision point (step 7), since its programs are at hand."""
+  config = tiny_auto(tmp_path)
+  config.train.max_steps = 7
+  throughput = tmp_path / 'throughput.json'
+  throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198],
+                                    '16': [800, 808, 792]}))
+  loop.train(config, str(tmp_path / 'run'))
+  steps = [row for row in metrics.read_jsonl(tmp_path / 'run' / 'metrics.jsonl')
+           if not row.get('eval')]
+  assert [(row['step'], row['auto_to']) for row in steps if 'auto_to' in row] == [(6, 16)]
+  assert [row['batch'] for row in steps] == [16] * 6 + [64]
+  assert not any('auto_ahead' in row for row in steps)
 
 
 class CompileLog(logging.Handler):
@@ -484,9 +520,8 @@ def test_a_batch_compiled_ahead_on_a_thread_takes_its_first_step_without_compili
   run, carry, _ = run_lib.setup(config, str(tmp_path / 'run'))
   compiled, carry = compiled_in_step(run, carry, 1)
   assert {'<lambda>', 'make_batch', 'update'} <= compiled
-  programs = {4: (run.config, run.algo)}
   with futures.ThreadPoolExecutor(1) as pool:
-    programs[8] = pool.submit(rebatch.compiled_programs, run, config, 8).result()
-  at_8 = rebatch.at_batch(run, config, 8, programs, run.iterator.state())
+    programs = {8: pool.submit(rebatch.compiled_programs, run, config, 8)}
+    at_8 = rebatch.at_batch(run, config, 8, programs, run.iterator.state())
   compiled, _ = compiled_in_step(at_8, carry, 2)
   assert compiled <= {'rollout_stats'}   # the step's own statistics, milliseconds to compile

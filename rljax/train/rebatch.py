@@ -73,6 +73,14 @@ def due(state, samples, settings):
           and not state['check'])
 
 
+def look_due(state, samples, batch, settings):
+  """A look: the step that brought the run to `samples` (`batch` of them) crossed a multiple of
+  every_samples / 8, with the current batch measured and the last move checked."""
+  every = max(settings.every_samples // 8, 1)
+  return (samples // every > (samples - batch) // every
+          and state['P'] in measured_rounds(state, settings) and not state['check'])
+
+
 def check_due(state, samples, settings):
   """The last move has run `verify_samples` samples: time to check it."""
   return bool(state['check']) and samples >= state['check']['at'] + settings.verify_samples
@@ -175,102 +183,103 @@ def eval_due(config, row, samples_before, samples_after):
 
 
 class BatchSchedule:
-  """config.auto_batch in the loop: measures, decides at the decision points and switches `run`
-  to the batch decided (rljax.train.rebatch; its state rides in the checkpoint's meta)."""
+  """config.auto_batch in the loop: measures, decides at the decision points and looks, and
+  switches `run` to the batch decided (rljax.train.rebatch; its state rides in the checkpoint's
+  meta). Each batch's programs compile once per process, on a thread beside the steps: the top of
+  the range beside the process's first step (the first move, with only the starting batch
+  measured, often goes there), any other batch once a look would move to it."""
 
   def __init__(self, config, run, meta):
     self.config, self.settings = config, config.auto_batch
-    self.programs = {config.rollout.P: (run.config, run.algo)}   # what setup compiled
+    self.programs = {config.rollout.P: _done((run.config, run.algo))}   # {P: future (config, algo)}
+    self.ready = {config.rollout.P}   # batches whose programs are at hand: a look may move there
     self.compiled = set()   # batches that ran in this process: their next steps do not compile
-    self.ahead = None       # (P, future of compiled_programs) while P compiles beside the steps
     self.pool = futures.ThreadPoolExecutor(1, thread_name_prefix='rljax-compile-ahead')
-    self.next_look = 0      # samples of the next look ahead
-    self.allowed = auto_batch.allowed_batches(config.auto_batch.min, config.auto_batch.max)
+    self.top = max(auto_batch.allowed_batches(config.auto_batch.min, config.auto_batch.max))
     # A checkpoint's state may predate fields the rule reads now: they start afresh.
     meta['auto_batch'] = dict(initial_state(config), **meta.get('auto_batch', {}))
 
   def resume(self, run, meta):
-    """`run` at the batch its checkpoint left it at."""
-    return at_batch(run, self.config, meta['auto_batch']['P'], self.programs, meta['data'])
+    """`run` at the batch its checkpoint left it at; the top of the range starts compiling."""
+    P = meta['auto_batch']['P']
+    run = at_batch(run, self.config, P, self.programs, meta['data'])
+    self.ready.add(P)
+    self._ahead(run, self.top)
+    return run
 
   def after_step(self, run, meta, row):
     """Records the step; checks the last move or decides when due, logs it into `row` and
     switches. Returns the (run, meta) the next step uses."""
     state, P = meta['auto_batch'], meta['auto_batch']['P']
-    # A step that ran beside a compile ahead is not a measurement of its batch's samples/s.
-    seconds, per_s, alone, compiled = _agreed(row['step_time_s'], row['samples_per_s'],
-                                              float(self.ahead is None), self._compiled_mask())
+    # A step that ran beside a compile is not a measurement of its batch's samples/s.
+    alone = all(future.done() for future in self.programs.values())
+    seconds, per_s, alone = _agreed(row['step_time_s'], row['samples_per_s'], float(alone))
     row['batch'] = algos.batch_size(run.config)
-    state, fields = advance(state, dict(row, step_time_s=seconds, samples_per_s=per_s),
-                            meta['samples'], meta['step'], row['batch'],
-                            P in self.compiled and bool(alone), self.config,
-                            self._from_mask(compiled))
+    state, fields, wanted = advance(
+        state, dict(row, step_time_s=seconds, samples_per_s=per_s), meta['samples'],
+        meta['step'], row['batch'], P in self.compiled and bool(alone), self.config,
+        set(self.programs), self.ready)
+    first, moved = not self.compiled, state['P'] != P
     self.compiled.add(P)
-    row.update(fields)
+    row.update(fields, **self._ahead(run, wanted))
     if 'auto_check_verdict' in row:
       run.writer.say(_check_line(row))
-    if state['P'] == P:
-      self._collect(wait=False)
-      row.update(self._look_ahead(run, state, meta))
-    else:   # the switch waits for a compile ahead still running: the step's time holds the wait
-      waited = self._collect(wait=True)
-      row.update(auto_wait_s=waited, step_time_s=row['step_time_s'] + waited,
-                 wallclock_s=row['wallclock_s'] + waited)
-      meta = dict(meta, wallclock_s=row['wallclock_s'])
+    if not (first or moved):
+      return run, dict(meta, auto_batch=state)
+    # The first step waits for the top's compile, a switch for its batch's (or compiles it): the
+    # wait is counted in the step's time.
+    start = time.perf_counter()
+    if first:
+      futures.wait([self.programs[self.top]])
+      self.ready.add(self.top)
+    if moved:
       data_state = data.continue_with_batch(run.iterator.state(), P)
       run = at_batch(run, self.config, state['P'], self.programs, data_state)
+      self.ready.add(state['P'])
       meta = dict(meta, data=run.iterator.state())
       row['auto_lr'] = float(run.algo.schedules['lr'](run.algo.updates_per_batch * row['step']))
+    waited = time.perf_counter() - start
+    row.update(auto_wait_s=waited, step_time_s=row['step_time_s'] + waited,
+               wallclock_s=row['wallclock_s'] + waited)
+    if moved:
       run.writer.say(_switch_line(row, algos.get(self.config.algo).BATCH_ARG))
-    return run, dict(meta, auto_batch=state)
+    return run, dict(meta, wallclock_s=row['wallclock_s'], auto_batch=state)
 
-  def _look_ahead(self, run, state, meta):
-    """Starts compiling, on a thread beside the steps, the batch the rule would move to now
-    (looked at every every_samples / 8 samples), so that a move need not wait for XLA. Returns
-    the field it adds to the training row: `auto_ahead`, the batch it started compiling."""
-    if (self.ahead or meta['samples'] < self.next_look or state['check']
-        or state['P'] not in measured_rounds(state, self.settings)):
+  def _ahead(self, run, P):
+    """Starts compiling batch P on the thread beside the steps unless its programs exist; the
+    field it adds to the training row: `auto_ahead`, the batch it started compiling."""
+    if P is None or P in self.programs:
       return {}
-    self.next_look = meta['samples'] + self.settings.every_samples // 8
-    remaining = remaining_samples(self.config.train, meta['samples'], meta['step'],
-                                  algos.batch_size(run.config))
-    P = decide(state, meta['samples'], remaining, self.settings, self.config.rollout.G,
-               set(self.programs))[0]['P']
-    if P in self.programs:
-      return {}
-    self.ahead = P, self.pool.submit(compiled_programs, run, self.config, P)
+    self.programs[P] = self.pool.submit(compiled_programs, run, self.config, P)
     return dict(auto_ahead=P)
 
-  def _compiled_mask(self):
-    """The batches whose programs this process holds, as bits over the allowed batches."""
-    return float(sum(1 << i for i, P in enumerate(self.allowed) if P in self.programs))
 
-  def _from_mask(self, mask):
-    return {P for i, P in enumerate(self.allowed) if int(mask) >> i & 1}
-
-  def _collect(self, wait):
-    """Seconds waited for the compile ahead; its programs join `programs` once it is done."""
-    if not self.ahead or not (wait or self.ahead[1].done()):
-      return 0.0
-    start = time.perf_counter()
-    P, future = self.ahead
-    self.programs[P], self.ahead = future.result(), None
-    return time.perf_counter() - start
+def _done(value):
+  future = futures.Future()
+  future.set_result(value)
+  return future
 
 
-def advance(state, row, samples, step, batch, measurable, config, compiled=()):
-  """(the state after one step's training row, the fields it adds to the row): records the step
-  (`measurable`: it did not compile), then checks the last move or decides, whichever is due.
-  `samples`, `step`: the run's after the step; `batch`: its responses; `compiled`: the batches
-  (in P) whose compile is paid (process 0's: every process must decide alike)."""
+def advance(state, row, samples, step, batch, measurable, config, compiled=(), ready=()):
+  """(the state after one step's training row, the fields it adds to the row, the batch to compile
+  ahead or None): records the step (`measurable`: it did not compile), then checks the last move
+  or decides, whichever is due. At a decision point the batches `compiled` (or compiling) cost no
+  compile. A look decides too, but moves only to a batch `ready` (its programs at hand: a move that
+  waits for nothing need not wait for the decision point); otherwise it names the batch the rule
+  would move to, so that it compiles ahead. `samples`, `step`: the run's after the step; `batch`:
+  its responses; `compiled`, `ready`: in P."""
   settings, G = config.auto_batch, config.rollout.G
   state = record(state, row, samples, measurable, settings)
   if check_due(state, samples, settings):
-    return verify(state, samples, settings, G)
-  if due(state, samples, settings):
-    remaining = remaining_samples(config.train, samples, step, batch)
-    return decide(state, samples, remaining, settings, G, compiled)
-  return state, {}
+    return (*verify(state, samples, settings, G), None)
+  deciding = due(state, samples, settings)
+  if not (deciding or look_due(state, samples, batch, settings)):
+    return state, {}, None
+  remaining = remaining_samples(config.train, samples, step, batch)
+  decided, fields = decide(state, samples, remaining, settings, G, compiled)
+  if deciding or decided['P'] in set(ready) - {state['P']}:
+    return decided, fields, None
+  return state, {}, None if decided['P'] == state['P'] else decided['P']
 
 
 def _agreed(*values):
@@ -302,12 +311,12 @@ def _check_line(row):
 
 def at_batch(run, base_config, P, programs, data_state):
   """`run` at batch P (config.auto_batch): its config, algorithm and prompt iterator. The
-  programs of each batch are compiled once and kept in `programs` ({P: (config, algo)}); its
-  optimizer has the lr rule at the new batch, and the state it updates (the carry, Adam's
-  moments included) goes on unchanged."""
+  programs of each batch are compiled once and kept in `programs` ({P: future of (config,
+  algo)}, waited for here); its optimizer has the lr rule at the new batch, and the state it
+  updates (the carry, Adam's moments included) goes on unchanged."""
   if P not in programs:
-    programs[P] = compiled_programs(run, base_config, P)
-  config, algo = programs[P]
+    programs[P] = _done(compiled_programs(run, base_config, P))
+  config, algo = programs[P].result()
   return run._replace(config=config, algo=algo,
                       iterator=run_lib.make_iterator(config, run.task, data_state))
 
