@@ -117,7 +117,8 @@ def base_config(P, G, runlocal, seed, model=''):
 
   # The batch chosen during the run (docs/guide/auto_batch.md): among the powers of two in
   # [min, max], in the algorithm's unit (rollout.P: GRPO's prompts, PPO's B), the one of most
-  # predicted progress per second, decided every `every_samples` samples from the noise scale of
+  # predicted progress per second, decided every `every_samples` samples (every eighth of them
+  # when the batch it would move to is compiled already) from the noise scale of
   # the last `window` steps and samples/s over the latest `window` (at least `probe_steps`) steps
   # at each batch tried (or read from throughput_file, JSON {"P": [samples/s, ...]}). It moves only when the gain's
   # lower end clears 1 + margin and the rest of the budget repays a compile of compile_s seconds

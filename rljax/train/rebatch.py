@@ -230,7 +230,7 @@ class BatchSchedule:
     # wait is counted in the step's time.
     start = time.perf_counter()
     if first:
-      futures.wait([self.programs[self.top]])
+      self.programs[self.top].result()   # a compile that failed says so here
       self.ready.add(self.top)
     if moved:
       data_state = data.continue_with_batch(run.iterator.state(), P)
