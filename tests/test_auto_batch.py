@@ -395,6 +395,16 @@ def test_a_look_moves_to_a_ready_batch_and_names_one_to_compile_ahead_otherwise(
   assert state['next_decision'] == moved_at + 1024 and state['check']['at'] == moved_at
 
 
+def test_a_look_falls_on_the_step_that_crosses_an_eighth_of_every_samples():
+  config = grpo_config.get_config('runlocal,P=auto')   # every_samples 2048: a look every 256
+  state = dict(rebatch.initial_state(config), throughput={'2': [500.0] * 8})
+  looks = lambda samples, retained: rebatch.look_due(state, samples, retained, config.auto_batch)
+  assert looks(256, 16) and looks(260, 16) and not looks(272, 16)
+  # Fewer responses retained than the batch (GRPO's filter_zero_variance): the step's own count.
+  assert looks(257, 4) and not looks(264, 4)
+  assert not rebatch.look_due(dict(state, check={'at': 0}), 256, 16, config.auto_batch)
+
+
 def test_a_move_that_kept_its_progress_is_kept_and_measured(tmp_path):
   log = drive(lambda samples: 0.2 + 0.003 * np.sqrt(samples), tmp_path)   # the same curve
   checked_at, check, state = first(log, 'auto_check_verdict')

@@ -1,6 +1,6 @@
 """The run's side of config.auto_batch (rljax.train.auto_batch holds the rule): what the rule
 reads, kept in the checkpoint's meta so a resumed run goes on with the same schedule on every
-process, and the decision points.
+process, the decision points and the looks between them.
 
 The state is plain JSON: the current batch `P` (the algorithm's unit: GRPO's prompts, PPO's B),
 the sample count of the next decision, the batch the last move left, the sample count at which the
@@ -73,11 +73,11 @@ def due(state, samples, settings):
           and not state['check'])
 
 
-def look_due(state, samples, batch, settings):
-  """A look: the step that brought the run to `samples` (`batch` of them) crossed a multiple of
-  every_samples / 8, with the current batch measured and the last move checked."""
+def look_due(state, samples, retained, settings):
+  """A look: the step that brought the run to `samples` (`retained` of them its own) crossed a
+  multiple of every_samples / 8, with the current batch measured and the last move checked."""
   every = max(settings.every_samples // 8, 1)
-  return (samples // every > (samples - batch) // every
+  return (samples // every > (samples - retained) // every
           and state['P'] in measured_rounds(state, settings) and not state['check'])
 
 
@@ -273,7 +273,7 @@ def advance(state, row, samples, step, batch, measurable, config, compiled=(), r
   if check_due(state, samples, settings):
     return (*verify(state, samples, settings, G), None)
   deciding = due(state, samples, settings)
-  if not (deciding or look_due(state, samples, batch, settings)):
+  if not (deciding or look_due(state, samples, row['retained'], settings)):
     return state, {}, None
   remaining = remaining_samples(config.train, samples, step, batch)
   decided, fields = decide(state, samples, remaining, settings, G, compiled)
