@@ -8,7 +8,6 @@ import shutil
 import types
 
 import jax
-
 import numpy as np
 import pytest
 import rljax_cli

@@ -277,7 +277,7 @@ def advance(state, row, samples, step, batch, measurable, config, compiled=(), r
     return state, {}, None
   remaining = remaining_samples(config.train, samples, step, batch)
   decided, fields = decide(state, samples, remaining, settings, G, compiled)
-  if deciding or decided['P'] in set(ready) - {state['P']}:
+  if deciding or (decided['P'] != state['P'] and decided['P'] in ready):
     return decided, fields, None
   return state, {}, None if decided['P'] == state['P'] else decided['P']
 
@@ -324,7 +324,7 @@ def at_batch(run, base_config, P, programs, data_state):
 def compiled_programs(run, base_config, P):
   """(config, algorithm) of `run` at batch P, with the programs its steps call compiled: the
   sampler's at P, `make_batch`, `update` and the schedules. Compiled here rather than at their
-  first call, so that it can be done ahead of a move (BatchSchedule._look_ahead); a call then
+  first call, so that it can be done ahead of a move (BatchSchedule._ahead); a call then
   finds them in jit's caches."""
   config = algos.with_batch(base_config, P, algos.micro_batches(base_config))
   sampler = run.schedule.sampler   # the run's, its settings (rows per prompt) fixed at setup
