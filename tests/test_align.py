@@ -76,12 +76,3 @@ def test_aligned_range_is_contiguous_and_names_what_is_undetermined():
   assert aligned['undetermined'] == [1024, 2048]
   assert aligned['status'][4096] == 'not aligned' and aligned['status'][64] == 'not aligned'
   assert align.aligned_range(arms[2:3], 0.2)['batches'] == [256]   # the base alone
-
-
-def test_choose_lr_takes_the_fewest_samples_and_flags_the_edge():
-  choice = align.choose_lr([1e-4, 2.5e-5, 5e-5], [[9e3, 1.1e4], [8e3, np.nan], [5e3, 6e3]])
-  assert choice['lr0'] == 5e-5 and not choice['at_edge']
-  assert [r['lr'] for r in choice['lrs']] == [2.5e-5, 5e-5, 1e-4]
-  assert not choice['lrs'][0]['reached']   # 8k on one seed, but the other never got there
-  assert choice['lrs'][1]['samples_to_target'] == pytest.approx(np.sqrt(5e3 * 6e3))
-  assert align.choose_lr([1e-4, 5e-5], [[4e3, 4e3], [6e3, 6e3]])['at_edge']

@@ -106,17 +106,18 @@ def test_runlocal_builds_valid_arms_and_a_calibration_sweep(arg):
   config = protocol_config.get_config(arg)
   arms = protocol.arms(config, 'D')   # every arm passes the trainer's own config checks
   assert {a.batch for a in arms} == {128, 256, 512, 1024}
-  sweep = protocol.calibration_arms(config, 'D')
+  sweep = [protocol.calibration_arm(config, 'D', lr) for lr in protocol.calibration_lrs(config)]
   lrs = [protocol._arm_spec(a)['lr'] for a in sweep]
   assert len(lrs) == 5 and {a.batch for a in sweep} == {128}
   assert max(lrs) / min(lrs) == pytest.approx(4.0, rel=0.01)
   assert lrs[2] == pytest.approx(protocol.default_lr0(config), rel=0.01)
 
 
-def test_the_deep_preset_runs_every_arm_on_and_calibrates_on_a_proxy_target():
+def test_the_deep_preset_runs_every_arm_on_and_calibrates_on_a_placed_proxy_target():
   """runlocal (GRPO): arms run the whole budget (targets come from the base arm's curve), the
-  calibration stops at the proxy J + margin on its own finer grid, evals on 4000 prompts (the test
-  split's 1000 and 3000 drawn after the training split)."""
+  calibration runs its whole budget on its own finer grid (its proxy J is placed on its curves),
+  within a quarter of the sweep's training samples at its widest bracket; evals on 4000 prompts
+  (the test split's 1000 and 3000 drawn after the training split)."""
   config = protocol_config.get_config('runlocal')
   arms = protocol.arms(config, 'D')
   assert [(a.batch, a.config.train.target, a.config.train.max_samples) for a in arms] == [
@@ -124,11 +125,15 @@ def test_the_deep_preset_runs_every_arm_on_and_calibrates_on_a_proxy_target():
   assert [a.config.train.eval_every * a.batch for a in arms] == [8192] * 3
   assert {(a.config.data.num_test, a.config.data.extra_test, a.config.train.eval_size)
           for a in arms} == {(1000, 3000, 4000)}
-  sweep = protocol.calibration_arms(config, 'D')
-  assert [(a.batch, round(a.config.train.target, 6), a.config.train.eval_every,
-           a.config.train.max_samples) for a in sweep] == [(16, 0.53, 128, 32_768)] * 3
+  sweep = [protocol.calibration_arm(config, 'D', lr) for lr in protocol.calibration_lrs(config)]
+  assert [(a.batch, a.config.train.target, a.config.train.eval_every,
+           a.config.train.max_samples) for a in sweep] == [(16, 0.0, 128, 32_768)] * 3
   lrs = [protocol._arm_spec(a)['lr'] for a in sweep]
   assert lrs == pytest.approx([1e-4 * (16 / 128)**0.5 * f for f in (0.5, 1.0, 2.0)], rel=0.01)
+  p = config.protocol
+  assert (p.target, p.calibration_fraction) == (0.0, 0.7)
+  widest = p.calibration_max_lrs * p.calibration_seeds * p.calibration_max_samples
+  assert widest <= 0.25 * len(arms) * p.num_seeds * p.max_samples
   with pytest.raises(ValueError, match='two presets'):
     protocol_config.get_config('runlocal,small,shallow')
   with pytest.raises(ValueError, match='GRPO runlocal preset'):
@@ -145,8 +150,9 @@ def test_micro_batches_must_hold_whole_groups():
 def test_a_given_lr0_skips_the_calibration(tmp_path):
   config = protocol_config.get_config('runlocal,shallow')
   config.protocol.lr0 = 3e-5
-  assert protocol.calibrate(config, str(tmp_path)) == 3e-5
-  assert layout.read(str(tmp_path), 'calibration') == {'lr0': 3e-5, 'source': 'given'}
+  assert protocol.calibrate(config, str(tmp_path)) == (3e-5, 0.0)
+  assert layout.read(str(tmp_path), 'calibration') == {'lr0': 3e-5, 'source': 'given',
+                                                           'target': 0.0}
   assert not (tmp_path / 'calibration').exists()
 
 
@@ -161,31 +167,73 @@ def _finished_run(run_dir, accuracies, batch=128):
   (Path(run_dir) / 'done.json').write_text('{}')
 
 
-def test_calibration_chooses_the_lr_with_the_fewest_samples_to_target(tmp_path):
+def _calibration_runs(config, workdir, accuracies_by_lr):
+  """Finished calibration runs (run_once skips them), one per seed, at each lr given."""
+  for lr, per_seed in accuracies_by_lr.items():
+    name = protocol.calibration_arm(config, workdir, lr).name
+    for seed, accuracies in enumerate(per_seed):
+      _finished_run(layout.run_dir(workdir, 'calibration', name, seed), accuracies)
+
+
+def test_calibration_chooses_the_lr_with_the_fewest_samples_to_a_given_target(tmp_path):
   """The calibration phase over finished runs (skipped, not retrained): 5 lrs x 2 seeds."""
   config = protocol_config.get_config('runlocal,shallow')
   config.protocol.target, config.protocol.smooth_window = 0.37, 1
-  sweep = protocol.calibration_arms(config, str(tmp_path))
+  lrs = protocol.calibration_lrs(config)
   crossings = {0: [6, 7], 1: [4, 5], 2: [2, 3], 3: [3, 3], 4: [None, 5]}   # evals to 0.37
-  for i, arm in enumerate(sweep):
-    for seed, k in enumerate(crossings[i]):
-      accuracies = [0.3] * (k or 8) + [0.4] * (2 if k else 0)
-      _finished_run(layout.run_dir(str(tmp_path), 'calibration', arm.name, seed), accuracies)
-  lr0 = protocol.calibrate(config, str(tmp_path))
-  assert lr0 == sweep[2].config.optimizer.lr == 5e-5   # 2.x and 3.x evals: the fewest samples
-  assert layout.read(str(tmp_path), 'calibration') == {'lr0': 5e-5, 'source': 'calibrated',
-                                                           'at_edge': False}
-  arms = protocol.arms(config, str(tmp_path), lr0)
+  _calibration_runs(config, str(tmp_path), {
+      lr: [[0.3] * (k or 8) + [0.4] * (2 if k else 0) for k in crossings[i]]
+      for i, lr in enumerate(lrs)})
+  lr0, target = protocol.calibrate(config, str(tmp_path))
+  assert (lr0, target) == (lrs[2], 0.37) and lr0 == 5e-5   # 2.x and 3.x evals: the fewest
+  assert layout.read(str(tmp_path), 'calibration') == {
+      'lr0': 5e-5, 'source': 'calibrated', 'at_edge': False, 'target': 0.37,
+      'method': 'fewest samples to target'}
+  arms = protocol.arms(config, str(tmp_path), lr0, target)
   assert protocol._arm_spec(arms[0])['lr'] == 5e-5
+  assert arms[0].config.train.target == pytest.approx(0.37 + config.protocol.stop_margin)
 
 
-def test_calibration_that_never_reaches_the_target_fails_clearly(tmp_path):
+def _rising(evals_to_top, top=0.45, n=9):
+  """0.30 rising linearly to `top` over `evals_to_top` evals, then flat."""
+  return list(np.minimum(0.30 + (top - 0.30) * np.arange(n) / evals_to_top, top))
+
+
+def test_an_lr_at_the_edge_extends_the_bracket_until_the_best_is_interior(tmp_path, capsys):
+  """The lowest lr is fastest to the placed proxy: the lr one bracket step below it runs next
+  (finished here, so not retrained), is slower, and the best is then interior."""
   config = protocol_config.get_config('runlocal,shallow')
-  for arm in protocol.calibration_arms(config, str(tmp_path)):
-    for seed in range(2):
-      _finished_run(layout.run_dir(str(tmp_path), 'calibration', arm.name, seed), [0.3] * 5)
-  with pytest.raises(ValueError, match='no lr reached protocol.target'):
-    protocol.calibrate(config, str(tmp_path))
+  config.protocol.smooth_window = 1
+  lrs = protocol.calibration_lrs(config)   # 2.5e-5 ... 1e-4
+  below = float(f'{lrs[0] * lrs[0] / lrs[1]:.3g}')
+  speed = {below: 5, lrs[0]: 3, lrs[1]: 4, lrs[2]: 5, lrs[3]: 6, lrs[4]: 7}   # evals to the top
+  _calibration_runs(config, str(tmp_path), {lr: [_rising(k)] * 2 for lr, k in speed.items()})
+  lr0, target = protocol.calibrate(config, str(tmp_path))
+  assert lr0 == lrs[0] and target == pytest.approx(0.30 + 0.45 * 0.15)
+  assert layout.read(str(tmp_path), 'calibration')['at_edge'] is False
+  assert f'extending to {below:g}' in capsys.readouterr().out
+  assert len(os.listdir(tmp_path / 'calibration')) == 6
+
+  config.protocol.calibration_max_lrs = 5   # the bound: no extension, a warning, and it goes on
+  other = tmp_path / 'bounded'
+  _calibration_runs(config, str(other), {lr: [_rising(speed[lr])] * 2 for lr in lrs})
+  assert protocol.calibrate(config, str(other))[0] == lrs[0]
+  assert 'rljax: warning: lr0 = 2.5e-05 is still at the edge' in capsys.readouterr().out
+  assert layout.read(str(other), 'calibration')['at_edge'] is True
+
+
+def test_calibration_with_no_lr_at_a_given_target_goes_on_with_the_most_progress(tmp_path,
+                                                                                  capsys):
+  config = protocol_config.get_config('runlocal,shallow')
+  config.protocol.target = 0.9
+  lrs = protocol.calibration_lrs(config)
+  finals = [0.32, 0.35, 0.40, 0.36, 0.31]
+  _calibration_runs(config, str(tmp_path), {lr: [[0.3, 0.31, f, f]] * 2
+                                            for lr, f in zip(lrs, finals)})
+  lr0, target = protocol.calibrate(config, str(tmp_path))
+  assert (lr0, target) == (lrs[2], 0.9)
+  assert layout.read(str(tmp_path), 'calibration')['method'] == 'most progress at the budget'
+  assert 'rljax: warning: no calibration lr reached J = 0.900' in capsys.readouterr().out
 
 
 def test_add_seeds_stages_its_budget_to_the_base_and_the_point_fastest_arm(tmp_path, monkeypatch):
@@ -196,7 +244,7 @@ def test_add_seeds_stages_its_budget_to_the_base_and_the_point_fastest_arm(tmp_p
   config, workdir = protocol_config.get_config('runlocal,shallow'), str(tmp_path)
   config.protocol.update(lr0=5e-5, smooth_window=1, extra_seeds=2, max_seeds=5)
   arm_list = protocol.arms(config, workdir)
-  protocol.write_protocol_json(config, workdir, arm_list[0])
+  protocol.write_protocol_json(config, workdir, arm_list[0], 0.37)
   crossings = dict(P16=[4, 5, 6, 5], P32=[5, 8, 10, 6], P64=[12, 14, 16], P128=[20, 24, 28],
                    P32_fixed_lr=[4, 5, 6])   # evals to the target, per seed
   for arm in arm_list:
@@ -259,6 +307,10 @@ def test_arm_overrides_apply_to_every_arm_but_not_to_the_batch():
     ('base', 12, 'protocol.base'),
     ('sweep', (8, 8, 16), 'repeat a batch'),
     ('target', 1.5, 'protocol.target'),
+    ('target', -0.1, 'protocol.target'),
+    ('calibration_fraction', 1.0, 'calibration_fraction'),
+    ('calibration_fraction', 0.0, 'calibration_fraction'),
+    ('calibration_max_lrs', 4, 'calibration_max_lrs'),
     ('num_seeds', 0, 'num_seeds'),
     ('throughput_warmup', 0, 'compiles'),
     ('throughput_rounds', 0, 'compiles'),
@@ -377,7 +429,7 @@ def test_resume_skips_finished_arms_and_shares_one_warm_start(resumed):
 def test_protocol_writes_runs_throughput_report_and_plots(resumed):
   workdir = resumed['workdir']
   calibration = layout.read(workdir, 'calibration')
-  assert calibration == {'lr0': 1e-5, 'source': 'given'}
+  assert calibration == {'lr0': 1e-5, 'source': 'given', 'target': 0.01}
   for arm in ('P2', 'P4', 'P4_fixed_lr'):
     done = json.load(open(os.path.join(workdir, 'arms', arm, 'seed_0', 'done.json')))
     assert done['samples'] >= 48 or done['eval_accuracy'] >= 0.04

@@ -1,5 +1,5 @@
 """The align step in numbers: rN (an arm's samples to target over the base's) with its interval,
-whether the sqrt rule aligned each batch, the aligned range, and lr0 chosen at the base batch.
+whether the sqrt rule aligned each batch, and the aligned range (lr0: rljax.protocol.calibration).
 
 A run that never reached the target (nan) makes rN unbounded; anything computed from it says so
 in a status.
@@ -46,26 +46,6 @@ def rn_interval(base_n, arm_n, level=0.95, arm_floor=None):
   if missed.any():
     result.update(rN=np.inf, hi=np.inf, status='not reached')
   return result
-
-
-def choose_lr(lrs, samples_per_lr, level=0.95):
-  """The lr with the fewest samples to target (geometric mean over seeds), each with its t-interval.
-
-  An lr with a seed that never reached the target is not chosen. 'at_edge' says the best lr is
-  the smallest or largest tried: the optimum may lie beyond the sweep.
-  """
-  rows = []
-  for lr, n in sorted(zip(lrs, samples_per_lr)):
-    n = np.asarray(n, float)
-    reached = bool(len(n)) and bool(np.isfinite(n).all())
-    geo = stats.log_mean_interval(n, level) if reached else dict(mean=np.inf, lo=np.nan, hi=np.inf)
-    rows.append(dict(lr=float(lr), samples_per_seed=n.tolist(), reached=reached,
-                     samples_to_target=geo['mean'], ci=[geo['lo'], geo['hi']]))
-  reached = [r for r in rows if r['reached']]
-  if not reached:
-    return dict(lr0=np.nan, at_edge=False, lrs=rows)
-  best = min(reached, key=lambda r: r['samples_to_target'])
-  return dict(lr0=best['lr'], at_edge=best['lr'] in (rows[0]['lr'], rows[-1]['lr']), lrs=rows)
 
 
 def alignment(lo, hi, tolerance):

@@ -35,7 +35,7 @@ import numpy as np
 from rljax import algos
 from rljax import optim
 from rljax import stats
-from rljax.protocol import align as align_lib
+from rljax.protocol import calibration as calibration_lib
 from rljax.protocol import curves
 from rljax.protocol import layout
 from rljax.protocol import report as report_lib
@@ -76,8 +76,9 @@ def default_lr0(config):
                          opt.base_batch, opt.lr_rule)
 
 
-def arm_config(config, workdir, value, lr0, control=False):
-  """config.arm at batch argument `value`, lr0 at the base batch, plus the protocol's settings.
+def arm_config(config, workdir, value, lr0, control=False, target=None):
+  """config.arm at batch argument `value`, lr0 at the base batch, plus the protocol's settings;
+  `target` is the stop target J (protocol.target when None: 0 until calibration places it).
 
   Evals every eval_every_samples // batch steps: the same sample grid for every arm (checked in
   `arms` to divide), so smoothing and crossings resolve every curve alike.
@@ -96,7 +97,8 @@ def arm_config(config, workdir, value, lr0, control=False):
   arm.train.eval_every = max(1, p.eval_every_samples // batch)
   arm.train.checkpoint_every = arm.train.eval_every * p.checkpoint_every_evals
   arm.train.max_samples, arm.train.max_steps = p.max_samples, 0
-  arm.train.target = min(p.target + p.stop_margin, 1.0) if p.stop_at_target else 0.0
+  target = p.target if target is None else target
+  arm.train.target = min(target + p.stop_margin, 1.0) if p.stop_at_target and target else 0.0
   arm.warmstart.dir = arm.warmstart.dir or os.path.join(os.path.abspath(workdir), 'warmstart')
   arm.warmstart.seed = p.warmstart_seed
   return arm
@@ -124,9 +126,15 @@ def check(config):
   if p.num_seeds < 1 or p.max_seeds < p.num_seeds or p.extra_seeds < 0:
     raise ValueError(f'protocol.num_seeds ({p.num_seeds}) must be >= 1 and <= max_seeds '
                      f'({p.max_seeds}), extra_seeds ({p.extra_seeds}) >= 0')
-  if not 0 < p.target <= 1 or any(not 0 < t <= 1 for t in p.targets):
-    raise ValueError(f'protocol.target ({p.target}) and .targets {tuple(p.targets)} must be '
-                     'accuracies in (0, 1]')
+  if not 0 <= p.target <= 1 or any(not 0 < t <= 1 for t in p.targets):
+    raise ValueError(f'protocol.target ({p.target}) must be 0 (placed by the calibration) or an '
+                     f'accuracy in (0, 1], .targets {tuple(p.targets)} accuracies in (0, 1]')
+  if not 0 < p.calibration_fraction < 1:
+    raise ValueError(f'protocol.calibration_fraction ({p.calibration_fraction}) must be in (0, 1): '
+                     'the proxy target sits that far from the warm start to the runs\' top')
+  if p.calibration_max_lrs < len(p.calibration_factors):
+    raise ValueError(f'protocol.calibration_max_lrs ({p.calibration_max_lrs}) must be >= the '
+                     f'{len(p.calibration_factors)} calibration_factors')
   if (p.max_samples < 1 or p.eval_every_samples < 1 or p.calibration_eval_every_samples < 0 or
       p.calibration_max_samples < 0):
     raise ValueError('protocol.max_samples and protocol.eval_every_samples must be positive, '
@@ -147,7 +155,7 @@ def _check_sample_grid(config, arm_list):
                      f'batch, so that all arms are evaluated on one sample grid; not of {off_grid}')
 
 
-def arms(config, workdir, lr0=None):
+def arms(config, workdir, lr0=None, target=None):
   """The align arms: the sqrt sweep, then the fixed-lr controls. Validates the protocol first."""
   check(config)
   lr0 = lr0 or config.protocol.lr0 or default_lr0(config)
@@ -155,7 +163,7 @@ def arms(config, workdir, lr0=None):
   result = []
   for value, control in ([(v, False) for v in config.protocol.sweep] +
                          [(v, True) for v in config.protocol.control]):
-    cfg = arm_config(config, workdir, value, lr0, control)
+    cfg = arm_config(config, workdir, value, lr0, control, target)
     config_checks.check(cfg)
     name = f'{key}{value}' + ('_fixed_lr' if control else '')
     result.append(Arm(name, value, batch_of(value, cfg), control, cfg))
@@ -167,21 +175,24 @@ def calibration_name(lr):
   return f'lr{lr:g}'
 
 
-def calibration_arms(config, workdir):
-  """The lr0 sweep at the base batch: default_lr0 x each protocol.calibration_factors."""
-  p, centre = config.protocol, default_lr0(config)
-  result = []
-  for factor in p.calibration_factors:
-    lr = float(f'{centre * factor:.3g}')
-    cfg = arm_config(config, workdir, p.base, lr)
-    cfg.train.target = min(p.target + p.stop_margin, 1.0)   # its J, even where arms run on
-    every = p.calibration_eval_every_samples or p.eval_every_samples
-    cfg.train.eval_every = max(1, every // batch_of(p.base, cfg))
-    cfg.train.checkpoint_every = cfg.train.eval_every * p.checkpoint_every_evals
-    cfg.train.max_samples = p.calibration_max_samples or p.max_samples
-    config_checks.check(cfg)
-    result.append(Arm(calibration_name(lr), p.base, batch_of(p.base, cfg), False, cfg))
-  return result
+def calibration_lrs(config):
+  """The calibration's first bracket at the base batch: default_lr0 x each calibration_factors."""
+  centre = default_lr0(config)
+  return [float(f'{centre * f:.3g}') for f in config.protocol.calibration_factors]
+
+
+def calibration_arm(config, workdir, lr):
+  """The base batch at `lr` on the calibration's grid and budget. It stops at a given target
+  (+ margin); with a placed one it runs its whole budget (the target needs every curve's top)."""
+  p = config.protocol
+  cfg = arm_config(config, workdir, p.base, lr)
+  cfg.train.target = min(p.target + p.stop_margin, 1.0) if p.target else 0.0
+  every = p.calibration_eval_every_samples or p.eval_every_samples
+  cfg.train.eval_every = max(1, every // batch_of(p.base, cfg))
+  cfg.train.checkpoint_every = cfg.train.eval_every * p.checkpoint_every_evals
+  cfg.train.max_samples = p.calibration_max_samples or p.max_samples
+  config_checks.check(cfg)
+  return Arm(calibration_name(lr), p.base, batch_of(p.base, cfg), False, cfg)
 
 
 def _arm_spec(arm):
@@ -247,27 +258,55 @@ def run_arm_seeds(workdir, group, arm, seeds, label, stop=None):
 
 
 def calibrate(config, workdir, stop=None):
-  """lr0 at the base batch: given, or the calibration sweep's fewest samples to target."""
+  """(lr0, J) at the base batch: lr0 given, or the calibration's choice (rljax.protocol.calibration)
+  on a target given or placed on its runs' curves; the bracket moves past an edge while
+  protocol.calibration_max_lrs allows. Never fails for want of a target: it says what it chose."""
   p = config.protocol
   if p.lr0 > 0:
-    layout.write(workdir, 'calibration', dict(lr0=p.lr0, source='given'))
-    return p.lr0
-  sweep = calibration_arms(config, workdir)
+    layout.write(workdir, 'calibration', dict(lr0=p.lr0, source='given', target=p.target))
+    return p.lr0, p.target
+  lrs = calibration_lrs(config)
   for seed in range(p.calibration_seeds):   # seed-major: an interrupted sweep is already usable
-    for i, arm in enumerate(sweep):
-      run_arm_seeds(workdir, 'calibration', arm, [seed], f'calibrate {i + 1}/{len(sweep)}', stop)
-  runs = {a['spec']['name']: a['runs'] for a in layout.load_group(workdir, 'calibration')}
-  choice = align_lib.choose_lr(
-      [a.config.optimizer.lr for a in sweep],
-      [[curves.to_target(r, p.target, p.smooth_window) for r in runs[a.name]] for a in sweep])
-  if not np.isfinite(choice['lr0']):
-    raise ValueError(f'lr0 calibration: no lr reached protocol.target {p.target} on every seed '
-                     'within protocol.max_samples; lower the target or give protocol.lr0')
-  layout.write(workdir, 'calibration', dict(lr0=choice['lr0'], source='calibrated',
-                                                at_edge=choice['at_edge']))
-  print(f"[protocol] lr0 = {choice['lr0']:g}" + (' (at the edge of the sweep)'
-                                                  if choice['at_edge'] else ''), flush=True)
-  return choice['lr0']
+    for i, lr in enumerate(lrs):
+      run_arm_seeds(workdir, 'calibration', calibration_arm(config, workdir, lr), [seed],
+                    f'calibrate {i + 1}/{len(lrs)}', stop)
+  while True:
+    choice = calibration_choice(config, workdir, lrs)
+    lr = calibration_lib.next_lr(lrs, choice['lr0'], p.calibration_max_lrs)
+    if lr is None:
+      break
+    print(f"[protocol] lr {choice['lr0']:g} is at the edge of {sorted(lrs)}: extending to {lr:g}",
+          flush=True)
+    lrs.append(lr)
+    run_arm_seeds(workdir, 'calibration', calibration_arm(config, workdir, lr),
+                  range(p.calibration_seeds), f'calibrate {len(lrs)}', stop)
+  layout.write(workdir, 'calibration', dict(
+      lr0=choice['lr0'], source='calibrated', at_edge=choice['at_edge'], target=choice['target'],
+      method=choice['method']))
+  _say_calibration(choice, lrs)
+  return choice['lr0'], choice['target']
+
+
+def calibration_choice(config, workdir, lrs):
+  p = config.protocol
+  names = {calibration_name(lr) for lr in lrs}
+  runs = {a['spec']['lr']: a['runs'] for a in layout.load_group(workdir, 'calibration')
+          if a['spec']['name'] in names}
+  return calibration_lib.choose(runs, p.target, p.calibration_fraction, p.smooth_window, p.level)
+
+
+def _say_calibration(choice, lrs):
+  """One line for lr0 and J; a warning line where the choice is a fallback."""
+  print(f"[protocol] lr0 = {choice['lr0']:g}, J = {choice['target']:.3f} "
+        f"({choice['target_rule']})", flush=True)
+  if choice['method'] != 'fewest samples to target':
+    print(f"rljax: warning: no calibration lr reached J = {choice['target']:.3f} on every seed; "
+          f"lr0 = {choice['lr0']:g} has the most progress at the budget (report.md says so)",
+          flush=True)
+  elif choice['at_edge']:
+    print(f"rljax: warning: lr0 = {choice['lr0']:g} is still at the edge of {sorted(lrs)} after "
+          'protocol.calibration_max_lrs lrs: the optimum may lie beyond (report.md says so)',
+          flush=True)
 
 
 def summarise_throughput(run_dir, warmup):
@@ -377,10 +416,11 @@ def confirm(config, workdir, report, lr0, stop=None):
     run_arm_seeds(workdir, 'confirm', arm, seeds, f'confirm at batch {batch}', stop)
 
 
-def write_protocol_json(config, workdir, base):
+def write_protocol_json(config, workdir, base, target):
+  """protocol.json: `target` is J as calibration set it; protocol.target keeps the setting."""
   p = config.protocol
   layout.write(workdir, 'protocol', dict(
-      algo=config.algo, target=p.target, targets=list(p.targets),
+      algo=config.algo, target=target, targets=list(p.targets),
       target_fractions=list(p.target_fractions), base_arm=base.name, base_batch=base.batch,
       rn_tolerance=p.rn_tolerance, smooth_window=p.smooth_window, level=p.level,
       n_draws=p.n_draws, seed=p.analysis_seed, throughput_warmup=p.throughput_warmup,
@@ -424,10 +464,10 @@ def run(config, workdir, stop=None):
   os.makedirs(workdir, exist_ok=True)
   if p.compilation_cache:
     _compilation_cache(workdir)
-  lr0 = timed(workdir, 'calibration', calibrate, config, workdir, stop)
-  arm_list = arms(config, workdir, lr0)
+  lr0, target = timed(workdir, 'calibration', calibrate, config, workdir, stop)
+  arm_list = arms(config, workdir, lr0, target)
   base = next(a for a in arm_list if a.value == p.base and not a.control)
-  write_protocol_json(config, workdir, base)
+  write_protocol_json(config, workdir, base, target)
   if p.quick:   # every batch's rN from the base arm's noise scale instead of its own arm
     arm_list = [base]
   timed(workdir, 'align', align, config, workdir, arm_list, stop)

@@ -27,10 +27,14 @@ def _calibration_sentence(c):
   if not c['lrs']:
     return 'No lr0 calibration in this workdir.'
   rows = ', '.join(f"{_num(r['lr'])}: {_count(r['samples_to_target'])}" for r in c['lrs'])
-  edge = (' It is at the edge of the sweep: the best lr may lie beyond it.' if c.get('at_edge')
-          else '')
-  return (f"lr0 calibration at the base batch (samples to J = {c['target']:g}, geometric mean "
-          f"over seeds): {rows}; chosen lr0 = {_num(c['lr0'])}.{edge}")
+  where = (' It is at the edge of the lrs tried: the best lr may lie beyond them.' if c['at_edge']
+           else ' It is interior: both neighbours needed more samples.')
+  if c['method'] != 'fewest samples to target':
+    where = (f" No lr reached J on every seed: lr0 has the {c['method']}, a fallback."
+             + where)
+  return (f"lr0 calibration at the base batch (samples to J = {_num(c['target'], '.3f')}, "
+          f"{c['target_rule']}; geometric mean over seeds): {rows}; chosen lr0 = "
+          f"{_num(c['lr0'])}.{where}")
 
 
 def _arm_sentence(a):

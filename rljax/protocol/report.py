@@ -8,6 +8,7 @@ import numpy as np
 
 from rljax import stats
 from rljax.protocol import align
+from rljax.protocol import calibration
 from rljax.protocol import curves
 from rljax.protocol import decision as decision_lib
 from rljax.protocol import gradients
@@ -155,16 +156,19 @@ def _decisions(arms, throughput, targets, base_batch, settings):
 
 
 def _calibration(data, settings):
-  """lr0: the calibration sweep's choice recomputed from its logs, beside calibration.json."""
+  """lr0: the calibration's choice recomputed from its logs (rljax.protocol.calibration), beside
+  calibration.json; the target is the setting (given) or placed on the runs' curves again."""
   choice = data['calibration_choice'] or {'lr0': None, 'source': 'not recorded'}
   runs = data['calibration']
   if not runs:
     return dict(choice, lrs=[])
-  target = float(data['protocol']['target'])
-  sweep = align.choose_lr([a['spec']['lr'] for a in runs],
-                          [[curves.to_target(r, target, settings['window']) for r in a['runs']]
-                           for a in runs], settings['level'])
-  return dict(choice, target=target, recomputed_lr0=sweep['lr0'], at_edge=sweep['at_edge'],
+  setting = data['protocol'].get('protocol', {})
+  sweep = calibration.choose({a['spec']['lr']: a['runs'] for a in runs},
+                             float(setting.get('target', data['protocol']['target'])),
+                             setting.get('calibration_fraction', 0.5), settings['window'],
+                             settings['level'])
+  return dict(choice, target=sweep['target'], target_rule=sweep['target_rule'],
+              method=sweep['method'], recomputed_lr0=sweep['lr0'], at_edge=sweep['at_edge'],
               lrs=sweep['lrs'])
 
 

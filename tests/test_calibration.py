@@ -1,0 +1,64 @@
+import numpy as np
+import pytest
+
+from rljax.protocol import calibration
+
+
+def _run(accuracies, every=1024):
+  """A run as layout.load_run gives it: evals every `every` samples from 0."""
+  acc = np.asarray(accuracies, float)
+  return dict(eval=dict(samples=every * np.arange(len(acc), dtype=float), eval_accuracy=acc),
+              train=dict(samples=np.array([]), step_time_s=np.array([])))
+
+
+def test_choose_lr_takes_the_fewest_samples_and_flags_the_edge():
+  choice = calibration.choose_lr([1e-4, 2.5e-5, 5e-5], [[9e3, 1.1e4], [8e3, np.nan], [5e3, 6e3]])
+  assert choice['lr0'] == 5e-5 and not choice['at_edge']
+  assert [r['lr'] for r in choice['lrs']] == [2.5e-5, 5e-5, 1e-4]
+  assert not choice['lrs'][0]['reached']   # 8k on one seed, but the other never got there
+  assert choice['lrs'][1]['samples_to_target'] == pytest.approx(np.sqrt(5e3 * 6e3))
+  assert calibration.choose_lr([1e-4, 5e-5], [[4e3, 4e3], [6e3, 6e3]])['at_edge']
+
+
+def test_the_proxy_target_sits_a_fraction_of_the_way_to_the_best_lrs_weakest_seed():
+  runs = {1e-5: [_run([0.30, 0.40, 0.50]), _run([0.32, 0.36, 0.44])],
+          2e-5: [_run([0.31, 0.45, 0.47]), _run([0.29, 0.47, 0.48])],
+          4e-5: [_run([0.30, 0.31, 0.30]), _run([0.30, 0.28, 0.29])]}
+  start = np.mean([0.30, 0.32, 0.31, 0.29, 0.30, 0.30])   # every run's first eval
+  top = max(min(0.50, 0.44), min(0.47, 0.48), min(0.31, 0.30))   # 0.47, at 2e-5
+  assert calibration.proxy_target(runs, 0.7, 1) == pytest.approx(start + 0.7 * (top - start))
+  flat = {1e-5: [_run([0.3, 0.3, 0.29])], 2e-5: [_run([0.3, 0.28, 0.3])]}
+  assert np.isnan(calibration.proxy_target(flat, 0.7, 1))
+
+
+def test_choose_places_the_target_and_takes_the_fastest_lr_to_it():
+  runs = {1e-5: [_run([0.30, 0.35, 0.40, 0.45, 0.50])] * 2,
+          2e-5: [_run([0.30, 0.42, 0.46, 0.46, 0.46])] * 2,
+          4e-5: [_run([0.30, 0.33, 0.36, 0.36, 0.36])] * 2}
+  choice = calibration.choose(runs, 0.0, 0.5, 1)
+  assert choice['target'] == pytest.approx(0.40)   # halfway from 0.30 to 0.50, the top of 1e-5
+  assert choice['lr0'] == 2e-5 and not choice['at_edge']   # 853 samples, against 2048 at 1e-5
+  assert choice['method'] == 'fewest samples to target' and 'calibration runs' in choice['target_rule']
+  given = calibration.choose(runs, 0.48, 0.5, 1)
+  assert given['target'] == 0.48 and given['target_rule'] == 'given'
+  assert given['lr0'] == 1e-5 and given['at_edge']   # only 1e-5 reaches 0.48
+
+
+def test_with_no_lr_at_the_target_the_most_progress_at_the_budget_is_chosen_and_said():
+  runs = {1e-5: [_run([0.30, 0.33, 0.36])], 2e-5: [_run([0.30, 0.35, 0.38])],
+          4e-5: [_run([0.30, 0.32, 0.31])]}
+  choice = calibration.choose(runs, 0.9, 0.5, 1)   # a given target nobody reaches
+  assert (choice['lr0'], choice['method'], choice['at_edge']) == (
+      2e-5, 'most progress at the budget', False)
+  flat = {1e-5: [_run([0.30, 0.29])], 2e-5: [_run([0.30, 0.30])]}   # placed: nothing rose
+  choice = calibration.choose(flat, 0.0, 0.5, 1)
+  assert np.isnan(choice['target']) and choice['lr0'] == 2e-5 and choice['at_edge']
+
+
+def test_the_bracket_extends_past_the_edge_it_found_until_its_bound():
+  lrs = [1.77e-5, 3.54e-5, 7.07e-5]
+  assert calibration.next_lr(lrs, 1.77e-5, 6) == pytest.approx(8.85e-6)   # its own spacing
+  assert calibration.next_lr(lrs, 7.07e-5, 6) == pytest.approx(1.41e-4, rel=1e-3)
+  assert calibration.next_lr(lrs, 3.54e-5, 6) is None   # interior
+  assert calibration.next_lr(lrs, 1.77e-5, 3) is None   # the bound
+  assert calibration.next_lr(lrs, np.nan, 6) is None   # nothing chosen: nothing to follow
