@@ -161,7 +161,9 @@ def summary(report):
   if ratio:
     lines.append(f"Measured, batch {ratio['batch']} took {_num(ratio['ratio'], '.2f')}x the "
                  f"base's seconds to J {_ci(ratio['ci'])} (Welch, df {ratio['df']}; predicted "
-                 f"{_num(ratio['predicted'], '.2f')}x).")
+                 f"{_num(ratio['predicted'], '.2f')}x {_ci(ratio['predicted_ci'])}: "
+                 f"{'inside' if ratio['inside_predicted_ci'] else 'outside'} the decision's "
+                 'interval).')
   lines.append(_cost_sentence(report))
   return ' '.join(lines)
 

@@ -199,16 +199,19 @@ def _confirm(data, decision, targets, settings, throughput):
 
 def _confirmation_ratio(confirm, decision, base_batch, level):
   """The pick's measured seconds to target over the base's (steady, per seed), with Welch's
-  t-interval on the logs (align.rn_interval on times), beside the predicted relative time."""
+  t-interval on the logs (align.rn_interval on times), beside the predicted relative time and
+  whether the measured ratio lies inside the decision's interval."""
   by_batch = {c['batch']: c for c in confirm}
   pick = decision.get('fastest')
   if pick == base_batch or pick not in by_batch or base_batch not in by_batch:
     return None
   ratio = align.rn_interval(by_batch[base_batch]['steady_wallclock_per_seed'],
                             by_batch[pick]['steady_wallclock_per_seed'], level)
-  predicted = next(c for c in decision['candidates'] if c['batch'] == pick)['relative_wallclock']
+  row = next(c for c in decision['candidates'] if c['batch'] == pick)
+  lo, hi = row['relative_wallclock_ci']
   return dict(batch=pick, ratio=ratio['rN'], ci=[ratio['lo'], ratio['hi']], df=ratio['df'],
-              predicted=predicted)
+              predicted=row['relative_wallclock'], predicted_ci=[lo, hi],
+              inside_predicted_ci=bool(lo <= ratio['rN'] <= hi))
 
 
 def _samples_run(run):
