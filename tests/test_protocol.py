@@ -275,6 +275,21 @@ def test_add_seeds_stages_its_budget_to_the_base_and_the_point_fastest_arm(tmp_p
                        P32_fixed_lr=[0, 1, 2])
 
 
+def test_confirmation_alternates_the_base_and_the_pick_seed_by_seed(tmp_path, capsys):
+  """Seed-major, as align is: a machine slowing over the phase slows both batches alike. Over
+  finished runs (skipped, not retrained), the order they are visited in."""
+  config, workdir = protocol_config.get_config('runlocal,shallow'), str(tmp_path)
+  p = config.protocol
+  seeds = range(p.max_seeds, p.max_seeds + p.confirm_seeds)
+  for name, batch in (('P16', 128), ('P32', 256)):
+    for seed in seeds:
+      _finished_run(layout.run_dir(workdir, 'confirm', name, seed), [0.3, 0.4], batch)
+  protocol.confirm(config, workdir, {'base_batch': 128, 'decision': {'fastest': 256},
+                                     'primary': 0.37}, 5e-5)
+  visited = [line.split(': ')[1] for line in capsys.readouterr().out.splitlines()]
+  assert visited == [f'{name} seed {seed}' for seed in seeds for name in ('P16', 'P32')]
+
+
 def _decided(verdict, rows):
   return {'base_batch': 128, 'decision': {'verdict': verdict, 'candidates': [
       dict(batch=b, relative_wallclock=r, relative_wallclock_ci=ci) for b, r, ci in rows]},

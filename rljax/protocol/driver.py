@@ -359,19 +359,21 @@ def add_seeds(config, workdir, arm_list, stop=None):
 
 def confirm(config, workdir, report, lr0, stop=None):
   """Runs to the decision's target at the base and at the fastest batch, with seeds the align runs
-  never use."""
+  never use; seed-major (base, pick, base, pick, ...) so a machine that slows down over the phase
+  slows both batches alike instead of biasing their ratio."""
   p = config.protocol
   if report['decision']['fastest'] is None:
     print('[protocol] no decision (see report.md): nothing to confirm', flush=True)
     return
-  key = algos.get(config.algo).BATCH_ARG
-  seeds = range(p.max_seeds, p.max_seeds + p.confirm_seeds)
+  key, arm_list = algos.get(config.algo).BATCH_ARG, []
   for batch in sorted({report['base_batch'], report['decision']['fastest']}):
     value = value_of(batch, config.arm)
     cfg = arm_config(config, workdir, value, lr0)
     cfg.train.target = min(report['primary'] + p.stop_margin, 1.0)   # the decision's target
-    arm = Arm(f'{key}{value}', value, batch, False, cfg)
-    run_arm_seeds(workdir, 'confirm', arm, seeds, f'confirm at batch {batch}', stop)
+    arm_list.append(Arm(f'{key}{value}', value, batch, False, cfg))
+  for seed in range(p.max_seeds, p.max_seeds + p.confirm_seeds):
+    for arm in arm_list:
+      run_arm_seeds(workdir, 'confirm', arm, [seed], f'confirm at batch {arm.batch}', stop)
 
 
 def write_protocol_json(config, workdir, base, target):
