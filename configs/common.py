@@ -154,6 +154,23 @@ def enable_auto_batch(config):
   return config
 
 
+# Each policy loss with its published settings (docs/reference/losses.md): GSPO clips a sequence's
+# length-normalised ratio, so tightly (Zheng et al. 2025), and averages sequences;
+# CISPO bounds its weights above only (MiniMax-M1, 2025), 5.0 as SkyRL's default.
+POLICY_LOSSES = {
+    'clip': {},
+    'gspo': dict(clip_low=3e-4, clip_high=4e-4, loss_agg='seq-mean-token-mean'),
+    'cispo': dict(clip_low=1.0, clip_high=5.0),
+}
+
+
+def policy_loss(section, name):
+  """`section` (an algorithm's config dict) set to policy loss `name` with its settings."""
+  if name not in POLICY_LOSSES:
+    raise ValueError(f'config arg loss={name!r}: expected one of {tuple(POLICY_LOSSES)}')
+  section.update(policy_loss=name, **POLICY_LOSSES[name])
+
+
 def tool_task(config, runlocal):
   """`config` on the tool task: 5-digit additions with a calculator tool, a quarter of the warm
   start's answers demonstrating the call (docs/guide/tools.md)."""

@@ -15,6 +15,7 @@ AGGREGATION_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum',
                      'seq-mean-token-sum-norm')
 KL_KINDS = ('k1', 'k2', 'k3')
 OFF_POLICY_MODES = ('none', 'tis', 'mis')
+POLICY_LOSSES = ('clip', 'gspo', 'cispo')
 # |log pi/pi_old| beyond this cannot come from a trust-region step; clamping it keeps the ratio
 # finite in float32 (exp overflows above ~88.7, and inf * 0 is NaN). The bound is verl's.
 LOG_RATIO_LIMIT = 20.0
@@ -113,8 +114,13 @@ def clipped_surrogate(logp_BxL, old_logp_BxL, advantages_BxL, clip_low, clip_hig
   it at -c * A. 0 turns dual-clip off. The log-ratio is clamped to +-LOG_RATIO_LIMIT.
   `clipped_BxL` is 1.0 where a clipped branch was taken, i.e. where the token gets no gradient.
   """
-  log_ratio_BxL = jnp.clip(logp_BxL - old_logp_BxL, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-  ratio_BxL = jnp.exp(log_ratio_BxL)
+  return _clipped_objective(logp_BxL - old_logp_BxL, advantages_BxL, clip_low, clip_high,
+                            clip_ratio_c)
+
+
+def _clipped_objective(log_ratio_BxL, advantages_BxL, clip_low, clip_high, clip_ratio_c):
+  """clipped_surrogate's loss and clip indicator from the log-ratio itself."""
+  ratio_BxL = jnp.exp(jnp.clip(log_ratio_BxL, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
   unclipped_BxL = ratio_BxL * advantages_BxL
   clipped_obj_BxL = jnp.clip(ratio_BxL, 1.0 - clip_low, 1.0 + clip_high) * advantages_BxL
   objective_BxL = jnp.minimum(unclipped_BxL, clipped_obj_BxL)
@@ -122,6 +128,55 @@ def clipped_surrogate(logp_BxL, old_logp_BxL, advantages_BxL, clip_low, clip_hig
   objective_BxL = jnp.where((advantages_BxL < 0) & (clip_ratio_c > 0), dual_BxL, objective_BxL)
   clipped_BxL = (objective_BxL != unclipped_BxL).astype(jnp.float32)
   return -objective_BxL, clipped_BxL
+
+
+def gspo_surrogate(logp_BxL, old_logp_BxL, mask_BxL, advantages_BxL, clip_low, clip_high,
+                   clip_ratio_c=0.0):
+  """GSPO (Zheng et al. 2025, arXiv 2507.18071): clipped_surrogate on each sequence's
+  length-normalised ratio s = exp(mean over its tokens of log pi/pi_old) instead of each token's.
+
+  A MoE's token ratios are noisy when routing shifts between two policies; their geometric mean
+  over a sequence is not. Token form ("GSPO-token"): every token carries the value s, and the
+  gradient s * grad log pi(token); averaged over a sequence's tokens
+  (loss_agg 'seq-mean-token-mean') that is exactly the gradient of the sequence objective, and
+  each token may keep its own advantage. Clipping acts per sequence, so its bounds are about three
+  orders of magnitude tighter than a token ratio's (the paper: 3e-4 below, 4e-4 above).
+  """
+  mask_BxL = jnp.asarray(mask_BxL, jnp.float32)
+  seq_log_ratio_Bx1 = _safe_div(jnp.sum(mask_BxL * (logp_BxL - old_logp_BxL), 1, keepdims=True),
+                                jnp.sum(mask_BxL, 1, keepdims=True))
+  log_ratio_BxL = (jax.lax.stop_gradient(seq_log_ratio_Bx1) +
+                   (logp_BxL - jax.lax.stop_gradient(logp_BxL)))
+  return _clipped_objective(log_ratio_BxL, advantages_BxL, clip_low, clip_high, clip_ratio_c)
+
+
+def cispo_loss(logp_BxL, old_logp_BxL, advantages_BxL, clip_low, clip_high):
+  """CISPO (MiniMax-M1, arXiv 2506.13585): REINFORCE weighted by each token's ratio clipped to
+  [1 - clip_low, 1 + clip_high] and held constant, -sg(clip(r)) * A * log pi.
+
+  The clipped surrogate gives a token past its clip bound no gradient at all; rare tokens whose
+  probability jumps (often the ones that fork a reasoning path) are then never learned from after
+  the first update. CISPO keeps every token's gradient and bounds only its weight. `clipped_BxL`
+  is 1.0 where the weight was clipped (the token still has a gradient).
+  """
+  ratio_BxL = jnp.exp(jnp.clip(logp_BxL - old_logp_BxL, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+  weight_BxL = jax.lax.stop_gradient(jnp.clip(ratio_BxL, 1.0 - clip_low, 1.0 + clip_high))
+  clipped_BxL = (weight_BxL != jax.lax.stop_gradient(ratio_BxL)).astype(jnp.float32)
+  return -weight_BxL * advantages_BxL * logp_BxL, clipped_BxL
+
+
+def policy_objective(kind, logp_BxL, old_logp_BxL, mask_BxL, advantages_BxL, clip_low, clip_high,
+                     clip_ratio_c=0.0):
+  """The per-token policy loss and its clip indicator for a `policy_loss` kind."""
+  if kind == 'clip':
+    return clipped_surrogate(logp_BxL, old_logp_BxL, advantages_BxL, clip_low, clip_high,
+                             clip_ratio_c)
+  if kind == 'gspo':
+    return gspo_surrogate(logp_BxL, old_logp_BxL, mask_BxL, advantages_BxL, clip_low, clip_high,
+                          clip_ratio_c)
+  if kind == 'cispo':
+    return cispo_loss(logp_BxL, old_logp_BxL, advantages_BxL, clip_low, clip_high)
+  raise ValueError(f'Unknown policy loss {kind!r}; valid kinds: {POLICY_LOSSES}.')
 
 
 def importance_weights(old_logp_BxL, behaviour_logp_BxL, mask_BxL, mode, low, high):

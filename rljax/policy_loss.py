@@ -129,16 +129,16 @@ def off_policy_correction(model, params, batch, cfg, temperature, num_micro, log
 def make_policy_loss(model, cfg, temperature, num_micro, logits_chunk=0):
   """`loss_fn(params, batch, ref_params) -> (loss, metric sums)` for rljax.update.
 
-  cfg: clip_low, clip_high, clip_ratio_c (dual-clip; absent or 0: off), kl_coef, kl_estimator,
-  moe_aux_coef. With kl_coef == 0 no reference model exists at all (ref_params is None).
+  cfg: policy_loss (losses.POLICY_LOSSES; absent: 'clip'), clip_low, clip_high, clip_ratio_c
+  (dual-clip; absent or 0: off), kl_coef, kl_estimator, moe_aux_coef. With kl_coef == 0 no reference model exists at all (ref_params is None).
   """
   def loss_fn(params, batch, ref_params=None):
     logp_BxL, entropy_BxL, aux_loss, router_mismatch = response_logprobs(
         model, params, batch.prompt_BxT, batch.prompt_valid_BxT, batch.response_BxL, temperature,
         logits_chunk, batch.experts_BxLxYxK)
-    pg_BxL, clipped_BxL = losses.clipped_surrogate(logp_BxL, batch.old_logp_BxL,
-                                                   batch.advantages_BxL, cfg.clip_low,
-                                                   cfg.clip_high, cfg.get('clip_ratio_c', 0.0))
+    pg_BxL, clipped_BxL = losses.policy_objective(
+        cfg.get('policy_loss', 'clip'), logp_BxL, batch.old_logp_BxL, batch.mask_BxL,
+        batch.advantages_BxL, cfg.clip_low, cfg.clip_high, cfg.get('clip_ratio_c', 0.0))
     if batch.is_weights_BxL is not None:
       pg_BxL = batch.is_weights_BxL * pg_BxL
     weights_BxL, mask_BxL = batch.weights_BxL, batch.mask_BxL

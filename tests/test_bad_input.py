@@ -80,6 +80,14 @@ CHECK_CASES = [
      r"grpo.off_policy 'ppo' is not one of \('none', 'tis', 'mis'\)"),
     ('tis-cap-below-1', {'grpo.off_policy': 'tis', 'grpo.is_high': 0.9}, 1,
      r"grpo.is_high \(the 'tis' cap\) must be >= 1, got 0.9"),
+    ('unknown-policy-loss', {'grpo.policy_loss': 'dapo'}, 1,
+     r"grpo.policy_loss 'dapo' is not one of \('clip', 'gspo', 'cispo'\)"),
+    ('gspo-over-tokens', {'grpo.policy_loss': 'gspo'}, 1,
+     r"grpo.policy_loss 'gspo' averages its sequences' objectives: set "
+     r"grpo.loss_agg='seq-mean-token-mean' \(got 'token-mean'\)"),
+    ('cispo-with-dual-clip', {'grpo.policy_loss': 'cispo', 'grpo.clip_ratio_c': 3.0}, 1,
+     r"grpo.clip_ratio_c \(dual-clip\) bounds the clipped surrogate; policy_loss 'cispo' bounds "
+     r"its weights by clip_low and clip_high: set 0"),
 ]
 
 

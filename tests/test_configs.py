@@ -4,6 +4,7 @@ import pytest
 
 from configs import common
 from configs import grpo
+from configs import rloo
 from rljax.train import config_checks
 
 DEFAULTS = dict(P=16, lr=1e-3, runlocal=False, name='base')
@@ -66,6 +67,16 @@ def test_check_accepts_good_configs():
   config_checks.check(grpo.get_config('runlocal'))
   config_checks.check(grpo.get_config('P=1024,G=8'))   # the docstring's full-size example
   config_checks.check(grpo.get_config('runlocal,task=sums'))   # docs/guide/rollouts.md's run
+
+
+@pytest.mark.parametrize('loss', ['gspo', 'cispo'])
+def test_a_policy_loss_arg_sets_its_published_settings(loss):
+  config = grpo.get_config(f'runlocal,loss={loss}')
+  config_checks.check(config)
+  assert config.grpo.policy_loss == loss and config.grpo.clip_high == (4e-4 if loss == 'gspo' else 5.0)
+  config_checks.check(rloo.get_config(f'runlocal,loss={loss}'))
+  with pytest.raises(ValueError, match=r"config arg loss='dapo': expected one of \('clip', 'gspo'"):
+    grpo.get_config('loss=dapo')
 
 
 def test_check_accepts_full_size_defaults():

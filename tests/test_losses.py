@@ -245,12 +245,16 @@ def test_clipped_surrogate_hand_cases(ratio, adv, low, high, expected_loss, expe
   close(clipped, [[expected_clipped]], atol=0)
 
 
-def test_clipped_surrogate_random_and_gradient():
-  rng = np.random.default_rng(4)
-  shape, low, high = (6, 50), 0.2, 0.28
+def random_tokens(rng, shape, spread):
+  """(old log-probs, log-probs within +-spread of them, advantages), float32."""
   old = rng.normal(-2.0, 1.0, size=shape).astype(np.float32)
-  logp = (old + rng.uniform(-0.5, 0.5, size=shape)).astype(np.float32)
-  adv = rng.normal(size=shape).astype(np.float32)
+  logp = (old + rng.uniform(-spread, spread, size=shape)).astype(np.float32)
+  return old, logp, rng.normal(size=shape).astype(np.float32)
+
+
+def test_clipped_surrogate_random_and_gradient():
+  shape, low, high = (6, 50), 0.2, 0.28
+  old, logp, adv = random_tokens(np.random.default_rng(4), shape, 0.5)
 
   ref_loss, ref_clipped, ref_grad = (np.zeros(shape) for _ in range(3))
   for i in range(shape[0]):
@@ -341,23 +345,32 @@ def test_dual_clip_random_and_gradient():
 
 
 
-@pytest.mark.parametrize('c', [0.0, 3.0])
-def test_policy_loss_applies_the_configured_dual_clip(c):
-  """cfg.clip_ratio_c reaches the loss of a real (tiny) model: its pg loss equals the float64
-  reference of the surrogate on that model's own log-probs."""
+def _tiny_policy_batch(rng, loss_agg, old_logp=None, b=4, t=3, l=5):
+  """A tiny dense policy, its params and a PolicyBatch of random tokens: rows of uneven length,
+  old log-probs `old_logp` (None: random near the policy's), one advantage per row."""
   cfg = model_lib.ModelConfig(vocab_size=16, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1,
                               head_dim=8, num_experts=0, dense_hidden=32)
   model = model_lib.Transformer(cfg)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0)))
-  rng = np.random.default_rng(14)
-  b, t, l = 4, 3, 5
-  mask = np.ones((b, l), np.float32)
+  mask = np.ones((b, l), np.float32) if old_logp is not None else lengths_and_mask(rng, b, l)[1]
+  old = (np.full((b, l), old_logp) if old_logp is not None else
+         rng.normal(-2.8, 0.3, (b, l)))   # about log(1/16): ratios both sides of the clip
   batch = policy_loss.PolicyBatch(
       prompt_BxT=jnp.asarray(rng.integers(0, 16, (b, t))), prompt_valid_BxT=jnp.ones((b, t), bool),
       response_BxL=jnp.asarray(rng.integers(0, 16, (b, l))), mask_BxL=jnp.asarray(mask),
-      old_logp_BxL=jnp.full((b, l), -9.0),    # ratios of about e^6: far past c = 3
+      old_logp_BxL=jnp.asarray(old, jnp.float32),
       advantages_BxL=jnp.asarray(rng.choice([-1.0, 1.0], (b, 1)) * mask),
-      weights_BxL=losses.token_weights(mask, 'token-mean'))
+      weights_BxL=losses.token_weights(mask, loss_agg))
+  return model, params, batch
+
+
+@pytest.mark.parametrize('c', [0.0, 3.0])
+def test_policy_loss_applies_the_configured_dual_clip(c):
+  """cfg.clip_ratio_c reaches the loss of a real (tiny) model: its pg loss equals the float64
+  reference of the surrogate on that model's own log-probs."""
+  model, params, batch = _tiny_policy_batch(np.random.default_rng(14), 'token-mean',
+                                            old_logp=-9.0)    # ratios of about e^6: far past c = 3
+  b, l = batch.mask_BxL.shape
   loss_cfg = ml_collections.ConfigDict(dict(clip_low=.2, clip_high=.2, clip_ratio_c=c, kl_coef=0.0,
                                             kl_estimator='k3', moe_aux_coef=0.0))
   _, metrics = jax.jit(policy_loss.make_policy_loss(model, loss_cfg, 1.0, 1))(params, batch)
@@ -368,6 +381,95 @@ def test_policy_loss_applies_the_configured_dual_clip(c):
                       for i in range(b) for j in range(l)])
   close(metrics['pg_loss'], expected, rtol=1e-5)
   assert np.any(adv < 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# GSPO and CISPO.
+# ----------------------------------------------------------------------------------------------
+
+
+def ref_gspo(logp, old, mask, adv, low, high, c=0.0):
+  """Float64, the sequence form of GSPO's objective, sequences averaged: (loss, d loss / d logp).
+  Each sequence's advantage is its first token's (constant over a response, as in GRPO)."""
+  b = logp.shape[0]
+  rows = [i for i in range(b) if mask[i].sum() > 0]
+  loss, grad = 0.0, np.zeros(logp.shape)
+  for i in rows:
+    n = mask[i].sum()
+    seq_log_ratio = sum(float(logp[i, t]) - float(old[i, t]) for t in range(logp.shape[1])
+                        if mask[i, t]) / n
+    seq_loss, _, seq_grad = ref_surrogate(seq_log_ratio, float(adv[i, 0]), low, high, c)
+    loss += seq_loss / len(rows)
+    grad[i] = mask[i] * seq_grad / n / len(rows)   # d s / d logp_t = s / n on every token
+  return loss, grad
+
+
+@pytest.mark.parametrize('c', [0.0, 3.0])
+def test_gspo_averaged_over_tokens_is_the_sequence_objective_and_its_gradient(c):
+  rng = np.random.default_rng(31)
+  _, mask = lengths_and_mask(rng, b=24, l=9)
+  old = rng.normal(-2.0, 1.0, size=mask.shape).astype(np.float32)
+  logp = (old + rng.uniform(-1.5, 1.5, size=mask.shape)).astype(np.float32)   # seq ratios 0.5-2
+  adv = (rng.choice([-1.5, -0.5, 0.5, 1.5], (mask.shape[0], 1)) * mask).astype(np.float32)
+  low, high = 0.1, 0.15
+  weights = losses.token_weights(mask, 'seq-mean-token-mean')
+  total = lambda lp: jnp.sum(weights * losses.gspo_surrogate(lp, old, mask, adv, low, high, c)[0])
+  ref_loss, ref_grad = ref_gspo(logp, old, mask, adv, low, high, c)
+  close(jax.jit(total)(logp), ref_loss, rtol=1e-5)
+  close(jax.jit(jax.grad(total))(logp), ref_grad, rtol=1e-4, atol=1e-7)
+  clipped = np.asarray(losses.gspo_surrogate(logp, old, mask, adv, low, high, c)[1])
+  rows = mask.sum(1) > 0
+  assert 0.1 < clipped[rows, 0].mean() < 0.9                 # both regimes exercised
+  assert np.all((clipped == clipped[:, :1]) | (mask == 0))   # a sequence clips as a whole
+
+
+def test_gspo_token_values_are_the_sequence_ratio_under_each_tokens_advantage():
+  """The token form: every token of a sequence sees the sequence's ratio s, with its own A."""
+  old = np.float32([[-1.0, -2.0, -0.5, 0.0]])
+  logp = np.float32([[-0.8, -2.3, -0.3, 0.0]])
+  mask = np.float32([[1, 1, 1, 0]])
+  adv = np.float32([[1.0, -2.0, 0.5, 0.0]])
+  s = math.exp((0.2 - 0.3 + 0.2) / 3)
+  loss, _ = losses.gspo_surrogate(logp, old, mask, adv, 0.5, 0.5)
+  close(loss, [[-s * 1.0, s * 2.0, -s * 0.5, 0.0]], rtol=1e-6)
+
+
+def test_cispo_keeps_every_tokens_gradient_at_its_clipped_weight():
+  low, high = 0.2, 0.28
+  old, logp, adv = random_tokens(np.random.default_rng(32), (6, 40), 0.8)
+  ratio = np.exp(logp.astype(np.float64) - old)
+  weight = np.clip(ratio, 1 - low, 1 + high)
+  loss, clipped = jax.jit(losses.cispo_loss)(logp, old, adv, low, high)
+  grad = jax.grad(lambda lp: jnp.sum(losses.cispo_loss(lp, old, adv, low, high)[0]))(logp)
+  close(loss, -weight * adv * logp, rtol=1e-5)
+  close(grad, -weight * adv, rtol=1e-5)                     # the weight is a constant
+  np.testing.assert_array_equal(clipped, (weight != ratio).astype(np.float32))
+  assert 0.1 < np.mean(clipped) < 0.9 and np.all(np.asarray(grad) != 0)
+
+
+def test_unknown_policy_loss_raises():
+  with pytest.raises(ValueError, match='cispo'):
+    losses.policy_objective('ppo', *(np.zeros((1, 2), np.float32),) * 4, 0.2, 0.2)
+
+
+@pytest.mark.parametrize('kind', ['gspo', 'cispo'])
+def test_policy_loss_computes_the_configured_kind_on_a_real_model(kind):
+  """cfg.policy_loss reaches the loss of a real (tiny) model: its pg loss equals the float64
+  reference on that model's own log-probs."""
+  model, params, batch = _tiny_policy_batch(np.random.default_rng(33), 'seq-mean-token-mean')
+  loss_cfg = ml_collections.ConfigDict(dict(policy_loss=kind, clip_low=.2, clip_high=.2,
+                                            kl_coef=0.0, kl_estimator='k3', moe_aux_coef=0.0))
+  _, metrics = jax.jit(policy_loss.make_policy_loss(model, loss_cfg, 1.0, 1))(params, batch)
+  logp, *_ = jax.jit(lambda p, b: policy_loss.response_logprobs(
+      model, p, b.prompt_BxT, b.prompt_valid_BxT, b.response_BxL, 1.0))(params, batch)
+  logp, old = np.asarray(logp, np.float64), np.asarray(batch.old_logp_BxL, np.float64)
+  mask, adv = np.asarray(batch.mask_BxL), np.asarray(batch.advantages_BxL)
+  if kind == 'gspo':
+    expected = ref_gspo(logp, old, mask, adv, .2, .2)[0]
+  else:
+    weight = np.clip(np.exp(logp - old), .8, 1.2)
+    expected = np.sum(np.asarray(batch.weights_BxL) * -weight * adv * logp)
+  close(metrics['pg_loss'], expected, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------

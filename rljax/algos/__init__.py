@@ -106,6 +106,15 @@ def check_policy_loss(name, cfg):
   if cfg.clip_ratio_c and not cfg.clip_ratio_c > 1:
     raise ValueError(f'{name}.clip_ratio_c (dual-clip) must be > 1, or 0 for off, got '
                      f'{cfg.clip_ratio_c}')
+  kind = cfg.get('policy_loss', 'clip')
+  if kind not in losses.POLICY_LOSSES:
+    raise ValueError(f'{name}.policy_loss {kind!r} is not one of {losses.POLICY_LOSSES}')
+  if kind == 'gspo' and cfg.loss_agg != 'seq-mean-token-mean':
+    raise ValueError(f"{name}.policy_loss 'gspo' averages its sequences' objectives: set "
+                     f"{name}.loss_agg='seq-mean-token-mean' (got {cfg.loss_agg!r})")
+  if kind == 'cispo' and cfg.clip_ratio_c:
+    raise ValueError(f"{name}.clip_ratio_c (dual-clip) bounds the clipped surrogate; "
+                     f"policy_loss 'cispo' bounds its weights by clip_low and clip_high: set 0")
   mode = cfg.off_policy
   if mode not in losses.OFF_POLICY_MODES:
     raise ValueError(f'{name}.off_policy {mode!r} is not one of {losses.OFF_POLICY_MODES}')

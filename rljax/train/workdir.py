@@ -28,8 +28,8 @@ _MISSING = '<missing>'
 _LOSSES = ('grpo', 'ppo', 'rloo')
 # Fields added since workdirs record their config, each with the value that reproduces rljax
 # before it: rollouts sampled on the training mesh in one piece, no chunked logits, no lr decay,
-# no dual clip or off-policy weights, no router replay. auto_batch.*: any value while auto_batch is
-# off.
+# no dual clip or off-policy weights, the clipped surrogate, no router replay. auto_batch.*: any
+# value while auto_batch is off.
 INTRODUCED = {
     'mode': 'train', 'warmstart.seed': -1, 'optimizer.decay': 'constant',
     'train.logits_chunk': 0, 'rollout.slots': 0, 'rollout.partial': False,
@@ -38,7 +38,8 @@ INTRODUCED = {
     # read only by the tool task, which came with them: their defaults
     'data.demo_frac': 0.25, 'tools.enabled': True, 'tools.timeout_s': 1.0, 'tools.max_calls': 2,
     **{f'{algo}.{key}': value for algo in _LOSSES for key, value in (
-        ('clip_ratio_c', 0.0), ('off_policy', 'none'), ('is_low', 0.5), ('is_high', 2.0))}}
+        ('clip_ratio_c', 0.0), ('off_policy', 'none'), ('is_low', 0.5), ('is_high', 2.0),
+        ('policy_loss', 'clip'))}}
 
 
 def config_json(config):
