@@ -155,11 +155,13 @@ def enable_auto_batch(config):
 
 
 # Each policy loss with its published settings (docs/reference/losses.md): GSPO clips a sequence's
-# length-normalised ratio, so tightly (Zheng et al. 2025), and averages sequences;
-# CISPO bounds its weights above only (MiniMax-M1, 2025), 5.0 as SkyRL's default.
+# length-normalised ratio, so tightly (Zheng et al. 2025), and averages sequences; bounds that
+# tight need pi_old from the trainer's own program (off_policy), or the sampler's bfloat16
+# rounding alone clips a third of the sequences (docs/guide/router_replay.md). CISPO bounds its
+# weights above only (MiniMax-M1, 2025), 5.0 as SkyRL's default.
 POLICY_LOSSES = {
     'clip': {},
-    'gspo': dict(clip_low=3e-4, clip_high=4e-4, loss_agg='seq-mean-token-mean'),
+    'gspo': dict(clip_low=3e-4, clip_high=4e-4, loss_agg='seq-mean-token-mean', off_policy='tis'),
     'cispo': dict(clip_low=1.0, clip_high=5.0),
 }
 

@@ -74,6 +74,7 @@ def test_a_policy_loss_arg_sets_its_published_settings(loss):
   config = grpo.get_config(f'runlocal,loss={loss}')
   config_checks.check(config)
   assert config.grpo.policy_loss == loss and config.grpo.clip_high == (4e-4 if loss == 'gspo' else 5.0)
+  assert config.grpo.off_policy == ('tis' if loss == 'gspo' else 'none')   # GSPO: pi_old recomputed
   config_checks.check(rloo.get_config(f'runlocal,loss={loss}'))
   with pytest.raises(ValueError, match=r"config arg loss='dapo': expected one of \('clip', 'gspo'"):
     grpo.get_config('loss=dapo')
