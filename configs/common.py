@@ -159,7 +159,7 @@ def enable_auto_batch(config):
 # tight need pi_old from the trainer's own program (off_policy), or the sampler's bfloat16
 # rounding alone clips a third of the sequences (docs/guide/router_replay.md). CISPO bounds its
 # weights above only (MiniMax-M1, 2025), 5.0 as SkyRL's default.
-POLICY_LOSSES = {
+POLICY_LOSS_SETTINGS = {
     'clip': {},
     'gspo': dict(clip_low=3e-4, clip_high=4e-4, loss_agg='seq-mean-token-mean', off_policy='tis'),
     'cispo': dict(clip_low=1.0, clip_high=5.0),
@@ -168,9 +168,10 @@ POLICY_LOSSES = {
 
 def policy_loss(section, name):
   """`section` (an algorithm's config dict) set to policy loss `name` with its settings."""
-  if name not in POLICY_LOSSES:
-    raise ValueError(f'config arg loss={name!r}: expected one of {tuple(POLICY_LOSSES)}')
-  section.update(policy_loss=name, **POLICY_LOSSES[name])
+  if name not in POLICY_LOSS_SETTINGS:
+    raise ValueError(f'config arg loss={name!r}: expected one of '
+                     f'{tuple(POLICY_LOSS_SETTINGS)}')
+  section.update(policy_loss=name, **POLICY_LOSS_SETTINGS[name])
 
 
 def tool_task(config, runlocal):

@@ -25,11 +25,11 @@ def get_config(arg=None):
   # KL(pi || ref), 'k1' has zero expected gradient and is refused. kl_reward_estimator (in the
   # reward, never differentiated): 'k1' is the unbiased standard. clip_ratio_c > 1: dual-clip for
   # A < 0 (0: off). docs/reference/losses.md has them all.
-  config.ppo = dict(policy_loss='clip', clip_low=0.2, clip_high=0.2, clip_ratio_c=0.0, kl_coef=0.0, kl_estimator='k3',
-                    kl_reward_coef=0.0, kl_reward_estimator='k1', loss_agg='token-mean',
-                    moe_aux_coef=1e-3, gamma=1.0, lam=0.95, whiten_advantages=True,
-                    whiten_rewards=False, value_clip=0.2, share_trunk=False, vf_coef=0.5,
-                    off_policy='none', is_low=0.5, is_high=2.0)
+  config.ppo = dict(policy_loss='clip', clip_low=0.2, clip_high=0.2, clip_ratio_c=0.0,
+                    kl_coef=0.0, kl_estimator='k3', kl_reward_coef=0.0, kl_reward_estimator='k1',
+                    loss_agg='token-mean', moe_aux_coef=1e-3, gamma=1.0, lam=0.95,
+                    whiten_advantages=True, whiten_rewards=False, value_clip=0.2,
+                    share_trunk=False, vf_coef=0.5, off_policy='none', is_low=0.5, is_high=2.0)
 
   # B responses is the batch unit of both lr rules, lr = lr * sqrt(B / base_batch) for the actor
   # and the critic each. Calibrated at B=256 on runlocal (docs/guide/ppo.md).

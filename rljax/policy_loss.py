@@ -130,7 +130,8 @@ def make_policy_loss(model, cfg, temperature, num_micro, logits_chunk=0):
   """`loss_fn(params, batch, ref_params) -> (loss, metric sums)` for rljax.update.
 
   cfg: policy_loss (losses.POLICY_LOSSES; absent: 'clip'), clip_low, clip_high, clip_ratio_c
-  (dual-clip; absent or 0: off), kl_coef, kl_estimator, moe_aux_coef. With kl_coef == 0 no reference model exists at all (ref_params is None).
+  (dual-clip; absent or 0: off), kl_coef, kl_estimator, moe_aux_coef. With kl_coef == 0 no
+  reference model exists at all (ref_params is None).
   """
   def loss_fn(params, batch, ref_params=None):
     logp_BxL, entropy_BxL, aux_loss, router_mismatch = response_logprobs(

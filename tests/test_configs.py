@@ -5,6 +5,7 @@ import pytest
 from configs import common
 from configs import grpo
 from configs import rloo
+from rljax import losses
 from rljax.train import config_checks
 
 DEFAULTS = dict(P=16, lr=1e-3, runlocal=False, name='base')
@@ -73,11 +74,13 @@ def test_check_accepts_good_configs():
 def test_a_policy_loss_arg_sets_its_published_settings(loss):
   config = grpo.get_config(f'runlocal,loss={loss}')
   config_checks.check(config)
-  assert config.grpo.policy_loss == loss and config.grpo.clip_high == (4e-4 if loss == 'gspo' else 5.0)
+  assert config.grpo.policy_loss == loss
+  assert config.grpo.clip_high == (4e-4 if loss == 'gspo' else 5.0)
   assert config.grpo.off_policy == ('tis' if loss == 'gspo' else 'none')   # GSPO: pi_old recomputed
   config_checks.check(rloo.get_config(f'runlocal,loss={loss}'))
   with pytest.raises(ValueError, match=r"config arg loss='dapo': expected one of \('clip', 'gspo'"):
     grpo.get_config('loss=dapo')
+  assert tuple(common.POLICY_LOSS_SETTINGS) == losses.POLICY_LOSSES   # one list of kinds
 
 
 def test_check_accepts_full_size_defaults():
