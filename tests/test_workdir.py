@@ -153,3 +153,19 @@ def test_record_or_check_refuses_any_changed_field(tmp_path):
   with pytest.raises(ValueError, match=r'was started with train.max_samples=250000, the config '
                      r'now says 1000 \(1 field\(s\) differ\)'):
     workdir_lib.record_or_check(str(tmp_path / 'run'), config)
+
+
+def test_record_or_check_accepts_a_run_recorded_before_a_field_existed(tmp_path):
+  """A protocol workdir written before grpo.policy_loss existed resumes while the config keeps
+  the value that computes what rljax computed then, and is refused with any other."""
+  run = str(tmp_path / 'run')
+  config = grpo.get_config('runlocal')
+  workdir_lib.record_or_check(run, config)
+  recorded = workdir_lib.read_json(os.path.join(run, 'config.json'))
+  del recorded['grpo']['policy_loss']
+  workdir_lib.write_json_atomic(os.path.join(run, 'config.json'), recorded)
+  workdir_lib.record_or_check(run, config)
+  config.grpo.policy_loss = 'cispo'
+  with pytest.raises(ValueError, match=r"was started with grpo.policy_loss='<missing>', the "
+                     r"config now says 'cispo'"):
+    workdir_lib.record_or_check(run, config)

@@ -65,19 +65,26 @@ def _as_before(key, present):
   return key in INTRODUCED and present[key] == INTRODUCED[key]
 
 
-def differences(saved, current):
-  """'key: saved -> current' for each dotted key that differs and may not differ on resume."""
-  saved, current = flat(saved), flat(current)
+def changed_keys(saved, current, resumable=RESUMABLE):
+  """The dotted keys of flat `saved` and `current` that differ, leaving out `resumable` fields
+  and fields added by an upgrade that hold their value from before it."""
   changed = []
   for key in sorted(set(saved) | set(current)):
     if saved.get(key, _MISSING) == current.get(key, _MISSING):
       continue
-    if any((key + '.').startswith(field + '.') for field in RESUMABLE):
+    if any((key + '.').startswith(field + '.') for field in resumable):
       continue
     if (key in saved) != (key in current) and _as_before(key, saved if key in saved else current):
       continue
-    changed.append(f'{key}: {saved.get(key, _MISSING)!r} -> {current.get(key, _MISSING)!r}')
+    changed.append(key)
   return changed
+
+
+def differences(saved, current):
+  """'key: saved -> current' for each dotted key that differs and may not differ on resume."""
+  saved, current = flat(saved), flat(current)
+  return [f'{key}: {saved.get(key, _MISSING)!r} -> {current.get(key, _MISSING)!r}'
+          for key in changed_keys(saved, current)]
 
 
 def read_json(path):
@@ -159,7 +166,8 @@ def claim(workdir, config):
 
 def record_or_check(workdir, config):
   """For runs a driver re-enters (the protocol's): records WORKDIR/config.json, or raises
-  ValueError unless `config` equals the recorded one in every field, budgets included."""
+  ValueError unless `config` equals the recorded one in every field, budgets included (a field an
+  upgrade added counts as equal while it holds its value from before the upgrade)."""
   path = os.path.join(workdir, 'config.json')
   saved, current = read_json(path), config_json(config)
   if saved is None:
@@ -167,9 +175,9 @@ def record_or_check(workdir, config):
     write_json_atomic(path, current)
     return
   saved, current = flat(saved), flat(current)
-  changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+  changed = changed_keys(saved, current, resumable=())
   if changed:
     k = changed[0]
-    raise ValueError(f'{workdir} was started with {k}={saved.get(k)!r}, the config now says '
-                     f'{current.get(k)!r} ({len(changed)} field(s) differ): use a new --workdir '
+    raise ValueError(f'{workdir} was started with {k}={saved.get(k, _MISSING)!r}, the config now '
+                     f'says {current.get(k, _MISSING)!r} ({len(changed)} field(s) differ): use a new --workdir '
                      'or the original config')
