@@ -54,6 +54,21 @@ def parse_arg(arg, **defaults):
   return ml_collections.ConfigDict(values)
 
 
+LORA_TARGETS = ('q', 'k', 'v', 'o', 'gate', 'up', 'down')   # rljax.model.lora.TARGETS: all
+
+
+def lora(config, rank):
+  """`config` training LoRA adapters of `rank` on every projection (rank 0: unchanged), at ten
+  times the full fine-tuning lr: LoRA's best lr is about 10x full fine-tuning's at alpha 32
+  (Schulman et al., "LoRA Without Regret", 2025; measured here in docs/guide/lora.md)."""
+  if rank < 0:
+    raise ValueError(f'config arg lora={rank}: expected a rank >= 0 (0: full fine-tuning)')
+  if rank:
+    config.model.lora.rank = rank
+    config.optimizer.lr *= 10
+  return config
+
+
 def model_preset(runlocal, name=''):
   """configs/models.py's preset `name`; by default a ~0.5M-param MoE for CPU demos and tests
   (runlocal), or a ~1.3B-param Qwen3-MoE-shaped model otherwise."""
@@ -68,7 +83,10 @@ def base_config(P, G, runlocal, seed, model=''):
   config.seed = seed
   # router_replay: the policy loss routes each response token to the experts the sampler chose
   # (docs/guide/router_replay.md).
-  config.model = dict(model_preset(runlocal, model), router_replay=False)
+  # lora: rank > 0 trains LoRA adapters on the targeted projections (the experts' included) of a
+  # frozen base; 0 trains every weight (docs/guide/lora.md). Scale alpha / rank, as PEFT's.
+  config.model = dict(model_preset(runlocal, model), router_replay=False,
+                      lora=dict(rank=0, alpha=32.0, targets=LORA_TARGETS))
   # Device mesh (rljax/sharding.py): -1 takes the remaining devices.
   config.mesh = dict(data=-1, fsdp=1, expert=1, tensor=1)
 

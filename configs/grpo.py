@@ -7,14 +7,15 @@ Args after ':' (comma-separated): P (prompts per batch; P=auto: chosen during th
 config.auto_batch's bounds, docs/guide/auto_batch.md), G (responses per prompt), runlocal (tiny
 model and budget for a 2-core CPU), seed, model (a preset of configs/models.py, e.g.
 qwen3-30b-a3b), task (arithmetic | sums | tools), loss (clip | gspo | cispo: the policy loss with
-its published clip bounds, common.policy_loss). Any field can be overridden with --config.a.b=value.
+its published clip bounds, common.policy_loss), lora (a LoRA rank: adapters on a frozen base,
+0 = full fine-tuning, common.lora). Any field can be overridden with --config.a.b=value.
 """
 from configs import common
 
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='', task='arithmetic',
-                         loss='clip')
+                         loss='clip', lora=0)
   if arg.task not in ('arithmetic', 'sums', 'tools'):
     raise ValueError(f"config arg task={arg.task!r}: expected 'arithmetic', 'sums' or 'tools'")
   auto = arg.P == 'auto'
@@ -47,4 +48,5 @@ def get_config(arg=None):
       config.train.max_samples = 48_000
   if arg.task == 'tools':   # long additions with a calculator tool (docs/guide/tools.md)
     common.tool_task(config, arg.runlocal)
+  common.lora(config, arg.lora)
   return common.enable_auto_batch(config) if auto else config

@@ -26,14 +26,24 @@ from rljax import registry
 AVERAGED = ('grad_norm', 'kl', 'grad_sq_small', 'grad_sq_big', 'b_small', 'b_big')
 
 
+def params_policy(state, reference):
+  """The policy of an algorithm that trains every weight: its state's 'params'."""
+  del reference
+  return state['params']
+
+
 class Algorithm(NamedTuple):
-  state: dict            # pytrees, checkpointed whole; state['params'] is the policy the sampler uses
+  state: dict            # pytrees, checkpointed whole: the trained weights and optimizer state
   make_batch: Callable   # (state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params) -> (batch, stats)
   update: Callable       # (state, batch, ref_params, rng) -> (state, metrics): all epochs and minibatches
   updates_per_batch: int  # optimizer updates in one call of `update`
   schedules: dict        # training-row key -> schedule(update count), e.g. {'lr': ...}
   needs_reference: bool  # whether a frozen copy of the initial policy is used (KL)
   logged: tuple = ()     # update metrics averaged into each training row beyond AVERAGED
+  # (state, reference) -> the params the sampler, the evaluator and make_batch run: state['params'],
+  # or with LoRA the base (in the reference slot) merged with state['adapters'] (rljax.algos._lora)
+  policy: Callable = params_policy
+  adapts: bool = False   # LoRA: the reference slot holds the frozen base, rebuilt, not checkpointed
 
 
 def names():

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax import algos
+from rljax.algos import _lora
 from rljax import losses
 from rljax import optim
 from rljax import policy_loss
@@ -58,42 +59,45 @@ def group_batch(rollout, rewards_B, prompt_BxT, valid_BxT, G, grpo_cfg):
 
 
 def make(config, model, params, mesh, rng, batch_fn=group_batch):
-  """The GRPO Algorithm for `config`, starting from policy `params` (`rng` is not used).
+  """The GRPO Algorithm for `config`, starting from policy `params` (`rng`: LoRA adapters' init).
 
   `batch_fn(rollout, rewards_B, prompt_BxT, valid_BxT, G, section) -> (batch, stats)` makes the
   advantages: group z-scores here; other group-baseline algorithms (rljax.algos.rloo) pass theirs.
+  With model.lora the update trains adapters on the frozen base (rljax.algos._lora).
   """
-  del rng
   G, train, section = config.rollout.G, config.train, config[config.algo]
   num_micro = algos.micro_batches(config)
   batch = algos.batch_size(config)
   optimizer, schedule = optim.make_optimizer(config.optimizer, batch,
                                              optim.planned_updates(train, batch))
+  trained = _lora.trained(config, model, params, mesh, rng)
 
   def make_batch(state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params):
-    del ref_params
     batch, stats = batch_fn(rollout, rewards_B, prompt_BxT, valid_BxT, G, section)
     batch, is_stats = policy_loss.off_policy_correction(
-        model, state['params'], batch, section, config.rollout.temperature,
+        model, trained.policy(state, ref_params), batch, section, config.rollout.temperature,
         num_micro * train.num_minibatches, train.logits_chunk)
     return batch, dict(stats, **is_stats)
 
-  loss_fn = policy_loss.make_policy_loss(model, section, config.rollout.temperature, num_micro,
-                                         train.logits_chunk)
+  loss_fn = trained.loss(policy_loss.make_policy_loss(
+      model, section, config.rollout.temperature, num_micro, train.logits_chunk))
   step = functools.partial(policy_loss.policy_update, loss_fn, optimizer, section.loss_agg,
                            num_micro)
 
   def update(state, batch, ref_params, rng):
     def one_update(state, minibatch):
-      params, opt_state, metrics = step(state['params'], state['opt_state'], minibatch, ref_params)
-      return dict(params=params, opt_state=opt_state), metrics
+      tree, opt_state, metrics = step(state[trained.key], state['opt_state'], minibatch,
+                                      ref_params)
+      return {trained.key: tree, 'opt_state': opt_state}, metrics
     return update_lib.minibatch_epochs(
         one_update, state, batch, rng, num_epochs=train.num_epochs,
         num_minibatches=train.num_minibatches, group_size=G, averaged=algos.AVERAGED)
 
   return algos.Algorithm(
-      state=dict(params=params, opt_state=sharding.init_optimizer(optimizer, params, mesh)),
+      state={trained.key: trained.tree,
+             'opt_state': sharding.init_optimizer(optimizer, trained.tree, mesh)},
       make_batch=sharding.on_mesh(jax.jit(make_batch), mesh),
       update=sharding.on_mesh(jax.jit(update, donate_argnums=0), mesh),
       updates_per_batch=train.num_epochs * train.num_minibatches,
-      schedules=dict(lr=schedule), needs_reference=bool(section.kl_coef))
+      schedules=dict(lr=schedule), needs_reference=bool(section.kl_coef) or trained.adapts,
+      policy=_lora.policy_program(trained, params, mesh), adapts=trained.adapts)

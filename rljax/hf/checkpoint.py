@@ -34,8 +34,9 @@ def policy_config(config) -> model_lib.ModelConfig:
   """The policy of a training config: config.model, or with --config.init.hf_path the checkpoint's
   architecture with config.model's runtime fields (moe_impl, dtypes, remat, router_replay)."""
   hf_path = config.init.hf_path
-  if not hf_path:
-    return model_lib.ModelConfig.from_config(config.model)
+  if not hf_path:   # model.lora is how the policy trains (rljax.model.lora), not the network
+    return model_lib.ModelConfig.from_config({k: v for k, v in config.model.items()
+                                              if k != 'lora'})
   runtime = {k: config.model[k] for k in architecture.RUNTIME_FIELDS if k in config.model}
   cfg = architecture.model_config(architecture.read_config(hf_path), **runtime)
   check_checkpoint(hf_path, cfg)

@@ -11,6 +11,7 @@ import os
 import jax
 
 from rljax import algos
+from rljax.model import lora
 from rljax.model import moe
 from rljax import sharding
 from rljax import tasks
@@ -30,6 +31,7 @@ def check(config, device_count=None, process_count=None):
   tasks.check_data(config, process_count)
   _check_tools(config, process_count)
   _check_model(config.model)
+  _check_lora(config)
   batch, micro = algos.batch_size(config), config.train.micro_batch
   batches = [('the batch P*G', batch), ('the minibatch', batch // config.train.num_minibatches)]
   sharding.check_mesh(config.mesh, device_count - config.rollout.devices,
@@ -90,6 +92,15 @@ def _check_model(model):
   if model.num_heads % model.num_kv_heads:
     raise ValueError(f'model.num_heads ({model.num_heads}) must be a multiple of '
                      f'num_kv_heads ({model.num_kv_heads})')
+
+
+def _check_lora(config):
+  """model.lora's fields, and an algorithm that trains adapters: GRPO and RLOO (rljax.algos._lora);
+  PPO's update (actor and critic, whose trunk may be the policy's) trains full weights."""
+  lora.check(config.model.get('lora'))
+  if lora.config_of(config.model) and config.algo == 'ppo':
+    raise ValueError('model.lora trains adapters with grpo or rloo; ppo trains the policy and its '
+                     'critic as full weights: set model.lora.rank=0 for ppo')
 
 
 def step_set(spec):

@@ -43,8 +43,8 @@ def rl_step(run, carry, examples, step):
   training row (the loop adds the running totals)."""
   state, ref_params, rng = carry['algo'], carry['reference'], step_key(carry['rng'], step)
   start = time.perf_counter()
-  rollout_state, sampled = run.schedule.draw(state['params'], carry['rollout'], examples, rng,
-                                             step)
+  rollout_state, sampled = run.schedule.draw(run.algo.policy(state, ref_params), carry['rollout'],
+                                             examples, rng, step)
   rollout = sampled.rollout
   response_tokens = evaluation.to_host(rollout.tokens_BxL, run.mesh)   # the verifier needs text
   times = dict(rollout_time_s=time.perf_counter() - start)
@@ -121,7 +121,8 @@ def _evaluate(run, carry, meta, step, wallclock_s):
   """Evaluates the policy into meta and the logs; the row keeps how long it took (not training
   time: wallclock_s leaves it out)."""
   start = time.perf_counter()
-  meta['eval_accuracy'], correct = run.evaluate(carry['algo']['params'])
+  meta['eval_accuracy'], correct = run.evaluate(run.algo.policy(carry['algo'],
+                                                                carry['reference']))
   run.writer.eval(step, meta['samples'], meta['eval_accuracy'], correct, wallclock_s,
                   eval_time_s=time.perf_counter() - start)
 
@@ -172,7 +173,8 @@ def train(config, workdir, stop=None, shape=None):
     stopping = stop is not None and stop.agreed() and not done
     saved = dict(meta, answers=run.schedule.answers, prompt_ids=run.schedule.prompt_ids,
                  config=workdir_lib.config_json(config))
-    run.ckpt.save(meta['step'], carry, saved, force=done or stopping)
+    run.ckpt.save(meta['step'], run_lib.checkpointed(run.algo, carry), saved,
+                  force=done or stopping)
     if stopping:
       run.ckpt.close()
       raise preemption.Preempted(meta['step'])

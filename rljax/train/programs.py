@@ -51,9 +51,9 @@ def evaluator(s):
   tool: one turn loop)."""
   num = evaluation.eval_rows(s.config.train.eval_size, s.mesh)[1]
   if s.tool:
-    return turn_program(s, greedy(s.sampling), num, s.mesh, s.algo.state['params'])
+    return turn_program(s, greedy(s.sampling), num, s.mesh, s.params)
   fn = sharding.on_mesh(sampler_lib.make_sampler(s.model, greedy(s.sampling)), s.mesh)
-  return Program(fn, (s.algo.state['params'], rows(s.mesh, num, s.prompt_len),
+  return Program(fn, (s.params, rows(s.mesh, num, s.prompt_len),
                       rows(s.mesh, num, s.prompt_len, dtype=bool), key(s.mesh)))
 
 
@@ -103,7 +103,7 @@ def partial_programs(s):
           pool, host(P, s.prompt_len), host(P, s.prompt_len, dtype=bool), None, key(s.mesh),
           host(P * G))),
       advance=Program(sharding.on_mesh(advance, s.mesh),
-                      (s.algo.state['params'], pool, host(), host())))
+                      (s.params, pool, host(), host())))
 
 
 def algorithm_programs(s):
@@ -117,7 +117,7 @@ def algorithm_programs(s):
       jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding.replicated(s.mesh)),
       jax.tree.map(lambda x: rows(s.mesh, *x.shape, dtype=x.dtype), experts))
   state = s.algo.state
-  ref = state['params'] if s.algo.needs_reference else None
+  ref = s.params if s.algo.needs_reference else None
   make_args = (state, rollout, rows(s.mesh, batch, dtype=jnp.float32),
                rows(s.mesh, batch, s.prompt_len), rows(s.mesh, batch, s.prompt_len, dtype=bool),
                ref)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from rljax import algos
 from rljax.data import sources as data
 from rljax.hf import checkpoint as hf
+from rljax.model import lora
 from rljax.model import transformer as model_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
@@ -58,6 +59,7 @@ class Shape(NamedTuple):
   model: model_lib.Transformer
   mesh: jax.sharding.Mesh
   algo: algos.Algorithm   # algo.state: abstract, laid out as training lays it out
+  params: Any             # the policy's params as the sampler and evaluator take them (abstract)
   prompt_len: int
   new_tokens: int
   batch: int              # responses per rollout batch
@@ -84,8 +86,8 @@ def abstract_setup(config, mesh, rollout_mesh=None):
                     sharding.init_params(init_fn, rng, rollout_mesh, abstract_only=True)[0])
   sampling = schedules.sampling_config(config, new_tokens,
                                        schedules.sampler_group(config, rollout_mesh))
-  return Shape(config, model, mesh, algo, prompt_len, new_tokens, batch, micro, rollout_mesh,
-               sampler_params, sampling, tasks.tool(config))
+  return Shape(config, model, mesh, algo, params, prompt_len, new_tokens, batch, micro,
+               rollout_mesh, sampler_params, sampling, tasks.tool(config))
 
 
 def _model_and_task(config):
@@ -139,8 +141,8 @@ def setup(config, workdir, shape=None):
 
   The carry is what checkpoints hold, in named slots: `algo` (the algorithm's state), `rollout`
   (the schedule's: None, the partial pool or the batch drawn ahead), `rng` (the rollout key) and
-  `reference` (the frozen reference policy, or None). Bad input raises ValueError before anything
-  is compiled.
+  `reference` (the frozen reference policy, or None; with LoRA the frozen base, which checkpoints
+  leave out: `checkpointed`). Bad input raises ValueError before anything is compiled.
   """
   shape = shape or checked_shape(config)
   meta = workdir_lib.prepare(workdir, config)   # None: a fresh run
@@ -166,7 +168,7 @@ def setup(config, workdir, shape=None):
     writer.truncate_after(-1)   # rows of an attempt killed before its first checkpoint
     meta = dict(step=0, samples=0, tokens=0, wallclock_s=0.0, data=None, eval_accuracy=None)
   else:
-    carry, meta = _restore(ckpt, carry, schedule)
+    carry, meta = _restore(ckpt, carry, schedule, algo)
     writer.truncate_after(meta['step'])
   workdir_lib.claim(workdir, config)
   # config.auto_batch may have left the run at another batch (rljax.train.rebatch)
@@ -179,20 +181,31 @@ def setup(config, workdir, shape=None):
 
 
 def _initial_carry(config, s, progs, task, evaluate, workdir, meta):
-  """The algorithm (its programs from `progs`) and the carry before any restore."""
+  """The algorithm (its programs from `progs`) and the carry before any restore. With LoRA the
+  base is built as a fresh run builds it (HF import, or init and the cached warm start) on resume
+  too: checkpoints hold only the adapters."""
   init_rng, rollout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  adapts = lora.config_of(config.model) is not None
   params = (_initial_params(config, s.model, task, evaluate, init_rng, s.mesh, workdir,
-                            (s.prompt_len, s.prompt_len + s.new_tokens)) if meta is None else
+                            (s.prompt_len, s.prompt_len + s.new_tokens))
+            if meta is None or adapts else
             sharding.init_params(functools.partial(model_lib.init_params, s.model.cfg), init_rng,
                                  s.mesh)[0])   # a template: the checkpoint's values replace it
   algo = algos.get(config.algo).make(config, s.model, params, s.mesh,
                                      jax.random.fold_in(init_rng, 1))
   algo = jit_schedules(algo._replace(make_batch=progs['make_batch'].fn,
                                      update=progs['update'].fn))
-  reference = jax.tree.map(jnp.copy, params) if algo.needs_reference else None   # a copy: the
-  # update donates the policy's buffers
+  # A copy of the initial policy: the update donates the policy's buffers. LoRA's base is never
+  # donated (the update trains the adapters), so it is its own reference.
+  reference = (params if algo.adapts else
+               jax.tree.map(jnp.copy, params) if algo.needs_reference else None)
   return algo, dict(algo=algo.state, rollout=None, rng=sharding.place(rollout_rng, s.mesh),
                     reference=reference)
+
+
+def checkpointed(algo, carry):
+  """What a checkpoint holds of `carry`: all of it, less LoRA's base (rebuilt on resume)."""
+  return dict(carry, reference=None) if algo.adapts else carry
 
 
 def _schedule(config, s, progs, task):
@@ -205,12 +218,14 @@ def _schedule(config, s, progs, task):
   return schedules.make(config, s, sampler, progs, to_sampler)
 
 
-def _restore(ckpt, carry, schedule):
+def _restore(ckpt, carry, schedule, algo):
   """(carry, meta) of the newest intact checkpoint: in the carry's named slots, or in the flat
-  layout of checkpoints written before them (converted)."""
-  legacy = (schedules.legacy_carry(carry, schedule),
-            lambda old, meta: schedules.from_legacy(old, meta, carry, schedule))
-  carry, meta = ckpt.restore(carry, legacy=legacy)
+  layout of checkpoints written before them (converted). LoRA's base comes from `carry`."""
+  template = checkpointed(algo, carry)
+  legacy = (schedules.legacy_carry(template, schedule),
+            lambda old, meta: schedules.from_legacy(old, meta, template, schedule))
+  restored, meta = ckpt.restore(template, legacy=legacy)
+  carry = dict(restored, reference=carry['reference']) if algo.adapts else restored
   schedule.answers = meta.get('answers', schedule.answers)
   schedule.prompt_ids = schedules.held_prompt_ids(meta, schedule.answers)
   logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])

@@ -47,7 +47,9 @@ def seed(config):
 
 
 def fingerprint(config):
-  model = {k: v for k, v in config.model.items() if k != 'max_seq_len'}  # a bound, not the model
+  # max_seq_len is a bound, not the model; lora how RL trains it (LoRA and full fine-tuning runs
+  # start from one warm start)
+  model = {k: v for k, v in config.model.items() if k not in ('max_seq_len', 'lora')}
   # extra_test: held-out problems drawn after the train split; the training data are the same.
   relevant = dict(model=model, seed=seed(config),
                   data={k: v for k, v in config.data.items() if k not in ('dir', 'extra_test')},

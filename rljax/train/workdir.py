@@ -28,13 +28,14 @@ _MISSING = '<missing>'
 _LOSSES = ('grpo', 'ppo', 'rloo')
 # Fields added since workdirs record their config, each with the value that reproduces rljax
 # before it: rollouts sampled on the training mesh in one piece, no chunked logits, no lr decay,
-# no dual clip or off-policy weights, the clipped surrogate, no router replay. auto_batch.*: any
-# value while auto_batch is off.
+# no dual clip or off-policy weights, the clipped surrogate, no router replay, no LoRA.
+# auto_batch.*: any value while auto_batch is off; model.lora.*: any value while its rank is 0.
 INTRODUCED = {
     'mode': 'train', 'warmstart.seed': -1, 'optimizer.decay': 'constant',
     'train.logits_chunk': 0, 'rollout.slots': 0, 'rollout.partial': False,
     'rollout.max_staleness': 1, 'rollout.devices': 0, 'auto_batch.enabled': False,
     'grpo.adv_eps': 1e-6, 'model.router_replay': False, 'data.extra_test': 0,
+    'model.lora.rank': 0,
     # read only by the tool task, which came with them: their defaults
     'data.demo_frac': 0.25, 'tools.enabled': True, 'tools.timeout_s': 1.0, 'tools.max_calls': 2,
     **{f'{algo}.{key}': value for algo in _LOSSES for key, value in (
@@ -61,6 +62,8 @@ def _as_before(key, present):
   """Whether `key`, missing on one side, holds on the other (flat `present`) a value that computes
   what rljax computed before the key existed."""
   if key.startswith('auto_batch.') and present.get('auto_batch.enabled') is False:
+    return True
+  if key.startswith('model.lora.') and present.get('model.lora.rank') == 0:
     return True
   return key in INTRODUCED and present[key] == INTRODUCED[key]
 
