@@ -88,6 +88,15 @@ CHECK_CASES = [
     ('cispo-with-dual-clip', {'grpo.policy_loss': 'cispo', 'grpo.clip_ratio_c': 3.0}, 1,
      r"grpo.clip_ratio_c \(dual-clip\) bounds the clipped surrogate; policy_loss 'cispo' bounds "
      r"its weights by clip_low and clip_high: set 0"),
+    ('lora-negative-rank', {'model.lora.rank': -1}, 1,
+     r'model.lora.rank must be an integer >= 0 \(0: off\), got -1'),
+    ('lora-alpha-zero', {'model.lora.rank': 8, 'model.lora.alpha': 0.0}, 1,
+     r'model.lora.alpha must be a positive number, got 0.0'),
+    ('lora-unknown-target', {'model.lora.rank': 8, 'model.lora.targets': ('q', 'qkv')}, 1,
+     r"model.lora.targets: unknown target 'qkv'; the targets are \('q', 'k', 'v', 'o', 'gate', "
+     r"'up', 'down'\)"),
+    ('lora-no-targets', {'model.lora.rank': 8, 'model.lora.targets': ()}, 1,
+     r"model.lora.targets must be a non-empty list of \('q', .*\), got \(\)"),
 ]
 
 
@@ -107,6 +116,22 @@ def test_ppo_refuses_k1_as_a_loss_term_but_not_in_the_reward():
   with pytest.raises(ValueError, match="ppo.kl_estimator 'k1' with kl_coef > 0"):
     config_checks.check(make({'ppo.kl_coef': 0.1, 'ppo.kl_estimator': 'k1'}), device_count=1,
                         process_count=1)
+
+
+def test_ppo_refuses_lora():
+  make = lambda rank: config_with({'model.lora.rank': rank}, ppo.get_config, 'runlocal,B=8')
+  config_checks.check(make(0), device_count=1, process_count=1)
+  with pytest.raises(ValueError) as raised:
+    config_checks.check(make(8), device_count=1, process_count=1)
+  assert str(raised.value) == ('model.lora trains adapters with grpo or rloo; ppo trains the '
+                               'policy and its critic as full weights: set model.lora.rank=0 '
+                               'for ppo')
+
+
+def test_config_arg_lora_takes_a_rank():
+  assert grpo.get_config('runlocal,lora=8').model.lora.rank == 8
+  with pytest.raises(ValueError, match=r'config arg lora=-2: expected a rank >= 0'):
+    grpo.get_config('lora=-2')
 
 
 @pytest.mark.parametrize('overrides, message', [

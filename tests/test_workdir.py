@@ -54,6 +54,8 @@ def _older(config):
       del parent[name]
   if not config['auto_batch'].get('enabled', False):   # (already dropped: its value was False)
     del config['auto_batch']
+  if 'rank' not in config['model']['lora']:   # LoRA off (its rank dropped: its value was 0)
+    del config['model']['lora']
   return config
 
 
@@ -68,6 +70,11 @@ def test_fields_added_since_a_workdir_was_written_are_unchanged_at_their_old_val
       "rollout.devices: '<missing>' -> 2"]
   assert "auto_batch.enabled: '<missing>' -> True" in workdir_lib.differences(
       saved, workdir_lib.config_json(on))
+  assert 'lora' not in saved['model']
+  adapted = _config()
+  adapted.model.lora.rank = 8
+  assert "model.lora.rank: '<missing>' -> 8" in workdir_lib.differences(
+      saved, workdir_lib.config_json(adapted))
 
 
 @pytest.mark.parametrize('module', [grpo, ppo, rloo])

@@ -122,8 +122,6 @@ def init_adapters(boxes, cfg: LoraConfig, rng):
       node = node.setdefault(key, {})
     node[keys[-1]] = adapter_boxes(box, keys[-1], cfg.rank,
                                    jax.random.fold_in(rng, index))
-  if not out:
-    raise ValueError(f'model.lora.targets {cfg.targets} adapt no weight of this model')
   return out
 
 
