@@ -244,6 +244,32 @@ def test_oversize_config_does_not_fit_with_breakdown():
     planner.plan(config, target, costs=False)
 
 
+def test_a_lora_plan_states_the_memory_it_saves():
+  """Parameters + optimizer state with LoRA adapters against full fine-tuning of the same model:
+  the latter is what the full fine-tuning plan holds; the adapters count as the formula says."""
+  target, mesh = targets.parse_target('tpu:v5e-8'), dict(fsdp=8)
+  plan = lambda arg: planner.plan(grpo_config.get_config(arg), target, mesh, costs=False,
+                                  compile_programs_too=False)
+  full, adapted = plan('P=8,G=8'), plan('P=8,G=8,lora=16')
+  saving, held = adapted['lora'], full['memory']['resident']
+  assert saving['full_finetune_params_and_optimizer'] == held['params'] + held['optimizer']
+  resident = adapted['memory']['resident']
+  assert resident['params'] == held['params'] and adapted['params'] == full['params']
+  assert saving['params_and_optimizer'] == (resident['params'] + resident['adapters']
+                                            + resident['optimizer'])
+  cfg, r = model_lib.ModelConfig.from_config(
+      {k: v for k, v in grpo_config.get_config('').model.items() if k != 'lora'}), 16
+  D, N, K, H, E, F = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                      cfg.num_experts, cfg.expert_hidden)
+  per_layer = (2 * (D * r + r * N * H) + 2 * (D * r + r * K * H)
+               + E * (2 * (D * r + r * F) + (F * r + r * D)))
+  assert saving['trainable_params'] == cfg.num_layers * per_layer
+  # Adam's two float32 moments of every adapter, split over the 8 chips as the adapters are
+  assert resident['optimizer'] <= 2 * resident['adapters'] + 1024
+  assert saving['saved'] > 0.6 * held['optimizer']
+  assert 'LoRA' in table.format_report(adapted)
+
+
 def planned_and_trained(config, target, tmp_path):
   """The plan of `config` on `target` with costs, and the run `setup` builds of it on CPUs."""
   config.rollout.update(temperature=0.7, top_k=5, top_p=0.9)   # a sampler of the config's own

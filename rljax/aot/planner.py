@@ -26,9 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import algos
+from rljax import optim
 from rljax.aot import programs as compiled
 from rljax.aot import table
 from rljax.aot import targets
+from rljax.model import lora
 from rljax.model import router
 from rljax.model import transformer as model_lib
 from rljax.rollout import sampler
@@ -83,16 +85,37 @@ def sampler_apart(s):
 
 
 def resident_bytes(s):
-  """Bytes per training chip of the state every phase holds: params, optimizer state, the critic
-  where the algorithm has one, and the KV cache (`kv_cache_bytes` of the sampler a run builds)
-  when the sampler shares the chips."""
+  """Bytes per training chip of the state every phase holds: params (with LoRA the frozen base,
+  and its adapters), optimizer state, the critic where the algorithm has one, and the KV cache
+  (`kv_cache_bytes` of the sampler a run builds) when the sampler shares the chips."""
   state = s.algo.state
-  memory = dict(params=sharding.bytes_per_device(state['params']),
-                optimizer=sharding.bytes_per_device([v for k, v in state.items()
-                                                     if k.endswith('opt_state')]))
+  memory = dict(params=sharding.bytes_per_device(s.params))
+  if 'adapters' in state:
+    memory['adapters'] = sharding.bytes_per_device(state['adapters'])
+  memory['optimizer'] = sharding.bytes_per_device([v for k, v in state.items()
+                                                   if k.endswith('opt_state')])
   if 'critic_params' in state:
     memory['critic'] = sharding.bytes_per_device(state['critic_params'])
   return memory if sampler_apart(s) else dict(memory, kv_cache=sampler_kv_bytes(s))
+
+
+def lora_saving(s):
+  """With LoRA, per training chip: the parameters and optimizer state it holds (the base, the
+  adapters and their Adam moments) against what full fine-tuning of the same model would hold
+  (every weight and its moments, the same optimizer); None without LoRA."""
+  cfg = lora.config_of(s.config.model)
+  if cfg is None:
+    return None
+  optimizer, _ = optim.make_optimizer(s.config.optimizer, s.batch,
+                                      optim.planned_updates(s.config.train, s.batch))
+  full_moments = sharding.init_optimizer(optimizer, s.params, s.mesh)   # abstract
+  held = resident_bytes(s)
+  lora_bytes = held['params'] + held['adapters'] + held['optimizer']
+  full_bytes = held['params'] + sharding.bytes_per_device(full_moments)
+  return dict(rank=cfg.rank, alpha=cfg.alpha, targets=list(cfg.targets),
+              trainable_params=lora.count(s.algo.state['adapters']),
+              params_and_optimizer=lora_bytes, full_finetune_params_and_optimizer=full_bytes,
+              saved=full_bytes - lora_bytes)
 
 
 def sampler_kv_bytes(s):
@@ -181,6 +204,9 @@ def program_phases(s, phases, programs):
     out[name] = dict(state, temporaries=mem['temporaries'],
                      inputs_and_outputs=max(mem['arguments'] - inputs_held, 0) + mem['outputs']
                      - mem['aliased'])
+  if s.algo.adapts:   # the sampler and evaluator read merge(base, adapters): a copy the size of
+    for name in ('rollout', 'evaluate'):   # the base, made once per call (rljax.algos._lora)
+      out[name]['merged_policy'] = resident['params']
   return out
 
 
@@ -269,12 +295,13 @@ def plan_mesh(config, target, mesh_cfg, devices, costs=True, compile_programs_to
   report = dict(target=target.name, chip=target.chip.name, chips=len(devices),
                 mesh=dict(mesh.shape), batch=s.batch, micro_batch=s.micro,
                 prompt_len=s.prompt_len, new_tokens=s.new_tokens,
-                params=int(sum(math.prod(x.shape)
-                               for x in jax.tree.leaves(s.algo.state['params']))),
+                params=int(sum(math.prod(x.shape) for x in jax.tree.leaves(s.params))),
                 active_params=active_params(s.model.cfg), hbm=target.chip.hbm_bytes,
                 sampling=dataclasses.asdict(s.sampling), router_ids=router_ids_bytes(s))
   if sampler_apart(s):
     report.update(sampler_mesh=dict(rollout_mesh.shape), weight_transfer=weight_transfer(s))
+  if s.algo.adapts:
+    report['lora'] = lora_saving(s)
   if not compile_programs_too:
     report['memory'] = check_resident(s, target.chip, target.name)
     report['peak'] = max(sum(memory.values()) for memory in report['memory'].values())
@@ -368,7 +395,7 @@ def preflight(config, devices=None, shape=None):
     memory = max(memory, sampler_resident_bytes(s), key=lambda m: sum(m.values()))
   local = [d for d in devices if d.process_index == jax.process_index()] or devices
   limit = _device_memory(local[0])   # memory stats exist only for this process's devices
-  count = sum(math.prod(x.shape) for x in jax.tree.leaves(s.algo.state['params']))
+  count = sum(math.prod(x.shape) for x in jax.tree.leaves(s.params))
   line = (f'rljax: {count / 1e6:,.1f}M parameters on {len(devices)} {devices[0].device_kind} '
           f'device(s), mesh {_mesh_text(s)}; '
           f'{table.memory_line(memory, limit, "per device, device memory")}')

@@ -41,6 +41,12 @@ def format_report(r):
     if phase in r['memory']:
       rows.append((f'{phase.replace("_", " ")} memory / chip',
                    memory_line(r['memory'][phase], r['hbm'])))
+  if 'lora' in r:
+    saving = r['lora']
+    rows.append(('LoRA', f'rank {saving["rank"]}, {saving["trainable_params"] / 1e6:.2f}M '
+                 f'trainable: params + optimizer {_gib(saving["params_and_optimizer"])} per chip, '
+                 f'full fine-tuning {_gib(saving["full_finetune_params_and_optimizer"])} '
+                 f'(saves {_gib(saving["saved"])})'))
   if 'weight_transfer' in r:
     moved = r['weight_transfer']
     rows.append(('weights to the sampler', f'{_gib(moved["total"])} per step, '
