@@ -4,7 +4,8 @@
 
 RUN is a workdir of `rljax.main` that started from --config.init.hf_path=HF_DIR; the export takes
 the architecture's config.json and the tokenizer from HF_DIR and the weights from RUN's latest
-(or --step) checkpoint. The checkpoint is read as a resume reads it (rljax.train.checkpoint):
+(or --step) checkpoint. A run that trained LoRA adapters (model.lora) exports them as a PEFT
+adapter directory (rljax.hf.peft), beside a copy of HF_DIR's config.json and tokenizer. The checkpoint is read as a resume reads it (rljax.train.checkpoint):
 checked against its manifest; the latest damaged steps are set aside and the newest intact one
 is exported; a --step that is damaged is refused.
 """
@@ -18,6 +19,8 @@ from absl import logging
 from rljax import cli
 from rljax.hf import architecture
 from rljax.hf import checkpoint as hf
+from rljax.hf import peft
+from rljax.model import lora
 from rljax.train import checkpoint
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training run directory (holds checkpoints/).')
@@ -27,8 +30,8 @@ _DTYPE = flags.DEFINE_string('dtype', None, 'Cast weights on export, e.g. bfloat
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
 
 
-def run_params(workdir, step=None):
-  """The policy params saved in WORKDIR/checkpoints (latest intact step by default), and the step.
+def run_state(workdir, step=None):
+  """(the algorithm's state, meta) saved in WORKDIR/checkpoints (latest intact step by default).
   ValueError for a missing or damaged step; checkpoint.Damaged when no step is intact."""
   directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
   if not os.path.isdir(directory):
@@ -45,23 +48,37 @@ def run_params(workdir, step=None):
   if isinstance(restored, str):
     raise ValueError(f'checkpoint step {step} in {directory} is damaged ({restored})')
   state, meta = restored
-  state = state['algo'] if 'algo' in state else state   # the carry's slots, or the flat layout
+  return (state['algo'] if 'algo' in state else state), meta   # the carry's slots, or flat
+
+
+def run_params(workdir, step=None):
+  """The policy params saved in WORKDIR/checkpoints (latest intact step by default), and the step."""
+  state, meta = run_state(workdir, step)
   return state['params'], meta['step']
 
 
 def export(workdir, base, out, dtype=None, step=None):
-  """Writes RUN's params with BASE's config.json and tokenizer into OUT; returns the step."""
+  """Writes RUN's params (or LoRA adapters) with BASE's config.json and tokenizer into OUT;
+  returns the step."""
   config = architecture.read_config(base)
   cfg = architecture.model_config(config)
-  params, step = run_params(workdir, step)
-  hf.save_params(params, cfg, out, config=config, dtype=dtype, tokenizer_dir=base)
-  return step
+  state, meta = run_state(workdir, step)
+  if 'adapters' in state:
+    lora_cfg = lora.config_of(meta['config']['model'])
+    peft.save_adapters(state['adapters'], cfg, lora_cfg, out, base, dtype)
+  else:
+    hf.save_params(state['params'], cfg, out, config=config, dtype=dtype, tokenizer_dir=base)
+  return meta['step']
 
 
 def summary(out):
-  """'N safetensors files, X MB, DTYPE': what an export wrote into `out`."""
+  """'N safetensors files, X MB, DTYPE' (or for adapters 'PEFT LoRA adapters of rank R, X MB'):
+  what an export wrote into `out`."""
   files = [name for name in os.listdir(out) if name.endswith('.safetensors')]
   size = sum(os.path.getsize(os.path.join(out, name)) for name in files)
+  if peft.CONFIG_FILE in os.listdir(out):
+    rank = architecture.read_json(os.path.join(out, peft.CONFIG_FILE))['r']
+    return f'PEFT LoRA adapters of rank {rank}, {size / 1e6:.1f} MB'
   dtype = architecture.read_config(out).get('torch_dtype')
   return f'{len(files)} safetensors file{"s" * (len(files) != 1)}, {size / 1e6:.1f} MB, {dtype}'
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from rljax import hf_export
 from rljax.hf import architecture
 from rljax.hf import checkpoint as hf
 from rljax.hf import tokenizer as hf_tokenizer
+from rljax.model import lora
 from rljax.model import transformer as model_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax.train import checkpoint
@@ -239,6 +241,87 @@ def test_export_reloads_in_transformers_with_the_same_logits(name, tmp_path):
                    attention_mask=torch.tensor(mask, dtype=torch.long),
                    position_ids=torch.tensor(ref['positions_BxT'], dtype=torch.long)).logits.numpy()
   np.testing.assert_allclose(logits[mask], rljax_logits(cfg, params, ref)[mask], atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------ LoRA adapters (PEFT)
+
+
+def adapted(name, rank=3, alpha=12.0):
+  """(cfg, base params, LoRA config, adapters with B far from zero) of testdata model `name`."""
+  cfg, params = load(name)
+  lora_cfg = lora.LoraConfig(rank, alpha, tuple(lora.TARGETS))
+  boxes = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.PRNGKey(0)))
+  adapters = nn.unbox(lora.init_adapters(boxes, lora_cfg, jax.random.PRNGKey(1)))
+  rng = np.random.default_rng(2)
+  adapters = jax.tree_util.tree_map_with_path(
+      lambda path, x: x + rng.normal(0, 0.3, x.shape).astype(np.float32) * (path[-1].key == 'b'),
+      adapters)
+  return cfg, params, lora_cfg, adapters
+
+
+def export_adapters(name, tmp_path):
+  """`python -m rljax.hf_export`'s export of a checkpoint holding LoRA adapters, as a LoRA run
+  saves them (the carry's slots, the config in its meta)."""
+  cfg, params, lora_cfg, adapters = adapted(name)
+  run, out = tmp_path / 'run', str(tmp_path / 'adapters')
+  saver = checkpoint.Checkpointer(str(run), every=1, keep=1)
+  config = dict(model=dict(lora=dict(rank=lora_cfg.rank, alpha=lora_cfg.alpha,
+                                     targets=list(lora_cfg.targets))))
+  saver.save(7, {'algo': {'adapters': adapters}}, {'step': 7, 'config': config}, force=True)
+  saver.close()
+  assert hf_export.export(str(run), model_dir(name), out) == 7
+  return cfg, params, lora_cfg, adapters, out
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_peft_adapters_merge_to_the_export_of_the_adapted_policy(name, tmp_path):
+  """PEFT's merge, W + lora_alpha / r * B @ A on each exported [out, in] weight (numpy), gives
+  the Hugging Face export of rljax's adapted policy, tensor by tensor."""
+  cfg, params, lora_cfg, adapters, out = export_adapters(name, tmp_path)
+  with open(os.path.join(out, 'adapter_config.json')) as f:
+    config = json.load(f)
+  assert (config['peft_type'], config['r'], config['lora_alpha']) == ('LORA', 3, 12.0)
+  assert sorted(config['target_modules']) == ['down_proj', 'gate_proj', 'k_proj', 'o_proj',
+                                              'q_proj', 'up_proj', 'v_proj']
+  assert os.path.exists(os.path.join(out, 'config.json'))
+  merged_dir = str(tmp_path / 'merged')
+  hf.save_params(lora.merge(params, adapters, lora_cfg), cfg, merged_dir)
+  base, merged, pieces = (safetensors_dict(d) for d in (model_dir(name), merged_dir, out))
+  adapted_names = 0
+  for tensor, w in base.items():
+    a_name = 'base_model.model.' + tensor[:-len('weight')] + 'lora_A.weight'
+    if a_name not in pieces:
+      np.testing.assert_array_equal(merged[tensor], w, err_msg=tensor)
+      continue
+    a, b = pieces[a_name], pieces[a_name.replace('lora_A', 'lora_B')]
+    assert a.shape == (3, w.shape[1]) and b.shape == (w.shape[0], 3), tensor
+    np.testing.assert_allclose(merged[tensor], w + 12.0 / 3 * (b.astype(np.float64) @ a),
+                               rtol=1e-5, atol=1e-6, err_msg=tensor)
+    adapted_names += 1
+  experts = cfg.num_experts or 1
+  assert adapted_names == cfg.num_layers * (4 + 3 * experts) == len(pieces) // 2
+  assert ('base_model.model.model.layers.1.mlp.experts.7.down_proj.lora_B.weight' in pieces
+          if cfg.num_experts else 'base_model.model.model.layers.1.mlp.up_proj.lora_A.weight'
+          in pieces)
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_peft_adapters_reload_in_transformers_with_the_same_logits(name, tmp_path):
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  peft = pytest.importorskip('peft')
+  cfg, params, lora_cfg, adapters, out = export_adapters(name, tmp_path)
+  base = transformers.AutoModelForCausalLM.from_pretrained(model_dir(name), dtype=torch.float32)
+  model = peft.PeftModel.from_pretrained(base, out)
+  ref = reference(name)
+  mask = ref['mask_BxT']
+  with torch.no_grad():
+    logits = model(input_ids=torch.tensor(ref['tokens_BxT'], dtype=torch.long),
+                   attention_mask=torch.tensor(mask, dtype=torch.long),
+                   position_ids=torch.tensor(ref['positions_BxT'], dtype=torch.long)).logits.numpy()
+  expected = rljax_logits(cfg, lora.merge(params, adapters, lora_cfg), ref)
+  assert np.abs(expected - rljax_logits(cfg, params, ref))[mask].max() > 1e-2   # adapters matter
+  np.testing.assert_allclose(logits[mask], expected[mask], atol=1e-4, rtol=0)
 
 
 # ------------------------------------------------------------------ bad checkpoints
