@@ -49,7 +49,7 @@ FLAG_CASES = [
     ('unknown-nested-field', [CONFIG, WORKDIR, '--config.rollout.PP=4'],
      r'unknown config field rollout\.PP'),
     ('unknown-config-arg', ['--config=configs/grpo.py:runlocal,Q=3', WORKDIR],
-     r"unknown config arg 'Q'; known args: G, P, loss, model, runlocal, seed, task"),
+     r"unknown config arg 'Q'; known args: G, P, lora, loss, model, runlocal, seed, task"),
     ('config-arg-type', ['--config=configs/grpo.py:runlocal,P=four', WORKDIR],
      r"config arg P='four': expected an integer.*"),
     ('int-field-type', [CONFIG, WORKDIR, '--config.rollout.P=four'],
