@@ -117,8 +117,9 @@ def base_config(P, G, runlocal, seed, model=''):
 
   # Tool calls, for a task whose responses may make them (tool_sums; docs/guide/tools.md): each
   # call gets timeout_s seconds, a response max_calls calls; enabled=False gives every call the
-  # error result (the run without the tool).
-  config.tools = dict(enabled=True, timeout_s=1.0, max_calls=2)
+  # error result (the run without the tool). Calls run in `workers` processes, each allowed
+  # memory_mb MiB above what the loaded tool uses.
+  config.tools = dict(enabled=True, timeout_s=1.0, max_calls=2, workers=8, memory_mb=512)
 
   # lr = lr * f(P*G / base_batch), f = sqrt | linear | constant (lr_rule). decay: the lr after
   # warmup, held ('constant') or annealed to 0 at the budget's end ('linear', 'cosine').

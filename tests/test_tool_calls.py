@@ -1,8 +1,8 @@
 """Running a task's tool on the host (rljax.rollout.tool_calls): the call's text, the result's
 tokens between the markers, and every failure (raising, not text, too long, not encodable,
-hanging, no call-open marker, disabled) turned into the error result and counted by its kind; a
-chunk's hanging calls wait one timeout together, not one each."""
-import threading
+hanging, crashing, no call-open marker, disabled, markers or special tokens in the result)
+turned into the error result and counted by its kind; a chunk's hanging calls wait one timeout
+together, not one each."""
 import time
 
 import numpy as np
@@ -11,6 +11,10 @@ import pytest
 from rljax.data import calculator
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.rollout import tool_calls
+from rljax.rollout import tool_pool
+from rljax.rollout import tool_screen
+
+import sample_tools
 
 TOKENIZER = tokenizer_lib.ToolTokenizer()
 TOOL = tool_calls.Tool(calculator.calculate, TOKENIZER, ('[', ']', '{', '}'), error='?',
@@ -27,31 +31,78 @@ def test_calls_get_the_tools_result_between_the_markers():
   assert tool_calls.call_text(TOOL, ids('5[1+2]{3}[4*4]')) == '4*4'
 
 
-def hang(_):
-  threading.Event().wait(30)
-
-
 @pytest.mark.parametrize('fn,history,kind', [
     (calculator.calculate, '[1+]', 'raised'),            # the calculator refuses it
     (calculator.calculate, '12+3]', 'malformed'),        # no call-open marker: not run
-    (lambda call: 12, '[1]', 'malformed'),               # not text
-    (lambda call: '9' * 20, '[1]', 'malformed'),         # longer than max_chars
-    (lambda call: 'seven', '[1]', 'malformed'),          # the tokenizer cannot encode it
-    (lambda call: 1 / 0, '[1]', 'raised'),
-    (hang, '[1]', 'timeout'),
+    (sample_tools.return_int, '[1]', 'malformed'),       # not text
+    (sample_tools.return_long, '[1]', 'oversize'),       # longer than max_chars
+    (sample_tools.return_word, '[1]', 'malformed'),      # the tokenizer cannot encode it
+    (sample_tools.raise_error, '[1]', 'raised'),
+    (sample_tools.hang, '[1]', 'timeout'),
+    (sample_tools.spin_in_c, '[1]', 'timeout'),          # C code holding the GIL
+    (sample_tools.allocate, '[1]', 'memory'),
+    (sample_tools.exit_hard, '[1]', 'crash'),
+    (sample_tools.segfault, '[1]', 'crash'),
+    (sample_tools.return_markers, '[1]', 'bad_result'),  # '}' would close the result early
     (None, '[1+1]', 'disabled'),
 ])
 def test_a_bad_call_gets_the_error_result(fn, history, kind):
-  outcome, = tool_calls.run_calls(TOOL._replace(fn=fn), [ids(history)])
+  outcome, = tool_calls.run_calls(TOOL._replace(fn=fn, memory_mb=64), [ids(history)])
   assert outcome.ids == ids('{?}') and outcome.error == kind
 
 
+def test_a_call_of_ids_the_tokenizer_cannot_decode_is_malformed():
+  """(A model with more ids than its tokenizer: refused at the config check, and harmless here.)"""
+  outcome, = tool_calls.run_calls(TOOL, [ids('[') + [TOKENIZER.vocab_size] + ids(']')])
+  assert outcome.ids == ids('{?}') and outcome.error == 'malformed'
+
+
 def test_hanging_calls_of_one_chunk_share_one_timeout():
+  tool = TOOL._replace(fn=sample_tools.hang)
+  tool_pool.pool_for(tool.fn, tool.workers, tool.max_chars, tool.memory_mb).wait_ready()
   start = time.perf_counter()
-  outcomes = tool_calls.run_calls(TOOL._replace(fn=hang), [ids('[1]')] * 8)
+  outcomes = tool_calls.run_calls(tool, [ids('[1]')] * 8)
   elapsed = time.perf_counter() - start
   assert [o.error for o in outcomes] == ['timeout'] * 8
   assert 0.3 <= elapsed < 0.3 * 2   # together, not 8 x 0.3 s
+
+
+class ChatTokenizer(tokenizer_lib.ToolTokenizer):
+  """The tool tokenizer with what a Hugging Face one has: a special end-of-turn token written
+  as text ('<|im_end|>', id 23, a stop id) and characters of several tokens ('é': 2 ids)."""
+  special = '<|im_end|>'
+  vocab_size = 24
+  stop_ids = {tokenizer_lib.ToolTokenizer.eos_id, 23}
+  special_ids = {23}
+
+  def encode(self, text):
+    out = []
+    for part in text.split(self.special):
+      out += [23] + sum(([2, 3] if c == 'é' else tokenizer_lib.ToolTokenizer.encode(self, c)
+                    for c in part), [])
+    return out[1:]
+
+
+@pytest.mark.parametrize('fn,kind', [(sample_tools.return_end_token, 'bad_result'),
+                                     (sample_tools.return_wide, 'oversize'),
+                                     (sample_tools.plain, '')])
+def test_special_tokens_and_results_longer_in_tokens_are_refused(fn, kind):
+  tool = TOOL._replace(fn=fn, tokenizer=ChatTokenizer())
+  outcome, = tool_calls.run_calls(tool, [ids('[4+38]')])
+  assert outcome.error == kind
+  assert outcome.ids == (ids('{42}') if fn is sample_tools.plain else ids('{?}'))
+  assert tool_screen.forbidden_ids(tool) == {*ids('[]{}'), TOKENIZER.eos_id, TOKENIZER.pad_id, 23}
+
+
+@pytest.mark.parametrize('edit,message', [
+    (dict(markers=('[', ']', '{', ']')), 'four distinct tokens'),
+    (dict(error='}'), r"error text '}' is not a valid result \(bad_result\)"),
+    (dict(error='?' * 20), r'is not a valid result \(oversize\)'),
+])
+def test_a_tool_whose_error_result_is_not_clean_is_refused(edit, message):
+  tool_screen.check(TOOL)
+  with pytest.raises(ValueError, match=message):
+    tool_screen.check(TOOL._replace(**edit))
 
 
 def test_markers_must_be_single_tokens():

@@ -12,7 +12,6 @@
 """
 import dataclasses
 import functools
-import threading
 import time
 
 import jax
@@ -28,6 +27,8 @@ from rljax.rollout import turns
 from rljax import policy_loss
 
 import random_params as random_params_lib
+from sample_tools import checksum
+import sample_tools
 import tolerance
 
 TOKENIZER = tokenizer_lib.ToolTokenizer()
@@ -38,11 +39,6 @@ CFG = model_lib.ModelConfig(vocab_size=TOKENIZER.vocab_size, d_model=32, num_lay
                             expert_hidden=24, moe_impl='dense')
 MODEL = model_lib.Transformer(CFG)
 PROMPTS = ['12+34=', '[5+6]', '(9*9)=', '7', '{1}[', '88-3=']
-
-
-def checksum(call):
-  """A tool whose result is easy to recompute: the digits of a sum over the call's characters."""
-  return str(sum(ord(char) for char in call))
 
 
 TOOL = tool_calls.Tool(checksum, TOKENIZER, ('[', ']', '{', '}'), error='?', max_chars=6,
@@ -150,13 +146,11 @@ def test_greedy_turns_continue_as_the_full_forward_pass_chooses():
   np.testing.assert_array_equal(out.rollout.tokens_BxL[mask_NxL], choice_NxL[mask_NxL])
 
 
-def hang(_):
-  threading.Event().wait(60)
-
-
-@pytest.mark.parametrize('fn,kind', [(lambda call: 1 / 0, 'raised'), (lambda call: 7, 'malformed'),
-                                     (lambda call: 'x', 'malformed'), (hang, 'timeout'),
-                                     (None, 'disabled')])
+@pytest.mark.parametrize('fn,kind', [
+    (sample_tools.raise_error, 'raised'), (sample_tools.return_int, 'malformed'),
+    (sample_tools.return_word, 'malformed'), (sample_tools.hang, 'timeout'),
+    (sample_tools.return_markers, 'bad_result'), (sample_tools.exit_hard, 'crash'),
+    (None, 'disabled')])
 def test_bad_tools_and_a_hanging_one_get_the_error_result(fn, kind):
   tool = TOOL._replace(fn=fn, timeout_s=0.2)
   sampler = turn_sampler(3, 1)._replace(tool=tool)   # the same compiled chunk

@@ -4,29 +4,36 @@ Python between two decoding chunks of the turn loop (rljax.rollout.turns).
 A call is the text between the response's last call-open marker and the call-close marker it
 stopped at; the tool maps it to the result's text, whose tokens, between the result markers, the
 turn loop appends to the response. Calls are untrusted model output and a tool is any Python, so
-a call that raises, returns anything but text, returns more than `max_chars` characters or text
-the tokenizer cannot encode, or runs past `timeout_s` gets the error result (`error` between the
-markers) instead, and the run goes on. Each call runs in a daemon thread of its own, a chunk's
-calls all at once; a call past its timeout is abandoned (its thread may finish or hang; it holds
-nothing the run needs and does not keep the process from exiting).
+every call runs in a bounded pool of worker processes (rljax.rollout.tool_pool: killed and
+replaced past `timeout_s`, capped in memory and in the result's length) and every result is
+screened (rljax.rollout.tool_screen); a call that fails either way gets the error result
+(`error` between the markers) instead, counted by its kind (ERRORS), and the run goes on.
 """
-import threading
-import time
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-ERRORS = ('malformed', 'raised', 'timeout', 'disabled')   # Outcome.error, besides '' (no error)
+from rljax.rollout import tool_pool
+from rljax.rollout import tool_screen
+
+# Outcome.error, besides '' (no error): no call-open marker, a result that is not text or not
+# encodable; the tool raised; past timeout_s; tools.enabled False; the worker died; past the
+# memory bound; a result longer than max_chars; a result holding markers or special tokens.
+ERRORS = ('malformed', 'raised', 'timeout', 'disabled', 'crash', 'memory', 'oversize',
+          'bad_result')
 
 
 class Tool(NamedTuple):
-  fn: Callable[[str], str] | None   # call text -> result text; None: disabled, every call errs
+  fn: Callable[[str], str] | None   # call text -> result text, a module-level function (it is
+                                    # pickled to the workers); None: disabled, every call errs
   tokenizer: Any
   markers: tuple   # (call open, call close: the stop, result open, result close), one token each
   error: str = '?'         # the result text of a failed call
-  max_chars: int = 32      # the longest result text
+  max_chars: int = 32      # the longest result, in characters and in tokens
   timeout_s: float = 1.0   # per call
   max_calls: int = 2       # per response: a response stopping at one more call ends there
+  workers: int = 8         # worker processes: the calls that run at once
+  memory_mb: int = 512     # what a worker may allocate above its loaded self
 
   def marker_ids(self):
     """The four markers' token ids; ValueError unless each is one token."""
@@ -37,7 +44,7 @@ class Tool(NamedTuple):
 
   @property
   def max_tokens(self):
-    """Tokens of the longest result, markers included: at most one token per character."""
+    """Tokens of the longest result, markers included (tool_screen refuses longer ones)."""
     return self.max_chars + 2
 
 
@@ -49,54 +56,40 @@ class Outcome(NamedTuple):
 
 def call_text(tool, ids):
   """The text of the call `ids` (a response's tokens so far, the call-close last) ends with, or
-  None when it has no call-open marker."""
+  None when it has no call-open marker or the tokenizer cannot decode it."""
   call_open = tool.marker_ids()[0]
   opens = np.flatnonzero(np.asarray(ids[:-1]) == call_open)
-  return None if not len(opens) else tool.tokenizer.decode(ids[opens[-1] + 1:-1])
+  if not len(opens):
+    return None
+  try:
+    return tool.tokenizer.decode(ids[opens[-1] + 1:-1])
+  except ValueError:
+    return None
 
 
 def run_calls(tool, histories):
   """The Outcome of the call each of `histories` (token ids, the call-close last) ends with."""
   texts = [call_text(tool, ids) for ids in histories]
-  values, seconds = [None] * len(texts), [0.0] * len(texts)
-
-  def run(i):
-    start = time.perf_counter()
-    try:
-      values[i] = tool.fn(texts[i])
-    except BaseException as error:  # pylint: disable=broad-except  (untrusted input, any tool)
-      values[i] = error
-    seconds[i] = time.perf_counter() - start
-
-  threads = {}
-  if tool.fn is not None:
-    for i, text in enumerate(texts):
-      if text is not None:
-        threads[i] = threading.Thread(target=run, args=(i,), daemon=True)
-        threads[i].start()
-  started = time.perf_counter()
-  for i, thread in threads.items():
-    thread.join(max(0.0, started + tool.timeout_s - time.perf_counter()))
-  return [_outcome(tool, texts[i], threads.get(i), values[i], seconds[i], started)
-          for i in range(len(texts))]
+  runnable = [i for i, text in enumerate(texts) if text is not None] if tool.fn else []
+  answers = {}
+  if runnable:
+    pool = tool_pool.pool_for(tool.fn, tool.workers, tool.max_chars, tool.memory_mb)
+    answers = dict(zip(runnable, pool.run([texts[i] for i in runnable], tool.timeout_s)))
+  forbidden = tool_screen.forbidden_ids(tool)
+  return [_outcome(tool, texts[i], answers.get(i), forbidden) for i in range(len(texts))]
 
 
-def _outcome(tool, text, thread, value, seconds, started):
-  """The Outcome of one call (`thread`: the one that ran it, None if it did not run)."""
+def _outcome(tool, text, answer, forbidden):
+  """The Outcome of one call from its worker's `answer` (kind, text, seconds; None: not run)."""
   _, _, result_open, result_close = tool.marker_ids()
-  if tool.fn is None or text is None:
-    error = 'disabled' if tool.fn is None else 'malformed'
-  elif thread.is_alive():
-    error, seconds = 'timeout', time.perf_counter() - started
-  elif isinstance(value, BaseException):
-    error = 'raised'
-  elif not isinstance(value, str) or len(value) > tool.max_chars:
-    error = 'malformed'
-  else:
-    try:
-      return Outcome([result_open, *tool.tokenizer.encode(value), result_close], '', seconds)
-    except Exception:  # pylint: disable=broad-except  (text the tokenizer cannot encode)
-      error = 'malformed'
+  error, seconds = ('disabled' if tool.fn is None else 'malformed'), 0.0
+  if answer is not None:
+    kind, value, seconds = answer
+    error = 'malformed' if kind == 'not_text' else kind
+    if kind == 'ok':
+      ids, error = tool_screen.result_ids(tool, value, forbidden)
+      if not error:
+        return Outcome([result_open, *ids, result_close], '', seconds)
   return Outcome([result_open, *tool.tokenizer.encode(tool.error), result_close], error, seconds)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from rljax.model import transformer as model_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout import tool_calls
+from rljax.rollout import tool_screen
 
 
 class Turns(NamedTuple):
@@ -175,7 +176,8 @@ class TurnSampler(NamedTuple):
 
 def make_sampler(model, cfg, tool, wrap=lambda fn: fn):
   """The TurnSampler of `model` under `cfg` with `tool`; `wrap` puts a jitted function on a mesh
-  (rljax.sharding.on_mesh)."""
+  (rljax.sharding.on_mesh). ValueError for a tool whose markers or error result are unusable."""
+  tool_screen.check(tool)
   call_id = tool.marker_ids()[1]
   chunk_fn = jax.jit(functools.partial(chunk, model, cfg=cfg, call_id=call_id), donate_argnums=1)
   empty_fn = jax.jit(functools.partial(empty, model.cfg, cfg, tool.max_tokens),

@@ -35,4 +35,5 @@ def tool(config):
   return tool_calls.Tool(calculator.calculate if tools.enabled else None,
                          tokenizer_lib.ToolTokenizer(), MARKERS, error='?',
                          max_chars=calculator.RESULT_CHARS, timeout_s=tools.timeout_s,
-                         max_calls=tools.max_calls)
+                         max_calls=tools.max_calls, workers=tools.workers,
+                         memory_mb=tools.memory_mb)
