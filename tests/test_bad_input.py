@@ -234,7 +234,10 @@ def _assert_one_clear_error(code, stderr, message):
      r'rollout.G must be >= 2 for GRPO \(a group baseline needs 2 responses\), got 1'),
     (CONFIG, ['--config.rollout.slots=-1'],
      r'rollout.slots must be >= 0 \(0: static batching\), got -1'),
-], ids=['missing-config-file', 'misspelled-field', 'config-check', 'negative-slots'])
+    (CONFIG + ',task=tools', ['--config.tools.timeout_s=inf'],
+     r'tools.timeout_s must be a number in \[0.01, 3600\], got inf'),
+], ids=['missing-config-file', 'misspelled-field', 'config-check', 'negative-slots',
+        'tool-timeout-inf'])
 def test_cli_exits_2_with_one_line(tmp_path, config, flags, message):
   workdir = tmp_path / 'run'
   _assert_one_clear_error(*_run([f'--config={config}', f'--workdir={workdir}',

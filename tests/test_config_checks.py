@@ -201,8 +201,17 @@ def test_bad_config_arg(arg, message):
 
 
 @pytest.mark.parametrize('edit, message', [
-    (dict(tools=dict(timeout_s=0.0)), r'tools.timeout_s must be a positive number, got 0.0'),
-    (dict(tools=dict(max_calls=0)), r'tools.max_calls must be an integer >= 1, got 0'),
+    (dict(tools=dict(timeout_s=0.0)), r'tools.timeout_s must be a number in \[0.01, 3600\], got 0.0'),
+    (dict(tools=dict(timeout_s=float('inf'))), r'tools.timeout_s must be a number in .*, got inf'),
+    (dict(tools=dict(timeout_s=float('nan'))), r'tools.timeout_s must be a number in .*, got nan'),
+    (dict(tools=dict(timeout_s=9.3e9)), r'tools.timeout_s must be a number in .*, got 9300000000.0'),
+    (dict(tools=dict(timeout_s=1e-9)), r'tools.timeout_s must be a number in .*, got 1e-09'),
+    (dict(tools=dict(max_calls=0)), r'tools.max_calls must be an integer in \[1, 1024\], got 0'),
+    (dict(tools=dict(workers=0)), r'tools.workers must be an integer in \[1, 64\], got 0'),
+    (dict(tools=dict(workers=65)), r'tools.workers must be an integer in \[1, 64\], got 65'),
+    (dict(tools=dict(memory_mb=8)), r'tools.memory_mb must be an integer in \[16, 1048576\], got 8'),
+    (dict(model=dict(vocab_size=32)), r"model.vocab_size \(32\) must equal the tool_sums "
+                                      r"tokenizer's 23 ids"),
     (dict(rollout=dict(partial=True, slots=8)), r'rollout.partial does not run tool turns'),
     (dict(rollout=dict(devices=4)), r'rollout.devices does not run tool turns'),
     (dict(model=dict(router_replay=True)), r'model.router_replay: tool turns do not record'),

@@ -61,10 +61,7 @@ def _check_tools(config, process_count):
   if not hasattr(tasks.get(tasks.name_of(config)), 'tool'):
     return
   tools, rollout = config.tools, config.rollout
-  if not tools.timeout_s > 0:
-    raise ValueError(f'tools.timeout_s must be a positive number, got {tools.timeout_s}')
-  if not (isinstance(tools.max_calls, int) and tools.max_calls >= 1):
-    raise ValueError(f'tools.max_calls must be an integer >= 1, got {tools.max_calls!r}')
+  _check_tool_bounds(tools)
   if algos.get(config.algo).BATCH_ARG != 'P':
     raise ValueError(f'a tool task trains grpo or rloo, not {config.algo}: its value targets would '
                      'take a tool\'s result for the end of the response')
@@ -77,6 +74,29 @@ def _check_tools(config, process_count):
   if config.model.router_replay:
     raise ValueError('model.router_replay: tool turns do not record the experts they route to; '
                      f'turn it off for the {tasks.name_of(config)} task')
+  _, _, vocab_size = tasks.lengths(config)
+  if vocab_size and config.model.vocab_size != vocab_size:
+    raise ValueError(f'model.vocab_size ({config.model.vocab_size}) must equal the '
+                     f'{tasks.name_of(config)} tokenizer\'s {vocab_size} ids: the sampler would '
+                     f'write ids the tool\'s calls and the reward cannot decode')
+
+
+# tools.<field>: (type, lowest, highest), each bound included. timeout_s: from 10 ms, below which
+# a call's round trip to its worker is most of it, to an hour; workers: processes at once;
+# memory_mb: MiB a worker may allocate above its loaded tool.
+TOOL_BOUNDS = {'timeout_s': (float, 0.01, 3600.0), 'max_calls': (int, 1, 1024),
+               'workers': (int, 1, 64), 'memory_mb': (int, 16, 1 << 20)}
+
+
+def _check_tool_bounds(tools):
+  """Each bounded tools field a finite number of its type in its range (inf, nan and 1e-9 too)."""
+  for field, (kind, low, high) in TOOL_BOUNDS.items():
+    value = tools[field]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and (kind is float or isinstance(value, int)) and low <= value <= high):
+      noun, bounds = ('a number', f'{low:g}, {high:g}') if kind is float else (
+          'an integer', f'{low}, {high}')
+      raise ValueError(f'tools.{field} must be {noun} in [{bounds}], got {value!r}')
 
 
 def _check_model(model):
