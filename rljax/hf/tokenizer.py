@@ -66,6 +66,10 @@ class HFTokenizer:
     self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
     # Text ends at the first of any stop token: Qwen3 lists <|im_end|> and <|endoftext|>.
     self.stop_ids = {self.eos_id} | set(_generation_eos_ids(hf_dir))
+    # Added tokens (<|im_start|>, <|im_end|>, <tool_call>, ...): control tokens, which a tool's
+    # result may not hold (rljax.rollout.tool_screen).
+    self.special_ids = (set(self._tokenizer.get_vocab(with_added_tokens=True).values())
+                        - set(self._tokenizer.get_vocab(with_added_tokens=False).values()))
 
   def _id(self, token):
     token_id = self._tokenizer.token_to_id(token)
