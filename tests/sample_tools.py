@@ -31,7 +31,7 @@ def spin_in_c(_):
 def allocate(_):
   chunks = []
   while True:
-    chunks.append(bytearray(1 << 20))
+    chunks.append(bytearray(1 << 26))   # 64 MiB: refused at once past the bound
 
 
 def exit_hard(_):

@@ -45,7 +45,7 @@ def test_hundreds_of_hostile_calls_cost_one_error_each_and_no_thread_or_process(
     counts = collections.Counter()
     start = time.perf_counter()
     for _ in range(16):   # 16 chunks of 16 calls: 256 calls, 160 of them hostile
-      results = pool.run(CALLS * 2, timeout_s=0.2)
+      results = pool.run(CALLS * 2, timeout_s=0.5)   # generous: a loaded host
       assert [r[:2] for r in results] == [KIND[call] for call in CALLS * 2]
       counts.update(kind for kind, _, _ in results)
       assert threading.active_count() == threads
@@ -68,7 +68,7 @@ def test_a_call_spinning_in_c_with_the_gil_held_ends_at_its_timeout():
   finally:
     pool.close()
   assert [r[0] for r in results] == ['timeout'] * 4
-  assert all(0.1 <= seconds < 0.5 for _, _, seconds in results) and elapsed < 1.0
+  assert all(0.1 <= seconds < 1.0 for _, _, seconds in results) and elapsed < 2.0   # not 5 s+
 
 
 def test_a_timed_out_call_has_no_side_effect_later(tmp_path):
