@@ -91,6 +91,8 @@ class ToolPool:
   at most `max_chars` characters, each worker allowed `memory_mb` MiB above its loaded self."""
 
   def __init__(self, fn, size, max_chars, memory_mb):
+    if size < 1:
+      raise ValueError(f'a tool pool needs at least one worker, got {size}')
     try:
       tool = pickle.dumps((fn, max_chars, memory_mb << 20))
     except (pickle.PicklingError, AttributeError, TypeError) as error:
@@ -103,6 +105,8 @@ class ToolPool:
   def run(self, texts, timeout_s):
     """[(kind, text, seconds)] of each call text: a worker's answer (tool_worker), or 'timeout'
     past `timeout_s` seconds, 'crash' when its worker died or broke the protocol."""
+    if not self.workers:
+      raise RuntimeError('the tool pool is closed')
     results, queue = [None] * len(texts), list(range(len(texts)))[::-1]
     while queue or any(w.call for w in self.workers):
       for slot, worker in enumerate(self.workers):
