@@ -60,7 +60,7 @@ LORA_TARGETS = ('q', 'k', 'v', 'o', 'gate', 'up', 'down')   # rljax.model.lora.T
 def lora(config, rank):
   """`config` training LoRA adapters of `rank` on every projection (rank 0: unchanged), at ten
   times the full fine-tuning lr: LoRA's best lr is about 10x full fine-tuning's at alpha 32
-  (Schulman et al., "LoRA Without Regret", 2025; measured here in docs/guide/lora.md)."""
+  (Schulman et al., "LoRA Without Regret", 2025; not swept here: docs/guide/lora.md)."""
   if rank < 0:
     raise ValueError(f'config arg lora={rank}: expected a rank >= 0 (0: full fine-tuning)')
   if rank:
