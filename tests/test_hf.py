@@ -48,6 +48,14 @@ def reference(name):
   return dict(np.load(os.path.join(model_dir(name), 'reference.npz')))
 
 
+def torch_logits(torch, model, ref):
+  """A transformers model's logits of the recorded reference batch, as numpy."""
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(ref['tokens_BxT'], dtype=torch.long),
+                 attention_mask=torch.tensor(ref['mask_BxT'], dtype=torch.long),
+                 position_ids=torch.tensor(ref['positions_BxT'], dtype=torch.long)).logits.numpy()
+
+
 def rljax_logits(cfg, params, ref):
   logits, _, _ = jax.jit(model_lib.Transformer(cfg).apply)(
       {'params': params}, ref['tokens_BxT'], ref['mask_BxT'])
@@ -236,10 +244,7 @@ def test_export_reloads_in_transformers_with_the_same_logits(name, tmp_path):
   model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
   ref = reference(name)
   mask = ref['mask_BxT']
-  with torch.no_grad():
-    logits = model(input_ids=torch.tensor(ref['tokens_BxT'], dtype=torch.long),
-                   attention_mask=torch.tensor(mask, dtype=torch.long),
-                   position_ids=torch.tensor(ref['positions_BxT'], dtype=torch.long)).logits.numpy()
+  logits = torch_logits(torch, model, ref)
   np.testing.assert_allclose(logits[mask], rljax_logits(cfg, params, ref)[mask], atol=1e-4, rtol=0)
 
 
@@ -315,10 +320,7 @@ def test_peft_adapters_reload_in_transformers_with_the_same_logits(name, tmp_pat
   model = peft.PeftModel.from_pretrained(base, out)
   ref = reference(name)
   mask = ref['mask_BxT']
-  with torch.no_grad():
-    logits = model(input_ids=torch.tensor(ref['tokens_BxT'], dtype=torch.long),
-                   attention_mask=torch.tensor(mask, dtype=torch.long),
-                   position_ids=torch.tensor(ref['positions_BxT'], dtype=torch.long)).logits.numpy()
+  logits = torch_logits(torch, model, ref)
   expected = rljax_logits(cfg, lora.merge(params, adapters, lora_cfg), ref)
   assert np.abs(expected - rljax_logits(cfg, params, ref))[mask].max() > 1e-2   # adapters matter
   np.testing.assert_allclose(logits[mask], expected[mask], atol=1e-4, rtol=0)

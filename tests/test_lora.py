@@ -12,6 +12,8 @@ import pytest
 
 import random_params
 import rljax_cli as cli
+import test_train
+from configs import common
 from configs import grpo as grpo_config
 from rljax.model import lora
 from rljax.model import transformer as model_lib
@@ -139,13 +141,7 @@ def test_gradient_reaches_a_and_b_by_the_chain_rule_of_the_merge():
 
 def tiny(tmp_path, rank=4, **train):
   """The tiny GRPO run of tests/test_train.py with LoRA adapters of `rank`."""
-  config = grpo_config.get_config(f'runlocal,P=4,G=4,lora={rank}')
-  config.data.update(dir=str(tmp_path / 'data'), digits=1, num_train=200, num_test=20)
-  config.warmstart.enabled = False
-  config.metrics.update(tensorboard=False, progress=False)
-  config.train.update(dict(dict(max_samples=0, max_steps=2, eval_every=2, eval_size=8,
-                                micro_batch=8, checkpoint_every=1), **train))
-  return config
+  return common.lora(test_train.tiny(grpo_config, tmp_path, **train), rank)
 
 
 def test_the_sampler_runs_the_adapted_policy(tmp_path):
