@@ -6,6 +6,7 @@ from configs import common
 from configs import grpo
 from configs import rloo
 from rljax import losses
+from rljax.model import lora
 from rljax.train import config_checks
 
 DEFAULTS = dict(P=16, lr=1e-3, runlocal=False, name='base')
@@ -81,6 +82,14 @@ def test_a_policy_loss_arg_sets_its_published_settings(loss):
   with pytest.raises(ValueError, match=r"config arg loss='dapo': expected one of \('clip', 'gspo'"):
     grpo.get_config('loss=dapo')
   assert tuple(common.POLICY_LOSS_SETTINGS) == losses.POLICY_LOSSES   # one list of kinds
+
+
+def test_the_default_lora_targets_are_every_target_the_model_adapts():
+  assert common.LORA_TARGETS == tuple(lora.TARGETS)
+  config = grpo.get_config('runlocal,lora=4')
+  full = grpo.get_config('runlocal')
+  assert (config.model.lora.rank, config.optimizer.lr) == (4, 10 * full.optimizer.lr)
+  config_checks.check(config)
 
 
 def test_check_accepts_full_size_defaults():
