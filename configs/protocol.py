@@ -5,9 +5,9 @@
   python -m rljax.analysis --workdir=D      # rebuilds D/report.* from the logs, no training
 
 Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized protocol for 2 cores:
-docs/guide/protocol.md; GRPO: a base of 16 responses, targets deep in training, where a larger
-batch can win), shallow (with runlocal, GRPO: the earlier preset, base 128, a target a few points
-above the warm start), small (with runlocal, GRPO: base 16, the shallow target), quick (the quick
+docs/guide/protocol.md; a base of 16 responses, targets deep in training, where a larger batch
+can win), shallow (with runlocal: the earlier preset, base 128, a target a few points above the
+warm start), small (with runlocal, GRPO: base 16, the shallow target), quick (the quick
 answer alone: calibration at one seed per lr, the base arm at two seeds, the throughput rounds;
 with the deep runlocal preset a third of its full sweep's training samples), seeds (seeds per arm
 to start with). Every arm is configs/<algo>.py at one batch:
@@ -34,12 +34,13 @@ def arm_config(algo, arg):
 def get_config(arg=None):
   arg = common.parse_arg(arg, algo='grpo', runlocal=False, small=False, shallow=False,
                          quick=False, seeds=-1)   # -1: the preset's
-  for name in ('small', 'shallow'):
-    if arg[name] and not (arg.runlocal and arg.algo == 'grpo'):
-      raise ValueError(f'config arg {name}: a GRPO runlocal preset; give algo=grpo,runlocal,{name}')
+  if arg.small and not (arg.runlocal and arg.algo == 'grpo'):
+    raise ValueError('config arg small: a GRPO runlocal preset; give algo=grpo,runlocal,small')
+  if arg.shallow and not arg.runlocal:
+    raise ValueError('config arg shallow: a runlocal preset; give runlocal,shallow')
   if arg.small and arg.shallow:
     raise ValueError('config args small and shallow: two presets; give one')
-  deep = arg.runlocal and arg.algo == 'grpo' and not (arg.small or arg.shallow)
+  deep = arg.runlocal and not (arg.small or arg.shallow)
   seeds = (8 if deep else 4 if arg.small else 3) if arg.seeds == -1 else arg.seeds
   arm = arm_config(arg.algo, 'runlocal' if arg.runlocal else '')
   unit = arm.rollout.G   # responses per batch argument (GRPO: G responses to each of P prompts)
@@ -153,7 +154,8 @@ def deep_preset(config):
       calibration_factors=(0.5, 1.0, 2.0), calibration_eval_every_samples=2048,
       calibration_max_samples=32_768, calibration_max_lrs=6, calibration_fraction=0.7,
       max_seeds=12, extra_seeds=4, throughput_rounds=16, throughput_steps=16, confirm_seeds=4)
-  config.arm.optimizer.update(lr=1e-4, decay='constant')   # the README run's lr scale
+  if config.algo == 'grpo':   # the README run's lr scale (PPO keeps configs/ppo.py's, constant)
+    config.arm.optimizer.update(lr=1e-4, decay='constant')
   config.arm.data.extra_test = 3000
   config.arm.train.eval_size = 4000
   config.arm.warmstart.eval_every = 25   # the README run's warm start (0.37 on this CPU)

@@ -101,7 +101,7 @@ def test_an_arm_off_the_sample_grid_is_refused():
   assert [a.config.train.eval_every for a in protocol.arms(config, 'D')] == [16, 8, 1, 8]
 
 
-@pytest.mark.parametrize('arg', ['runlocal,shallow', 'algo=ppo,runlocal'])
+@pytest.mark.parametrize('arg', ['runlocal,shallow', 'algo=ppo,runlocal,shallow'])
 def test_runlocal_builds_valid_arms_and_a_calibration_sweep(arg):
   config = protocol_config.get_config(arg)
   arms = protocol.arms(config, 'D')   # every arm passes the trainer's own config checks
@@ -137,7 +137,9 @@ def test_the_deep_preset_runs_every_arm_on_and_calibrates_on_a_placed_proxy_targ
   with pytest.raises(ValueError, match='two presets'):
     protocol_config.get_config('runlocal,small,shallow')
   with pytest.raises(ValueError, match='GRPO runlocal preset'):
-    protocol_config.get_config('algo=ppo,runlocal,shallow')
+    protocol_config.get_config('algo=ppo,runlocal,small')
+  with pytest.raises(ValueError, match='a runlocal preset'):
+    protocol_config.get_config('shallow')
 
 
 def test_micro_batches_must_hold_whole_groups():
