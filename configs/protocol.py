@@ -7,7 +7,8 @@
 Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized protocol for 2 cores:
 docs/guide/protocol.md; a base of 16 responses, targets deep in training, where a larger batch
 can win), shallow (with runlocal: the earlier preset, base 128, a target a few points above the
-warm start), small (with runlocal, GRPO: base 16, the shallow target), quick (the quick
+warm start), small (with runlocal, GRPO: base 16, the shallow target), task (GRPO's task, configs/grpo.py:
+arithmetic | sums | tools; another than arithmetic with the deep runlocal preset), quick (the quick
 answer alone: calibration at one seed per lr, the base arm at two seeds, the throughput rounds;
 with the deep runlocal preset a third of its full sweep's training samples), seeds (seeds per arm
 to start with). Every arm is configs/<algo>.py at one batch:
@@ -33,7 +34,7 @@ def arm_config(algo, arg):
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, algo='grpo', runlocal=False, small=False, shallow=False,
-                         quick=False, seeds=-1)   # -1: the preset's
+                         quick=False, seeds=-1, task='arithmetic')   # seeds -1: the preset's
   if arg.small and not (arg.runlocal and arg.algo == 'grpo'):
     raise ValueError('config arg small: a GRPO runlocal preset; give algo=grpo,runlocal,small')
   if arg.shallow and not arg.runlocal:
@@ -41,8 +42,13 @@ def get_config(arg=None):
   if arg.small and arg.shallow:
     raise ValueError('config args small and shallow: two presets; give one')
   deep = arg.runlocal and not (arg.small or arg.shallow)
+  if arg.task != 'arithmetic' and not (deep and arg.algo == 'grpo'):
+    raise ValueError(f'config arg task={arg.task}: GRPO with the deep runlocal preset '
+                     f'(algo=grpo,runlocal,task={arg.task}); the other presets were placed on the '
+                     'arithmetic task')
   seeds = (8 if deep else 4 if arg.small else 3) if arg.seeds == -1 else arg.seeds
-  arm = arm_config(arg.algo, 'runlocal' if arg.runlocal else '')
+  arm_arg = ','.join(['runlocal'] * arg.runlocal + [f'task={arg.task}'] * (arg.task != 'arithmetic'))
+  arm = arm_config(arg.algo, arm_arg)
   unit = arm.rollout.G   # responses per batch argument (GRPO: G responses to each of P prompts)
   if deep:           # batches in responses (G=8: P = 2, 8, 32); evals every 8192 samples
     sweep, base, control = (16, 64, 256), 16, ()
@@ -59,7 +65,7 @@ def get_config(arg=None):
   config.mode = 'protocol'
   config.algo = arg.algo
   config.protocol = dict(
-      arm_arg='runlocal' if arg.runlocal else '',   # passed to configs/<algo>.py with the batch
+      arm_arg=arm_arg,             # passed to configs/<algo>.py with the batch
       sweep=tuple(b // unit for b in sweep),        # sqrt-lr arms
       base=base // unit,                            # rN is measured against this arm
       control=tuple(b // unit for b in control),    # fixed-lr arms at the base arm's lr
@@ -112,14 +118,13 @@ def get_config(arg=None):
   # Every arm's training config; the protocol sets its batch (P for GRPO, B for PPO) and its lr.
   config.arm = arm
   config.arm.rollout.P = 0   # set per arm by the protocol, from protocol.sweep
-  if arg.algo == 'grpo':   # arms hold a constant lr (the runlocal demo anneals a higher one over
-    config.arm.optimizer.update(lr=5e-5, decay='constant')   # its fixed budget; arms stop at J)
-  if arg.runlocal:
+  if arg.algo == 'grpo' and not deep:   # arms hold a constant lr (the runlocal demo anneals a
+    config.arm.optimizer.update(lr=5e-5, decay='constant')   # higher one; arms stop at J)
+  if arg.runlocal and not deep:
     config.arm.train.eval_size = 1000   # all the test split: ~1.5 points std error per eval
     # Stop the warm start right at its threshold (accuracy jumps sharply there, docs/method.md):
     # RL from that earlier policy climbs slowly enough for rN to be resolved.
     config.arm.warmstart.eval_every = 5
-  if arg.runlocal and not deep:
     # The shallow presets' J sat a few points above the warm start (0.37 from 0.32 for GRPO, 0.42
     # for PPO), reached in 2-4k samples: on the committed archives' curves these fractions of
     # the rise within the budget place it there again.
@@ -143,7 +148,7 @@ def deep_preset(config):
   CPU the preset was first run on, where the proxy was 0.50, that placed it at 0.48-0.49), with
   at most six lrs x two seeds: a quarter of the sweep's training samples. Evaluations on 4000 held-out
   prompts (the test split's 1000 and 3000 drawn after the training split, so the training data and
-  the warm start stay the README run's), which shrinks the evaluation's own noise; on the same
+  the warm start stay the README run's; another task's test split holds all 4000), which shrinks the evaluation's own noise; on the same
   training runs it changed the seeds' spread of samples to J little (docs/guide/protocol_results.md).
   Eight seeds per arm (and up to four staged) and 16 throughput rounds (at
   10 the rounds carried ~40% of an arm's log-time variance): the decision's power at the paper's
@@ -154,8 +159,12 @@ def deep_preset(config):
       calibration_factors=(0.5, 1.0, 2.0), calibration_eval_every_samples=2048,
       calibration_max_samples=32_768, calibration_max_lrs=6, calibration_fraction=0.7,
       max_seeds=12, extra_seeds=4, throughput_rounds=16, throughput_steps=16, confirm_seeds=4)
-  if config.algo == 'grpo':   # the README run's lr scale (PPO keeps configs/ppo.py's, constant)
-    config.arm.optimizer.update(lr=1e-4, decay='constant')
-  config.arm.data.extra_test = 3000
-  config.arm.train.eval_size = 4000
-  config.arm.warmstart.eval_every = 25   # the README run's warm start (0.37 on this CPU)
+  # The arm's own runlocal lr held constant (GRPO arithmetic: the README run's 1e-4), and its own
+  # warm start (arithmetic: the README run's, 0.37 on the CPU the preset was tuned on).
+  config.arm.optimizer.decay = 'constant'
+  held_out = 4000
+  if config.arm.data.name == 'arithmetic':
+    config.arm.data.extra_test = held_out - config.arm.data.num_test
+  else:   # only the arithmetic builder draws extra problems after its training split
+    config.arm.data.num_test = held_out
+  config.arm.train.eval_size = held_out

@@ -142,6 +142,27 @@ def test_the_deep_preset_runs_every_arm_on_and_calibrates_on_a_placed_proxy_targ
     protocol_config.get_config('shallow')
 
 
+@pytest.mark.parametrize('arg, lr, held_out', [
+    ('algo=ppo,runlocal', 2e-4 * (16 / 256)**0.5, dict(num_test=1000, extra_test=3000)),
+    ('runlocal,task=sums', 2e-4 * (16 / 128)**0.5, dict(num_test=4000, extra_test=0)),
+    ('runlocal,task=tools', 1e-4 * (16 / 128)**0.5, dict(num_test=4000, extra_test=0))])
+def test_the_deep_preset_takes_another_algo_or_task_with_its_own_lr_and_warm_start(
+    arg, lr, held_out):
+  """Only the algo/task argument changes: the arms are 16/64/256 responses at the arm config's own
+  runlocal lr held constant, its own warm start, evaluated on 4000 held-out prompts."""
+  config = protocol_config.get_config(arg)
+  arms = protocol.arms(config, 'D')
+  assert [a.batch for a in arms] == [16, 64, 256]
+  assert protocol._arm_spec(arms[0])['lr'] == pytest.approx(lr, rel=1e-6)
+  own = protocol_config.arm_config(config.algo, config.protocol.arm_arg)
+  for a in arms:
+    assert a.config.optimizer.decay == 'constant' and a.config.train.eval_size == 4000
+    assert a.config.warmstart.eval_every == own.warmstart.eval_every
+    assert {k: a.config.data[k] for k in held_out} == held_out
+  with pytest.raises(ValueError, match='deep runlocal preset'):
+    protocol_config.get_config('runlocal,shallow,task=sums')
+
+
 def test_micro_batches_must_hold_whole_groups():
   config = protocol_config.get_config('runlocal,shallow')
   config.arm.rollout.G, config.arm.train.micro_batch = 6, 16   # divides the batches, splits groups
