@@ -5,6 +5,7 @@ its interval) and the steady-state throughput rule.
 Intervals are two-sided at `level` (0.95 unless given); each function names its method.
 """
 import collections
+import functools
 
 import numpy as np
 
@@ -31,6 +32,7 @@ def _t_central(t, df):
   return np.sin(theta) * total
 
 
+@functools.lru_cache(maxsize=4096)   # pure; a report asks for the same few thousands of times
 def t_quantile(level, df):
   """t such that P(|T_df| <= t) = level (e.g. 12.706 for level 0.95, df 1), by bisection."""
   df = int(df)

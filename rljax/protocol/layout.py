@@ -85,14 +85,16 @@ def _last_per_step(rows):
   return [by_step[step] for step in sorted(by_step)]
 
 
+_NUMBER_OR_NONE = {int, float, type(None)}
+
+
 def _columns(rows, required):
   """Numeric fields as float arrays (nan where a row lacks one); `required` ones always exist."""
-  is_number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
   columns = {key: np.zeros(0) for key in required}
   for key in sorted({key for row in rows for key in row}):
     values = [row.get(key) for row in rows]
-    if all(v is None or is_number(v) for v in values):
-      columns[key] = np.array([np.nan if v is None else v for v in values], float)
+    if {type(v) for v in values} <= _NUMBER_OR_NONE:   # bool is not a number here
+      columns[key] = np.array(values, float)   # None -> nan
   return columns
 
 
