@@ -42,7 +42,7 @@ def test_random_expressions_equal_their_tree_values():
 
 @pytest.mark.parametrize('text,value', [
     ('12+30', '42'), ('2+3*4', '14'), ('(2+3)*4', '20'), ('10-2-3', '5'), ('-5+2', '-3'),
-    ('--5', '5'), ('2*-3', '-6'), ('0', '0'), ('007', '7'), ('999999999999*999999', 
+    ('--5', '5'), ('2*-3', '-6'), ('0', '0'), ('007', '7'), ('999999999999*999999',
                                                             str(999999999999 * 999999))])
 def test_precedence_and_associativity(text, value):
   assert calculator.calculate(text) == value

@@ -5,7 +5,6 @@ the slots); it compiles once; on a mesh it equals the static sampler on that mes
 import functools
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest

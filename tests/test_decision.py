@@ -3,7 +3,6 @@ time ratio, its Bonferroni level, the verdicts, and the quick answer's noise-sca
 import numpy as np
 import pytest
 
-from rljax import stats
 from rljax.protocol import decision as decision_lib
 
 

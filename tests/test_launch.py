@@ -12,7 +12,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the launchers are scripts in launch/, not part of the package
-from launch import slurm, sweep, tpu_vm, xm_launch  # pylint: disable=wrong-import-position
+from launch import slurm, sweep, xm_launch  # pylint: disable=wrong-import-position
 
 CONFIG = 'configs/grpo.py:runlocal'
 

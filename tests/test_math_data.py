@@ -3,7 +3,6 @@
 import json
 import os
 
-import ml_collections
 import pytest
 
 from configs import grpo

@@ -121,7 +121,7 @@ def test_disabled_writer_writes_nothing(tmp_path):
 
 def test_wandb_without_the_package_is_one_clear_error(tmp_path):
   try:
-    import wandb  # pylint: disable=import-outside-toplevel,unused-import
+    import wandb  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     pytest.skip('wandb is installed')
   except ImportError:
     pass

@@ -6,7 +6,6 @@ tokens, and records exactly the experts, that the static sampler does from its p
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

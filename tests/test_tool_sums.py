@@ -8,7 +8,6 @@
   hanging tool does not stop the step and the row counts its calls, errors and time; a run
   resumed from its checkpoint logs and ends as the uninterrupted one.
 """
-import functools
 
 import jax
 import numpy as np
@@ -23,7 +22,6 @@ from rljax.data import rewards
 from rljax.data import sources as data
 from rljax.data import tokenizer as tokenizer_lib
 from rljax import tasks
-from rljax.train import evaluation
 from rljax.train import loop as train
 from rljax.train import metrics
 from rljax.train import run as run_lib

@@ -1,8 +1,12 @@
 """Small building blocks shared by the policy and critic: parameters with logical axis names,
 RMSNorm, rotary embeddings and the dense SwiGLU feed-forward."""
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
+if TYPE_CHECKING:   # the config type named in the modules' field annotations
+  import rljax.model.transformer
 
 
 def param(module, name, shape, axes, cfg):

@@ -21,7 +21,7 @@ w_in, w_down), `w_in` the gate and up matrices apart, (gate, up), or joined for 
 (`gate_up`,).
 """
 import functools
-from typing import NamedTuple
+from typing import NamedTuple, TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -32,6 +32,8 @@ import jax.numpy as jnp
 from rljax.model import layers
 from rljax.model import router
 from rljax import sharding
+if TYPE_CHECKING:   # the config type named in the modules' field annotations
+  import rljax.model.transformer
 
 
 def sort_by_expert(x_TxD, experts_TxK):

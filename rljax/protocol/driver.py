@@ -22,7 +22,6 @@ their checkpoints. Every run directory keeps the config it was started with (con
 re-run with a different config for that run is an error, never a silent mix of two experiments in
 one report. D/timing.json keeps the seconds each phase took.
 """
-import json
 import os
 import shutil
 import time
@@ -36,7 +35,6 @@ from rljax import algos
 from rljax import optim
 from rljax import stats
 from rljax.protocol import calibration as calibration_lib
-from rljax.protocol import curves
 from rljax.protocol import layout
 from rljax.protocol import report as report_lib
 from rljax.protocol import settings

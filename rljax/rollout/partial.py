@@ -195,7 +195,7 @@ def advance(model, params, flight, version, max_staleness, cfg: sampler_lib.Samp
   (flight without them, Finished). Jit with model, cfg and num_groups static."""
   flight, restarted = restart_stale(flight, version, max_staleness, cfg.pad_id)
   num, prompt_len = flight.prompt_RxT.shape
-  groups, max_len = flight.serial_Q.shape[0], flight.tokens_RxL.shape[1]
+  groups = flight.serial_Q.shape[0]
   group, num_slots = num // groups, flight.slots.active_S.shape[0]
   decoder = model_lib.Transformer(model.cfg, unrolled=True)
   variables = {'params': model_lib.decoding_params(params, model.cfg)}

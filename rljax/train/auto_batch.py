@@ -30,8 +30,6 @@ sample than predicted lets its measurement, not the noise scale, judge the next 
 import math
 from typing import NamedTuple
 
-import numpy as np
-
 
 class Estimate(NamedTuple):
   """A value with an interval, e.g. the noise scale or one batch's samples per second."""
