@@ -1,4 +1,4 @@
-"""What `P=auto`'s move check (rljax.train.auto_check) can resolve on real training curves: it
+"""What `P=auto`'s move check (rljax.auto_batch.check) can resolve on real training curves: it
 replays the check on protocol arms that never moved, at pretend moves, where the true progress
 ratio is 1, and prints how often the interval covers 1, how wide it is, and how often a move with
 a given samples/s gain would have been undone by noise alone.
@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from rljax.train import auto_check
+from rljax.auto_batch import check as auto_check
 from rljax.train import metrics
 
 

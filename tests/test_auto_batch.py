@@ -1,5 +1,5 @@
-"""rljax.train.auto_batch (the rule, on synthetic noise scales and throughputs, against numpy),
-rljax.train.rebatch (its state), the config surface and its errors, and a short training that
+"""rljax.auto_batch: the rule (on synthetic noise scales and throughputs, against numpy), the run's
+state and the loop's schedule, the config surface and its errors, and a short training that
 switches its batch and resumes mid-schedule to the same rows and arrays."""
 from concurrent import futures
 import json
@@ -13,16 +13,17 @@ import pytest
 import rljax_cli
 
 from configs import grpo as grpo_config
+from rljax.auto_batch import rule
+from rljax.auto_batch import schedule as auto_schedule
+from rljax.auto_batch import state as auto_state
 from rljax.data import sources
-from rljax.train import auto_batch
 from rljax.train import config_checks
 from rljax.train import loop
 from rljax.train import metrics
-from rljax.train import rebatch
 from rljax.train import run as run_lib
 
-Estimate = auto_batch.Estimate
-BATCHES = auto_batch.allowed_batches(16, 512)
+Estimate = rule.Estimate
+BATCHES = rule.allowed_batches(16, 512)
 
 
 def table_of(samples_per_s, spread=0.02):
@@ -30,19 +31,19 @@ def table_of(samples_per_s, spread=0.02):
 
 
 def test_allowed_batches_are_the_powers_of_two_within_the_bounds():
-  assert auto_batch.allowed_batches(2, 32) == [2, 4, 8, 16, 32]
-  assert auto_batch.allowed_batches(3, 40) == [4, 8, 16, 32]
-  assert auto_batch.allowed_batches(1, 1) == [1]
+  assert rule.allowed_batches(2, 32) == [2, 4, 8, 16, 32]
+  assert rule.allowed_batches(3, 40) == [4, 8, 16, 32]
+  assert rule.allowed_batches(1, 1) == [1]
 
 
 def test_moves_as_far_towards_the_best_as_the_gain_s_lower_end_vouches_for():
   linear = table_of({b: 10.0 * b for b in BATCHES})   # throughput still linear in the batch
-  decision = auto_batch.decide(16, BATCHES, Estimate(5000, 3000, 9000), linear, margin=0.1)
+  decision = rule.decide(16, BATCHES, Estimate(5000, 3000, 9000), linear, margin=0.1)
   assert decision.best == 512 and decision.batch == 512
   assert decision.gain_lo > 1.1 and decision.gain > decision.gain_lo
   # Saturating throughput: 128 is the best at the point estimate, 64 the surer gain.
   saturating = table_of({16: 1000.0, 32: 2000.0, 64: 4000.0, 128: 4400.0, 256: 4600.0, 512: 4700.0})
-  decision = auto_batch.decide(16, BATCHES, Estimate(1000, 300, 3000), saturating, margin=0.1)
+  decision = rule.decide(16, BATCHES, Estimate(1000, 300, 3000), saturating, margin=0.1)
   assert decision.best == 128 and decision.batch == 64
 
 
@@ -55,7 +56,7 @@ def test_the_move_is_numpys_argmax_of_the_gain_s_lower_end_on_the_way_to_the_bes
     noise = Estimate(value, value * rng.uniform(0.2, 1), value * rng.uniform(1, 5))
     table = table_of(dict(zip(BATCHES, samples_per_s)), spread=0.05)
     current = int(rng.choice(BATCHES))
-    best = auto_batch.best_batch(BATCHES, noise, table)
+    best = rule.best_batch(BATCHES, noise, table)
     if best == current:
       continue
     way = np.array([b for b in BATCHES
@@ -65,7 +66,7 @@ def test_the_move_is_numpys_argmax_of_the_gain_s_lower_end_on_the_way_to_the_bes
     lower = (np.array([rate[b] for b in way]) * 0.95 / (rate[current] * 1.05)
              * (1 + current / worst) / (1 + way / worst))
     expected = way[np.lexsort((np.abs(np.log2(way / current)), -lower))[0]]
-    assert auto_batch.surest_step(current, best, BATCHES, noise, table) == expected
+    assert rule.surest_step(current, best, BATCHES, noise, table) == expected
     checked += 1
   assert checked > 100
 
@@ -73,32 +74,32 @@ def test_the_move_is_numpys_argmax_of_the_gain_s_lower_end_on_the_way_to_the_bes
 def test_holds_when_throughput_is_flat():
   table = table_of({b: 1000.0 for b in BATCHES})
   noise = Estimate(5000, 3000, 9000)
-  assert auto_batch.decide(16, BATCHES, noise, table, margin=0.1).batch == 16
+  assert rule.decide(16, BATCHES, noise, table, margin=0.1).batch == 16
   # Above the best, going back down gains only efficiency, too little to clear the margin.
-  assert auto_batch.decide(64, BATCHES, noise, table, margin=0.1).batch == 64
+  assert rule.decide(64, BATCHES, noise, table, margin=0.1).batch == 64
 
 
 def test_tries_an_unmeasured_bigger_batch_then_its_measurement_decides():
   noise = Estimate(5000, 3000, 9000)
   # One batch measured: the others' samples/s could grow linearly, so the top is tried.
-  assert auto_batch.decide(16, BATCHES, noise, table_of({16: 1000.0}), 0.1).batch == 512
+  assert rule.decide(16, BATCHES, noise, table_of({16: 1000.0}), 0.1).batch == 512
   flat = table_of({16: 1000.0, 512: 1000.0})
-  assert auto_batch.decide(512, BATCHES, noise, flat, 0.1, left=16).batch == 512   # no gain to go
+  assert rule.decide(512, BATCHES, noise, flat, 0.1, left=16).batch == 512   # no gain to go
   small = Estimate(300, 200, 450)   # a small noise scale: far above it, samples are wasted
-  assert auto_batch.decide(512, BATCHES, small, flat, 0.1, left=16).batch < 512
+  assert rule.decide(512, BATCHES, small, flat, 0.1, left=16).batch < 512
 
 
 def test_after_a_jump_an_untried_batch_below_is_not_taken_on_the_most_it_could_make():
   # The deep preset's CPU numbers: 16 and 256 measured; 64 could make up to 256's samples/s, and
   # the line between the two step times says 1350 (measured there: 1357).
   table = table_of({16: 779.0, 256: 1651.0}, spread=0.03)
-  decision = auto_batch.decide(256, BATCHES[:5], Estimate(709, 565, 928), table, 0.1, left=16)
+  decision = rule.decide(256, BATCHES[:5], Estimate(709, 565, 928), table, 0.1, left=16)
   assert decision.batch == 256 and decision.best == 64
 
 
 def test_an_untried_batch_s_samples_per_s_is_bounded_by_a_convex_step_time():
-  most = lambda batch, measured: auto_batch.most_per_s(batch, {b: b / v for b, v in measured.items()})
-  guess = lambda batch, measured: auto_batch.throughput_guess(batch, table_of(measured)).value
+  most = lambda batch, measured: rule.most_per_s(batch, {b: b / v for b, v in measured.items()})
+  guess = lambda batch, measured: rule.throughput_guess(batch, table_of(measured)).value
   assert guess(64, {16: 1000.0}) == pytest.approx(4000.0)   # linear growth from one batch
   assert guess(8, {16: 1000.0}) == pytest.approx(1000.0)    # flat below it
   # Above two measured batches, step seconds grow at least along their line: flat stays flat,
@@ -119,10 +120,10 @@ def test_an_untried_batch_s_samples_per_s_is_bounded_by_a_convex_step_time():
 def test_a_move_waits_until_the_rest_of_the_budget_or_without_one_the_time_lost_repays_its_compile():
   table = table_of({16: 1000.0, 32: 2000.0})   # gain lower end (1960 / 1020) x efficiency
   noise, batches = Estimate(5000, 5000, 5000), [16, 32]
-  gain_lo = auto_batch.step_gain(16, 32, noise, table)[1]
+  gain_lo = rule.step_gain(16, 32, noise, table)[1]
   needed_s = 10.0 / (1 - 1 / gain_lo)   # compile 10 s; each second at 16 loses 1 - 1/gain
-  decide = lambda here, remaining: auto_batch.decide(
-      16, batches, noise, table, 0.1, costs=auto_batch.Costs(here, remaining, 10.0))
+  decide = lambda here, remaining: rule.decide(
+      16, batches, noise, table, 0.1, costs=rule.Costs(here, remaining, 10.0))
   # With a budget, its rest decides, whatever the time spent so far.
   assert decide(0.0, 1.01 * needed_s).batch == 32
   short = decide(1e6, 0.99 * needed_s)
@@ -131,36 +132,36 @@ def test_a_move_waits_until_the_rest_of_the_budget_or_without_one_the_time_lost_
   assert decide(0.99 * needed_s, np.inf).batch == 16
   assert decide(1.01 * needed_s, np.inf).batch == 32
   # A free compile (FREE, the default) leaves goodput alone to decide.
-  assert auto_batch.decide(16, batches, noise, table, 0.1).batch == 32
+  assert rule.decide(16, batches, noise, table, 0.1).batch == 32
   # A batch compiled already (run before, or compiled ahead of the move) has nothing to repay.
-  paid = auto_batch.Costs(0.0, 0.99 * needed_s, 10.0, frozenset({32}))
-  assert auto_batch.decide(16, batches, noise, table, 0.1, costs=paid).batch == 32
+  paid = rule.Costs(0.0, 0.99 * needed_s, 10.0, frozenset({32}))
+  assert rule.decide(16, batches, noise, table, 0.1, costs=paid).batch == 32
 
 
 def test_a_kept_move_s_measured_progress_judges_the_next_doubling_where_the_noise_scale_holds():
   table = table_of({16: 1000.0, 32: 1500.0})   # 64 untried: guessed at 2000
   noise = Estimate(60, 40, 90)   # small: the noise scale predicts a doubling loses
-  assert auto_batch.decide(32, BATCHES, noise, table, 0.1).batch == 32
-  tried = auto_batch.decide(32, BATCHES, noise, table, 0.1, measured=0.95)
+  assert rule.decide(32, BATCHES, noise, table, 0.1).batch == 32
+  tried = rule.decide(32, BATCHES, noise, table, 0.1, measured=0.95)
   assert tried.batch == 64 and tried.gain == pytest.approx(2000 / 1500 * 0.95) and 'measured' in tried.reason
   # Progress that fell as much as the throughput rose is no reason; nor is a compile not repaid.
-  assert auto_batch.decide(32, BATCHES, noise, table, 0.1, measured=0.7).batch == 32
-  costly = auto_batch.Costs(0.0, 1.0, 10.0)
-  assert auto_batch.decide(32, BATCHES, noise, table, 0.1, costs=costly, measured=1.0).batch == 32
+  assert rule.decide(32, BATCHES, noise, table, 0.1, measured=0.7).batch == 32
+  costly = rule.Costs(0.0, 1.0, 10.0)
+  assert rule.decide(32, BATCHES, noise, table, 0.1, costs=costly, measured=1.0).batch == 32
 
 
 def test_costs_are_seconds_at_the_current_batch_and_the_budget_left():
-  state = dict(rebatch.initial_state(grpo_config.get_config('runlocal,P=auto')), arrived=512,
+  state = dict(auto_state.initial_state(grpo_config.get_config('runlocal,P=auto')), arrived=512,
                compile_s=7.5)
   train = grpo_config.get_config('runlocal').train
   train.update(max_samples=10_000, max_steps=0)
-  remaining = rebatch.remaining_samples(train, samples=2048, step=100, batch=32)
+  remaining = auto_state.remaining_samples(train, samples=2048, step=100, batch=32)
   assert remaining == 10_000 - 2048
   train.max_steps = 110   # 10 more steps of 32 come first
-  assert rebatch.remaining_samples(train, samples=2048, step=100, batch=32) == 320
-  costs = rebatch.costs(state, 2048, remaining, 256.0, settings())
-  assert costs == auto_batch.Costs((2048 - 512) / 256.0, (10_000 - 2048) / 256.0, 7.5)
-  assert rebatch.costs(state, 2048, remaining, 256.0, settings(compile_s=0.0)).compile_s == 0.0
+  assert auto_state.remaining_samples(train, samples=2048, step=100, batch=32) == 320
+  costs = auto_state.costs(state, 2048, remaining, 256.0, settings())
+  assert costs == rule.Costs((2048 - 512) / 256.0, (10_000 - 2048) / 256.0, 7.5)
+  assert auto_state.costs(state, 2048, remaining, 256.0, settings(compile_s=0.0)).compile_s == 0.0
 
 
 @pytest.mark.parametrize('noise', [Estimate(np.nan, np.nan, np.nan), Estimate(500, np.nan, 900),
@@ -168,25 +169,25 @@ def test_costs_are_seconds_at_the_current_batch_and_the_budget_left():
                                    Estimate(-50, 10, 900)])
 def test_a_noise_scale_that_is_not_finite_keeps_the_batch(noise):
   table = table_of({b: 10.0 * b for b in BATCHES})
-  decision = auto_batch.decide(64, BATCHES, noise, table, margin=0.1)
+  decision = rule.decide(64, BATCHES, noise, table, margin=0.1)
   assert decision.batch == 64 and 'not estimable' in decision.reason
 
 
 def test_a_point_lost_in_the_noise_is_an_unbounded_noise_scale_with_its_lower_end():
   table = table_of({b: 10.0 * b for b in BATCHES})
-  unbounded = auto_batch.decide(64, BATCHES, Estimate(np.nan, 300, np.inf), table, margin=0.1)
-  huge = auto_batch.decide(64, BATCHES, Estimate(1e300, 300, np.inf), table, margin=0.1)
+  unbounded = rule.decide(64, BATCHES, Estimate(np.nan, 300, np.inf), table, margin=0.1)
+  huge = rule.decide(64, BATCHES, Estimate(1e300, 300, np.inf), table, margin=0.1)
   assert unbounded.batch == huge.batch == 512 and unbounded.gain_lo == pytest.approx(huge.gain_lo)
 
 
 def test_the_switch_line_names_an_unbounded_noise_scale_with_its_interval():
   row = dict(step=128, auto_from=2, auto_to=32, lr=1e-5, auto_lr=4e-5, auto_noise_scale=None,
              auto_noise_lo=422.4, auto_noise_hi=None, auto_gain=15.7, auto_reason='try')
-  assert '| B_noise unbounded [422, inf] | predicted gain 15.70 | try' in rebatch._switch_line(row, 'P')
+  assert '| B_noise unbounded [422, inf] | predicted gain 15.70 | try' in auto_schedule._switch_line(row, 'P')
   row.update(auto_noise_scale=709.2, auto_noise_hi=928.0)
-  assert '| B_noise 709 [422, 928] |' in rebatch._switch_line(row, 'P')
+  assert '| B_noise 709 [422, 928] |' in auto_schedule._switch_line(row, 'P')
   row.update(auto_noise_scale=None, auto_noise_lo=None)   # not estimable: no move made on it
-  assert 'B_noise' not in rebatch._switch_line(row, 'P')
+  assert 'B_noise' not in auto_schedule._switch_line(row, 'P')
 
 
 def test_best_batch_is_numpys_argmax_of_throughput_times_efficiency():
@@ -196,7 +197,7 @@ def test_best_batch_is_numpys_argmax_of_throughput_times_efficiency():
     b_noise = float(np.exp(rng.uniform(np.log(4), np.log(5000))))
     expected = BATCHES[int(np.argmax(samples_per_s / (1 + np.array(BATCHES) / b_noise)))]
     table = table_of(dict(zip(BATCHES, samples_per_s)))
-    assert auto_batch.best_batch(BATCHES, Estimate(b_noise, b_noise, b_noise), table) == expected
+    assert rule.best_batch(BATCHES, Estimate(b_noise, b_noise, b_noise), table) == expected
 
 
 def simulate(decisions, seed):
@@ -211,7 +212,7 @@ def simulate(decisions, seed):
              for b, r in rounds.items()}
     value = 300 * rng.lognormal(0, 0.3)
     noise = Estimate(value, value * np.exp(-0.6), value * np.exp(0.6))
-    decision = auto_batch.decide(batch, BATCHES, noise, table, margin=0.1, left=left)
+    decision = rule.decide(batch, BATCHES, noise, table, margin=0.1, left=left)
     if decision.batch != batch:
       left, batch = batch, decision.batch
       path.append(batch)
@@ -236,21 +237,21 @@ def settings(**overrides):
 
 
 def test_record_skips_the_compiling_step_keeps_the_latest_steps_and_a_trail():
-  state = rebatch.initial_state(grpo_config.get_config('runlocal,P=auto'))
+  state = auto_state.initial_state(grpo_config.get_config('runlocal,P=auto'))
   row = dict(samples_per_s=5.0, step_time_s=3.0, grad_sq_small=2.0, grad_sq_big=1.0, b_small=8.0,
              b_big=16.0, reward_mean=0.5, retained=16)
   few = settings(probe_steps=2, verify_samples=16)
-  state = rebatch.record(state, row, 16, measurable=False, settings=few)
+  state = auto_state.record(state, row, 16, measurable=False, settings=few)
   assert state['throughput'] == {} and len(state['noise_terms']) == 1
-  state = rebatch.record(state, dict(row, step_time_s=9.0), 32, False, few)
+  state = auto_state.record(state, dict(row, step_time_s=9.0), 32, False, few)
   assert state['compile_s'] == 9.0   # the longest compiling step
   for samples, value in ((48, 6.0), (64, 7.0), (80, 8.0)):
-    state = rebatch.record(state, dict(row, samples_per_s=value), samples, True, few)
+    state = auto_state.record(state, dict(row, samples_per_s=value), samples, True, few)
   assert state['throughput'] == {'2': [6.0, 7.0, 8.0]} and len(state['noise_terms']) == 5
   assert state['compile_s'] == 9.0
-  assert rebatch.measured_rounds(state, few) == {2: [6.0, 7.0, 8.0]}
+  assert auto_state.measured_rounds(state, few) == {2: [6.0, 7.0, 8.0]}
   for samples in range(96, 96 + 16 * 60, 16):   # the latest `window` steps only
-    state = rebatch.record(state, dict(row, samples_per_s=float(samples)), samples, True, few)
+    state = auto_state.record(state, dict(row, samples_per_s=float(samples)), samples, True, few)
   assert state['throughput']['2'] == [float(s) for s in range(96 + 16 * 10, 96 + 16 * 60, 16)]
   assert [t[0] for t in state['trail']] == [992, 1008, 1024, 1040]   # the last 4 x verify_samples
   assert json.loads(json.dumps(state)) == state   # rides in the checkpoint's JSON meta
@@ -333,14 +334,14 @@ def test_a_decaying_lr_is_refused():
 
 def test_a_checkpoint_state_without_the_compile_fields_resumes_with_them_afresh():
   config = grpo_config.get_config('runlocal,P=auto')
-  saved = {k: v for k, v in rebatch.initial_state(config).items()
+  saved = {k: v for k, v in auto_state.initial_state(config).items()
            if k not in ('arrived', 'compile_s')}
   meta = dict(auto_batch=dict(saved, P=4, next_decision=4096))
-  rebatch.BatchSchedule(config, types.SimpleNamespace(config=config, algo=None), meta)
-  assert meta['auto_batch'] == dict(rebatch.initial_state(config), P=4, next_decision=4096)
+  auto_schedule.BatchSchedule(config, types.SimpleNamespace(config=config, algo=None), meta)
+  assert meta['auto_batch'] == dict(auto_state.initial_state(config), P=4, next_decision=4096)
 
 def drive(rewards_after, tmp_path, steps=400, seed=0, ready=()):
-  """rebatch.advance over synthetic rows: P=2 (16 responses) moves to P=4 at the first decision
+  """auto_state.advance over synthetic rows: P=2 (16 responses) moves to P=4 at the first decision
   (a large noise scale, samples/s 1.6x from a file, free compile), or at a look when 4 is `ready`;
   after the move the training reward follows `rewards_after(samples)`. Returns the rows' added
   fields (with `wanted`, the batch a look would compile ahead) and the states."""
@@ -350,7 +351,7 @@ def drive(rewards_after, tmp_path, steps=400, seed=0, ready=()):
   config.auto_batch.update(min=2, max=4, every_samples=1024, verify_samples=2048, compile_s=0.0,
                            throughput_file=str(throughput))
   rng = np.random.default_rng(seed)
-  state, samples, log = rebatch.initial_state(config), 0, []
+  state, samples, log = auto_state.initial_state(config), 0, []
   for step in range(1, steps + 1):
     batch = state['P'] * 8
     samples += batch
@@ -359,7 +360,7 @@ def drive(rewards_after, tmp_path, steps=400, seed=0, ready=()):
     row = dict(samples_per_s=500.0, step_time_s=0.1, grad_sq_small=626 * rng.uniform(0.9, 1.1),
                grad_sq_big=313.5 * rng.uniform(0.9, 1.1), b_small=8.0, b_big=16.0,
                reward_mean=reward + rng.normal(0, 0.02 * np.sqrt(16 / batch)), retained=batch)
-    state, fields, wanted = rebatch.advance(state, row, samples, step, batch, True, config,
+    state, fields, wanted = auto_state.advance(state, row, samples, step, batch, True, config,
                                             ready=ready)
     log.append((samples, dict(fields, **{'wanted': wanted} if wanted else {}), state))
   return log
@@ -396,12 +397,12 @@ def test_a_look_moves_to_a_ready_batch_and_names_one_to_compile_ahead_otherwise(
 
 def test_a_look_falls_on_the_step_that_crosses_an_eighth_of_every_samples():
   config = grpo_config.get_config('runlocal,P=auto')   # every_samples 2048: a look every 256
-  state = dict(rebatch.initial_state(config), throughput={'2': [500.0] * 8})
-  looks = lambda samples, retained: rebatch.look_due(state, samples, retained, config.auto_batch)
+  state = dict(auto_state.initial_state(config), throughput={'2': [500.0] * 8})
+  looks = lambda samples, retained: auto_state.look_due(state, samples, retained, config.auto_batch)
   assert looks(256, 16) and looks(260, 16) and not looks(272, 16)
   # Fewer responses retained than the batch (GRPO's filter_zero_variance): the step's own count.
   assert looks(257, 4) and not looks(264, 4)
-  assert not rebatch.look_due(dict(state, check={'at': 0}), 256, 16, config.auto_batch)
+  assert not auto_state.look_due(dict(state, check={'at': 0}), 256, 16, config.auto_batch)
 
 
 def test_a_move_that_kept_its_progress_is_kept_and_measured(tmp_path):
@@ -411,7 +412,7 @@ def test_a_move_that_kept_its_progress_is_kept_and_measured(tmp_path):
   assert check['auto_check_lo'] <= 1 <= check['auto_check_hi']
   assert state['measured'] == check['auto_check_progress']
   assert check['auto_check_predicted'] == pytest.approx(
-      auto_batch.efficiency(32, 5000) / auto_batch.efficiency(16, 5000), rel=0.05)
+      rule.efficiency(32, 5000) / rule.efficiency(16, 5000), rel=0.05)
   # No decision while a move waits for its check; the next one comes right after it.
   decisions = [samples for samples, fields, _ in log if 'auto_reason' in fields]
   assert decisions[0] == 1024 and decisions[1] > checked_at
@@ -522,7 +523,7 @@ def compiled_in_step(run, carry, step):
 
 
 def test_a_batch_compiled_ahead_on_a_thread_takes_its_first_step_without_compiling(tmp_path):
-  """rebatch.compiled_programs, run on a thread as a look ahead runs it: the first step at its
+  """auto_schedule.compiled_programs, run on a thread as a look ahead runs it: the first step at its
   batch finds the sampler ('<lambda>'), make_batch and update compiled, as the first step at the
   starting batch does not (the control)."""
   config = tiny_auto(tmp_path)
@@ -530,7 +531,7 @@ def test_a_batch_compiled_ahead_on_a_thread_takes_its_first_step_without_compili
   compiled, carry = compiled_in_step(run, carry, 1)
   assert {'<lambda>', 'make_batch', 'update'} <= compiled
   with futures.ThreadPoolExecutor(1) as pool:
-    programs = {8: pool.submit(rebatch.compiled_programs, run, config, 8)}
-    at_8 = rebatch.at_batch(run, config, 8, programs, run.iterator.state())
+    programs = {8: pool.submit(auto_schedule.compiled_programs, run, config, 8)}
+    at_8 = auto_schedule.at_batch(run, config, 8, programs, run.iterator.state())
   compiled, _ = compiled_in_step(at_8, carry, 2)
   assert compiled <= {'rollout_stats'}   # the step's own statistics, milliseconds to compile

@@ -1,11 +1,11 @@
-"""rljax.train.auto_check: the progress ratio of a move against an independent fit (scipy's
+"""rljax.auto_batch.check: the progress ratio of a move against an independent fit (scipy's
 bounded scalar minimiser over rho, numpy's weighted polyfit for a and c), the coverage of its
 interval on synthetic runs, and its verdicts."""
 import numpy as np
 import pytest
 from scipy import optimize
 
-from rljax.train import auto_check
+from rljax.auto_batch import check as auto_check
 
 
 def synthetic(rho, s0=4096, batch_before=16, batch_after=32, window=8192, noise=0.03, seed=0,

@@ -11,11 +11,11 @@ import os
 import jax
 
 from rljax import algos
+from rljax.auto_batch import rule as auto_rule
 from rljax.model import lora
 from rljax.model import moe
 from rljax import sharding
 from rljax import tasks
-from rljax.train import auto_batch
 from rljax.train import checkpoint
 from rljax.train import schedules
 
@@ -139,12 +139,12 @@ def _check_auto_batch(config, device_count, process_count):
   """The bounds, the settings, and every batch the run may reach checked as a config of its own."""
   auto, arg = config.auto_batch, algos.get(config.algo).BATCH_ARG
   unit = f'auto_batch bounds are in rollout.P ({arg} of {config.algo})'
-  if not (auto_batch.is_power_of_two(auto.min) and auto_batch.is_power_of_two(auto.max)):
+  if not (auto_rule.is_power_of_two(auto.min) and auto_rule.is_power_of_two(auto.max)):
     raise ValueError(f'auto_batch.min ({auto.min}) and max ({auto.max}) must be powers of two; '
                      f'{unit}')
   if auto.min > auto.max:
     raise ValueError(f'auto_batch.min ({auto.min}) is larger than auto_batch.max ({auto.max})')
-  if config.rollout.P not in auto_batch.allowed_batches(auto.min, auto.max):
+  if config.rollout.P not in auto_rule.allowed_batches(auto.min, auto.max):
     raise ValueError(f'rollout.P ({config.rollout.P}) must be a power of two in [auto_batch.min, '
                      f'auto_batch.max] = [{auto.min}, {auto.max}]: the batch auto_batch starts at')
   if (auto.every_samples < 1 or auto.probe_steps < 2 or auto.window < auto.probe_steps
@@ -159,7 +159,7 @@ def _check_auto_batch(config, device_count, process_count):
       raise ValueError(f"auto_batch needs {section}.decay='constant' (a decay's horizon is in "
                        f'updates, which a changing batch moves), got {config[section].decay!r}')
   micro_batches = algos.micro_batches(config)   # kept at every batch
-  for P in auto_batch.allowed_batches(auto.min, auto.max):
+  for P in auto_rule.allowed_batches(auto.min, auto.max):
     _check_batch(algos.with_batch(config, P, micro_batches), P, device_count, process_count)
 
 

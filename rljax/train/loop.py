@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from rljax import algos
+from rljax.auto_batch import schedule as auto_schedule
+from rljax.auto_batch import state as auto_state
 from rljax.data import rewards
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
@@ -21,7 +23,6 @@ from rljax.train import collective
 from rljax.train import evaluation
 from rljax.train import metrics as metrics_lib
 from rljax.train import preemption
-from rljax.train import rebatch
 from rljax.train import run as run_lib
 from rljax.train import schedules
 from rljax.train import workdir as workdir_lib
@@ -148,7 +149,7 @@ def train(config, workdir, stop=None, shape=None):
   the config checked and set up abstractly (run.checked_shape), when the caller has it.
   """
   run, carry, meta = run_lib.setup(config, workdir, shape)
-  schedule = rebatch.BatchSchedule(config, run, meta) if rebatch.enabled(config) else None
+  schedule = auto_schedule.BatchSchedule(config, run, meta) if auto_state.enabled(config) else None
   if schedule:
     run = schedule.resume(run, meta)
   noise = stats.NoiseScaleWindow(metrics_lib.read_jsonl(run.writer.path))   # goes on on resume
@@ -166,7 +167,7 @@ def train(config, workdir, stop=None, shape=None):
       run, meta = schedule.after_step(run, meta, row)
     run.writer.train(row, console=row['step'] % config.train.log_every == 0)
     _check_updates(run, carry, row, workdir)
-    if rebatch.eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
+    if auto_state.eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
       _evaluate(run, carry, meta, step=row['step'], wallclock_s=meta['wallclock_s'])
     done = _done(config.train, meta)   # the evaluation may have reached the target
     # Every process gets the same answer at the same step; a request during the last step is moot.

@@ -12,7 +12,7 @@ squares stays within t(n - 3)^2 residual variances of its minimum (a likelihood-
 The rule: the move made progress per second of rho x (samples/s after / before) of staying. If
 that interval lies below 1 the move is undone. If the move made at least the progress per sample
 the noise scale predicted, the measured rho may stand in for the noise scale's prediction of the
-next doubling (auto_batch.decide's `measured`).
+next doubling (rule.decide's `measured`).
 """
 from typing import NamedTuple
 

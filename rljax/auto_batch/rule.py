@@ -23,7 +23,7 @@ has reached the compile's seconds; whatever the run's length, that spends at mos
 knowing it in advance would. A batch compiled already (run before, or compiled ahead of the move)
 has paid its compile: moving to it costs none.
 
-Every move is then checked by the progress it measurably made (rljax.train.auto_check): a move
+Every move is then checked by the progress it measurably made (rljax.auto_batch.check): a move
 that lost progress per second beyond noise is undone, and a move that cost no more progress per
 sample than predicted lets its measurement, not the noise scale, judge the next doubling up.
 """
@@ -162,7 +162,7 @@ def decide(current, batches, noise, table, margin, left=None, costs=FREE, measur
   `current`); `left`: the batch the last move came from, which a return must beat by
   (1 + margin)**2 rather than 1 + margin, so a decision is never undone by noise alone; `costs`:
   a move waits until its compile is repaid (`repays_compile`, at the gain's lower end);
-  `measured`: the progress per sample the last move kept (auto_check), which judges a doubling
+  `measured`: the progress per sample the last move kept (rljax.auto_batch.check), which judges a doubling
   up where the noise scale would hold."""
   by_noise = _by_noise_scale(current, batches, noise, table, margin, left, costs)
   if by_noise.batch != current or measured is None or current * 2 not in batches:
