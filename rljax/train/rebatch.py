@@ -175,7 +175,10 @@ def _number(x):
 
 def eval_due(config, row, samples_before, samples_after):
   """Every train.eval_every steps; with auto_batch every as many samples as those steps hold at
-  the starting batch, so the eval grid stays in samples while the batch changes."""
+  the starting batch, so the eval grid stays in samples while the batch changes. After every
+  step once train.eval_from_samples are trained (when > 0): MLPerf's validation boundaries."""
+  if 0 < config.train.eval_from_samples <= samples_after:
+    return True
   if not enabled(config):
     return row['step'] % config.train.eval_every == 0
   every = config.train.eval_every * algos.batch_size(config)
