@@ -212,7 +212,7 @@ def _sentences(m):
 
 
 def markdown(m):
-  return (f"## MLPerf's terms\n\n" + '\n'.join(_table(m)) + '\n\n' + _sentences(m) +
+  return ("## MLPerf's terms\n\n" + '\n'.join(_table(m)) + '\n\n' + _sentences(m) +
           f"\n\nRCP records: `rcps_{m['benchmark']}.json` (the rcp_checker's layout).\n\n")
 
 
