@@ -122,17 +122,22 @@ def base_config(P, G, runlocal, seed, model=''):
   config.tools = dict(enabled=True, timeout_s=1.0, max_calls=2, workers=8, memory_mb=512)
 
   # lr = lr * f(P*G / base_batch), f = sqrt | linear | constant (lr_rule). decay: the lr after
-  # warmup, held ('constant') or annealed to 0 at the budget's end ('linear', 'cosine').
+  # warmup, held ('constant') or annealed to 0 at the budget's end ('linear', 'cosine'). The
+  # global-norm clip = max_grad_norm * c(P*G / base_batch), c = constant | inverse_sqrt
+  # (clip_rule; MLPerf's GRPO rule is inverse_sqrt, docs/guide/mlperf.md); max_grad_norm 0: none.
   config.optimizer = dict(lr=5e-5, base_batch=128, lr_rule='sqrt', warmup_steps=0, decay='constant',
-                          max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
-                          max_bad_steps=5)
+                          max_grad_norm=1.0, clip_rule='constant', b1=0.9, b2=0.999, eps=1e-8,
+                          weight_decay=0.0, max_bad_steps=5)
 
-  # Budget in retained training responses (compare runs by samples, never by steps).
+  # Budget in retained training responses (compare runs by samples, never by steps). Evaluations
+  # every eval_every steps, and after every step once the run has trained eval_from_samples
+  # samples (0: never; MLPerf's validation boundaries, docs/guide/mlperf.md). overwrite: replace
+  # a different run in the workdir.
   config.train = dict(max_samples=250_000 if runlocal else 2_000_000, max_steps=0,
                       micro_batch=64 if runlocal else min(256, P * G), num_minibatches=1,
                       num_epochs=1, logits_chunk=0 if runlocal else 128, eval_every=25,
-                      eval_size=500, log_every=10, checkpoint_every=100, keep_checkpoints=2,
-                      target=0.0, overwrite=False)   # overwrite: replace a different run in the workdir
+                      eval_from_samples=0, eval_size=500, log_every=10, checkpoint_every=100,
+                      keep_checkpoints=2, target=0.0, overwrite=False)
 
   # The batch chosen during the run (docs/guide/auto_batch.md): among the powers of two in
   # [min, max], in the algorithm's unit (rollout.P: GRPO's prompts, PPO's B), the one of most

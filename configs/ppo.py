@@ -35,8 +35,8 @@ def get_config(arg=None):
   # and the critic each. Calibrated at B=256 on runlocal (docs/guide/ppo.md).
   config.optimizer.update(lr=2e-4, base_batch=256, decay='constant')
   config.critic_optimizer = dict(lr=1e-3, base_batch=256, lr_rule='sqrt', warmup_steps=0,
-                                 decay='constant', max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8,
-                                 weight_decay=0.0)
+                                 decay='constant', max_grad_norm=1.0, clip_rule='constant',
+                                 b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0)
   config.train.max_samples = 80_000 if arg.runlocal else 2_000_000
   config.auto_batch.update(min=64, max=1024)
   return common.enable_auto_batch(config) if auto else config

@@ -4,7 +4,9 @@
   python -m rljax.main --config=configs/protocol.py:algo=ppo,runlocal --workdir=D
   python -m rljax.analysis --workdir=D      # rebuilds D/report.* from the logs, no training
 
-Args after ':' (comma-separated): algo (grpo | ppo), runlocal (a CPU-sized protocol for 2 cores:
+Args after ':' (comma-separated): algo (grpo | ppo), mlperf (MLPerf Training v6.1's GRPO rules,
+closed division, at its reference batches 256/512/1024; with runlocal their CPU analogue:
+docs/guide/mlperf.md), runlocal (a CPU-sized protocol for 2 cores:
 docs/guide/protocol.md; a base of 16 responses, targets deep in training, where a larger batch
 can win), shallow (with runlocal: the earlier preset, base 128, a target a few points above the
 warm start), small (with runlocal, GRPO: base 16, the shallow target), task (GRPO's task, configs/grpo.py:
@@ -21,6 +23,7 @@ import importlib
 import ml_collections
 
 from configs import common
+from rljax.protocol import mlperf
 
 
 def arm_config(algo, arg):
@@ -34,19 +37,24 @@ def arm_config(algo, arg):
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, algo='grpo', runlocal=False, small=False, shallow=False,
-                         quick=False, seeds=-1, task='arithmetic')   # seeds -1: the preset's
+                         quick=False, seeds=-1, task='arithmetic',
+                         mlperf=False)   # seeds -1: the preset's
+  if arg.mlperf and (arg.algo != 'grpo' or arg.small or arg.shallow or arg.quick):
+    raise ValueError("config arg mlperf: MLPerf's RL benchmark is GRPO, run to its target per "
+                     'batch and seed; give mlperf or mlperf,runlocal (and seeds=N)')
   if arg.small and not (arg.runlocal and arg.algo == 'grpo'):
     raise ValueError('config arg small: a GRPO runlocal preset; give algo=grpo,runlocal,small')
   if arg.shallow and not arg.runlocal:
     raise ValueError('config arg shallow: a runlocal preset; give runlocal,shallow')
   if arg.small and arg.shallow:
     raise ValueError('config args small and shallow: two presets; give one')
-  deep = arg.runlocal and not (arg.small or arg.shallow)
+  deep = arg.runlocal and not (arg.small or arg.shallow or arg.mlperf)
   if arg.task != 'arithmetic' and not (deep and arg.algo == 'grpo'):
     raise ValueError(f'config arg task={arg.task}: GRPO with the deep runlocal preset '
                      f'(algo=grpo,runlocal,task={arg.task}); the other presets were placed on the '
                      'arithmetic task')
-  seeds = (8 if deep else 4 if arg.small else 3) if arg.seeds == -1 else arg.seeds
+  seeds = (8 if deep else 4 if arg.small else 6 if arg.mlperf else 3) if arg.seeds == -1 else (
+      arg.seeds)
   arm_arg = ','.join(['runlocal'] * arg.runlocal + [f'task={arg.task}'] * (arg.task != 'arithmetic'))
   arm = arm_config(arg.algo, arm_arg)
   unit = arm.rollout.G   # responses per batch argument (GRPO: G responses to each of P prompts)
@@ -89,7 +97,7 @@ def get_config(arg=None):
       warmstart_seed=0,            # every arm and seed starts from this one warm start
       seed_offset=0,               # D/.../seed_<k> trains with seed seed_offset + k: a replicate
       # J: 0 places it from the calibration runs' curves (calibration_fraction), so no preset
-      # holds an accuracy that one CPU's rounding chose; > 0 is a target the user gives. Runs
+      # but MLPerf's holds an accuracy that one CPU's rounding chose; > 0 is a target given. Runs
       # stop at J + stop_margin (stop_at_target); the calibration compares samples to J.
       target=0.0,
       stop_at_target=True,
@@ -114,6 +122,9 @@ def get_config(arg=None):
       confirm=True,                # runs to target at the base and at the fastest batch
       confirm_seeds=2,
       compilation_cache=True,      # in D/jax_cache: every seed after the first skips compiling
+      # MLPerf's rules (rljax.protocol.mlperf.RULES: '' none) and whether their closed division
+      # holds: a closed run refuses any setting that breaks one (docs/guide/mlperf.md).
+      mlperf='', division='closed',
   )
   # Every arm's training config; the protocol sets its batch (P for GRPO, B for PPO) and its lr.
   config.arm = arm
@@ -135,6 +146,8 @@ def get_config(arg=None):
                            throughput_rounds=8, throughput_steps=8, confirm_seeds=6)
   if deep:
     deep_preset(config)
+  if arg.mlperf:
+    mlperf_preset(config, 'runlocal' if arg.runlocal else 'qwen35_397b_grpo')
   if arg.quick:   # the answer from the base arm's noise scale (docs/guide/protocol.md)
     config.protocol.update(quick=True, calibration_seeds=1, confirm=False,
                            num_seeds=2 if arg.seeds == -1 else arg.seeds)
@@ -168,3 +181,30 @@ def deep_preset(config):
   else:   # only the arithmetic builder draws extra problems after its training split
     config.arm.data.num_test = held_out
   config.arm.train.eval_size = held_out
+
+
+def mlperf_preset(config, name):
+  """MLPerf Training v6.1's GRPO closed rules (rljax.protocol.mlperf.RULES[name]): lr and clip as
+  functions of the batch, constant lr, no warmup, AdamW (0.9, 0.999), G = 16 at temperature 1,
+  one optimizer step per batch, evaluations on its eval-set size and on its validation boundaries
+  (every step from its validation start; the protocol's own grid before), runs to its target. The
+  batches are its RCPs' (1, 2 and 4 x the reference batch; the analogue adds 8x, where this CPU's
+  samples/s still grow), six seeds each as an RCP has (twice a submission's three runs)."""
+  rules = mlperf.RULES[name]
+  arm, b1, b2 = config.arm, *rules.betas
+  arm.rollout.update(G=rules.G, temperature=1.0, top_p=1.0, top_k=0)
+  arm.optimizer.update(lr=rules.lr, base_batch=rules.batch, lr_rule='sqrt',
+                       max_grad_norm=rules.clip, clip_rule='inverse_sqrt', warmup_steps=0,
+                       decay='constant', b1=b1, b2=b2, eps=rules.eps,
+                       weight_decay=rules.weight_decay)
+  arm.train.update(eval_size=rules.eval_prompts, num_minibatches=1, num_epochs=1)
+  runlocal = name == 'runlocal'
+  base = rules.batch // rules.G
+  config.protocol.update(
+      mlperf=name, division='closed', base=base, control=(), throughput=(), lr0=rules.lr,
+      sweep=tuple(base * k for k in ((1, 2, 4, 8) if runlocal else (1, 2, 4))),
+      target=rules.target, targets=(rules.target,), stop_at_target=True, max_samples=65_536,
+      eval_every_samples=2048 if runlocal else 1024, smooth_window=3, confirm_seeds=3)
+  if runlocal:   # the deep preset's warm start (the arm's own) and throughput rounds
+    arm.warmstart.eval_every = 25
+    config.protocol.update(throughput_rounds=16, throughput_steps=16)

@@ -4,8 +4,9 @@ lr(B) = lr0 * f(B / B0), f = sqrt (Malladi et al.; the default), linear (Goyal e
 with B counted in training responses (GRPO: P x G; PPO: B). Linear warmup, then the peak held
 (`decay='constant'`) or annealed to 0 at the run's last update ('linear', as TRL's default, or
 'cosine'): on a fixed budget the anneal turns late, noisy updates into gains (docs/guide/grpo.md).
-Global-norm clipping, and non-finite updates skipped (counted by optax.apply_if_finite) so one bad
-batch cannot poison the weights.
+Global-norm clipping at max_grad_norm x c(B / B0), c = constant (the default) or inverse_sqrt
+(MLPerf Training v6.1's GRPO rule, 0.125 x sqrt(256 / B): docs/guide/mlperf.md), and non-finite
+updates skipped (counted by optax.apply_if_finite) so one bad batch cannot poison the weights.
 """
 import math
 
@@ -17,6 +18,12 @@ LR_RULES = {
     'linear': lambda ratio: ratio,
     'constant': lambda ratio: 1.0,
 }
+# The clip follows the batch inversely: under noise-dominated gradients the global grad norm falls
+# as B^-1/2, so inverse_sqrt keeps the clip at one fraction of it at every batch.
+CLIP_RULES = {
+    'constant': lambda ratio: 1.0,
+    'inverse_sqrt': lambda ratio: ratio ** -0.5,
+}
 
 
 def check(name, opt_cfg, batch):
@@ -26,6 +33,10 @@ def check(name, opt_cfg, batch):
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
       raise ValueError(f'{name}.{key} must be a positive number, got {value!r}')
   scaled_lr(opt_cfg.lr, batch, opt_cfg.base_batch, opt_cfg.lr_rule)   # raises on a bad rule
+  try:
+    scaled_clip(opt_cfg.max_grad_norm, batch, opt_cfg.base_batch, opt_cfg.clip_rule)
+  except ValueError as error:
+    raise ValueError(f'{name}.{error}') from None
 
 
 def scaled_lr(lr0, batch, base_batch, rule):
@@ -35,6 +46,16 @@ def scaled_lr(lr0, batch, base_batch, rule):
   if lr0 <= 0 or batch <= 0 or base_batch <= 0:
     raise ValueError(f'lr ({lr0}), batch ({batch}) and base_batch ({base_batch}) must be positive')
   return lr0 * LR_RULES[rule](batch / base_batch)
+
+
+def scaled_clip(max_grad_norm, batch, base_batch, rule):
+  """The global-norm clip for a global batch of `batch` responses (0: no clipping, at any batch)."""
+  if rule not in CLIP_RULES:
+    raise ValueError(f'clip_rule {rule!r} is unknown; choose one of {sorted(CLIP_RULES)}')
+  if not (isinstance(max_grad_norm, (int, float)) and math.isfinite(max_grad_norm) and
+          max_grad_norm >= 0):
+    raise ValueError(f'max_grad_norm must be a number >= 0 (0: no clipping), got {max_grad_norm!r}')
+  return max_grad_norm * CLIP_RULES[rule](batch / base_batch)
 
 
 DECAYS = {
@@ -74,9 +95,8 @@ def _adam(opt_cfg, batch, total_updates):
   """(clipped Adam(W) with the lr rule, its schedule); no non-finite guard."""
   peak = scaled_lr(opt_cfg.lr, batch, opt_cfg.base_batch, opt_cfg.lr_rule)
   schedule = schedule_for(opt_cfg, peak, total_updates)
-  chain = []
-  if opt_cfg.max_grad_norm:
-    chain.append(optax.clip_by_global_norm(opt_cfg.max_grad_norm))
+  clip = scaled_clip(opt_cfg.max_grad_norm, batch, opt_cfg.base_batch, opt_cfg.clip_rule)
+  chain = [optax.clip_by_global_norm(clip)] if clip else []
   chain.append(optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
                            weight_decay=opt_cfg.weight_decay))
   return optax.chain(*chain), schedule

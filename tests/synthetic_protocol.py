@@ -59,18 +59,19 @@ def true_relative_time(truth):
   return {b: rn / gain for b, (gain, rn) in truth.items()}
 
 
-def write_run(run_dir, batch, stretch, rng, eval_every, model, prompts):
-  """metrics.jsonl of one run: train rows every step, eval rows every `eval_every` samples."""
+def write_run(run_dir, batch, stretch, rng, eval_every, model, prompts, eval_from=0):
+  """metrics.jsonl of one run: train rows every step, eval rows every `eval_every` samples and
+  after every step from `eval_from` samples on (> 0: MLPerf's validations)."""
   os.makedirs(run_dir)
   rows, samples, offset = [], 0, model.prompt_sd * rng.standard_normal()
   while True:
-    if samples % eval_every == 0:
+    if samples % eval_every == 0 or 0 < eval_from <= samples:
       p = model.start + model.rise * (1 - np.exp(-samples / (model.scale * stretch)))
       acc = (model.start if samples == 0 else
              rng.binomial(prompts, np.clip(p + offset, 0, 1)) / prompts)
       rows.append({'step': samples // batch, 'samples': samples, 'eval': True,
                    'eval_accuracy': acc})
-      if acc >= model.stop or samples >= model.max_samples:
+      if (acc >= model.stop and samples >= eval_from) or samples >= model.max_samples:
         break
     samples += batch
     rows.append({'step': samples // batch, 'samples': samples, 'grad_norm': 1.0,

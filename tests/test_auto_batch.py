@@ -257,6 +257,18 @@ def test_record_skips_the_compiling_step_keeps_the_latest_steps_and_a_trail():
   assert json.loads(json.dumps(state)) == state   # rides in the checkpoint's JSON meta
 
 
+def test_evaluations_come_after_every_step_from_eval_from_samples_on():
+  """MLPerf's validation boundaries: B x ceil(2.5 + 3840 / B) samples, then after every step."""
+  config = grpo_config.get_config('P=16,G=16')   # B = 256: boundaries 4608, 4864, ...
+  config.train.eval_every, config.train.eval_from_samples = 4, 4608
+  due = [step for step in range(1, 25)
+         if rebatch.eval_due(config, {'step': step}, 256 * (step - 1), 256 * step)]
+  assert due == [4, 8, 12, 16] + list(range(18, 25))
+  config.train.eval_from_samples = 0
+  assert [s for s in range(1, 25) if rebatch.eval_due(config, {'step': s}, 0, 256 * s)] == [
+      4, 8, 12, 16, 20, 24]
+
+
 def test_the_iterator_reads_on_across_a_batch_change_without_repeats():
   source = [dict(prompt=f'{i}+0=', answer=str(i)) for i in range(50)]
   one = sources.PromptIterator(source, 4, seed=1)

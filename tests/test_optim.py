@@ -14,7 +14,8 @@ from rljax import optim
 
 def opt_cfg(**overrides):
   values = dict(lr=1e-3, base_batch=128, lr_rule='sqrt', warmup_steps=0, decay='constant',
-                max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=5)
+                max_grad_norm=1.0, clip_rule='constant', b1=0.9, b2=0.999, eps=1e-8,
+                weight_decay=0.0, max_bad_steps=5)
   values.update(overrides)
   return ml_collections.ConfigDict(values)
 
@@ -44,6 +45,53 @@ def test_scaled_lr_hand_values(rule, batch, expected):
 def test_scaled_lr_rejects_bad_input(args):
   with pytest.raises(ValueError):
     optim.scaled_lr(*args)
+
+
+def reference_clip(max_grad_norm, batch, base_batch, rule):
+  """The clip rule written out in numpy: MLPerf v6.1 GRPO's 0.125 * sqrt(256 / B) at 0.125, 256."""
+  return max_grad_norm * {'constant': 1.0, 'inverse_sqrt': np.sqrt(base_batch / batch)}[rule]
+
+
+@pytest.mark.parametrize('rule', ['constant', 'inverse_sqrt'])
+@pytest.mark.parametrize('batch', [16, 256, 512, 1024, 3000])
+def test_scaled_clip_matches_the_numpy_rule(rule, batch):
+  assert optim.scaled_clip(0.125, batch, 256, rule) == pytest.approx(
+      reference_clip(0.125, batch, 256, rule), rel=1e-12)
+  assert optim.scaled_clip(0.0, batch, 256, rule) == 0.0   # no clipping at any batch
+
+
+def test_mlperf_clip_values():
+  """The clip norms of MLPerf's reference convergence points (rcps_qwen35_397b_grpo.json)."""
+  got = [optim.scaled_clip(0.125, b, 256, 'inverse_sqrt') for b in (256, 512, 1024)]
+  np.testing.assert_allclose(got, [0.125, 0.08838834765, 0.0625], rtol=1e-10)
+
+
+@pytest.mark.parametrize('args,match', [
+    ((1.0, 128, 128, 'sqrt'), 'clip_rule'),
+    ((-1.0, 128, 128, 'constant'), 'max_grad_norm'),
+    ((float('nan'), 128, 128, 'constant'), 'max_grad_norm'),
+])
+def test_scaled_clip_rejects_bad_input(args, match):
+  with pytest.raises(ValueError, match=match):
+    optim.scaled_clip(*args)
+  with pytest.raises(ValueError, match=f'optimizer.{match}'):
+    optim.check('optimizer', opt_cfg(max_grad_norm=args[0], clip_rule=args[3]), 128)
+
+
+@pytest.mark.parametrize('rule', ['constant', 'inverse_sqrt'])
+@pytest.mark.parametrize('grad', [[3.0, -4.0], [0.01, 0.02]])
+def test_optimizer_clips_at_the_rule_s_norm(rule, grad):
+  """Adam's first moment after one update is (1 - b1) x the clipped gradient, clipped to the
+  rule's norm at this batch (numpy: g x min(1, clip / |g|))."""
+  cfg, batch = opt_cfg(max_grad_norm=1.0, base_batch=128, clip_rule=rule), 512
+  tx, _ = optim.make_optimizer(cfg, batch)
+  params = {'w': jnp.zeros(2, jnp.float32)}
+  _, state = tx.update({'w': jnp.array(grad, jnp.float32)}, tx.init(params), params)
+  g = np.array(grad)
+  clip = reference_clip(1.0, batch, 128, rule)
+  clipped = g * min(1.0, clip / np.linalg.norm(g))
+  mu = optax.tree_utils.tree_get(state, 'mu')['w']
+  np.testing.assert_allclose(np.asarray(mu), (1 - cfg.b1) * clipped, rtol=1e-5)
 
 
 def test_make_optimizer_rejects_bad_config():

@@ -225,8 +225,8 @@ def test_adam_moments_are_created_on_the_shards_of_their_parameters():
   params, _ = sharding.init_params(functools.partial(model_lib.init_params, CFG),
                                    jax.random.PRNGKey(0), mesh)
   opt = ml_collections.ConfigDict(dict(lr=1e-3, base_batch=8, lr_rule='sqrt', warmup_steps=0,
-                                       decay='constant', max_grad_norm=1.0, b1=0.9, b2=0.999,
-                                       eps=1e-8, weight_decay=0.0, max_bad_steps=3))
+                                       decay='constant', max_grad_norm=1.0, clip_rule='constant',
+                                       b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=3))
   head = sharding.place({'w': jnp.zeros((CFG.d_model, 1))}, mesh)
   joint, _ = optim.make_joint_optimizer(dict(policy=opt, value_head=opt), 8)
   for tx, tree in ((optim.make_optimizer(opt, 8)[0], params),

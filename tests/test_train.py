@@ -69,6 +69,17 @@ def test_train_logs_running_totals_and_resumes_where_it_stopped(tmp_path):
   assert np.all(np.diff([r['wallclock_s'] for r in steps]) > 0)
 
 
+def test_a_target_stops_a_run_only_from_eval_from_samples_on():
+  """MLPerf's runs converge at a validation: an eval above target before the first does not stop."""
+  cfg = grpo_config.get_config('runlocal').train
+  cfg.update(target=0.6, max_samples=10_000, eval_from_samples=4608)
+  meta = lambda samples, acc: dict(samples=samples, step=samples // 256, eval_accuracy=acc)
+  assert [bool(train._done(cfg, meta(s, a))) for s, a in  # pylint: disable=protected-access
+          [(4096, 0.7), (4608, 0.59), (4608, 0.6), (10_000, 0.1)]] == [False, False, True, True]
+  cfg.eval_from_samples = 0
+  assert train._done(cfg, meta(4096, 0.7))  # pylint: disable=protected-access
+
+
 def test_rollout_stats_match_numpy():
   rng = np.random.default_rng(0)
   rewards_B = rng.choice([0.0, 1.0], 24).astype(np.float32)

@@ -28,8 +28,8 @@ CFG = model_lib.ModelConfig(vocab_size=V, d_model=32, num_layers=1, num_heads=4,
                             head_dim=8, num_experts=0, dense_hidden=48)
 MODEL = model_lib.Transformer(CFG)
 OPT = ml_collections.ConfigDict(dict(lr=1e-2, base_batch=B, lr_rule='sqrt', warmup_steps=0,
-                                     decay='constant', max_grad_norm=0.0, b1=0.9, b2=0.999,
-                                     eps=1e-3, weight_decay=0.0, max_bad_steps=3))
+                                     decay='constant', max_grad_norm=0.0, clip_rule='constant',
+                                     b1=0.9, b2=0.999, eps=1e-3, weight_decay=0.0, max_bad_steps=3))
 
 
 def random_params(seed):
@@ -225,8 +225,8 @@ def _loss(params, batch):
 
 def _optimizer(lr=0.1):
   cfg = ml_collections.ConfigDict(dict(lr=lr, base_batch=4, lr_rule='constant', warmup_steps=0,
-                                       decay='constant', max_grad_norm=0.0, b1=0.9, b2=0.999,
-                                       eps=1e-8, weight_decay=0.0, max_bad_steps=3))
+                                       decay='constant', max_grad_norm=0.0, clip_rule='constant',
+                                       b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=3))
   return optim.make_optimizer(cfg, batch=4)[0]
 
 

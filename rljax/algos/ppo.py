@@ -48,6 +48,7 @@ def check(config):
   copt = config.critic_optimizer
   try:
     optim.scaled_lr(copt.lr, rollout.P, copt.base_batch, copt.lr_rule)
+    optim.scaled_clip(copt.max_grad_norm, rollout.P, copt.base_batch, copt.clip_rule)
   except ValueError as error:
     raise ValueError(f'critic_optimizer: {error}') from None
   algos.check_decay('critic_optimizer', copt, config, rollout.P)

@@ -36,6 +36,7 @@ from rljax import optim
 from rljax import stats
 from rljax.protocol import calibration as calibration_lib
 from rljax.protocol import layout
+from rljax.protocol import mlperf
 from rljax.protocol import report as report_lib
 from rljax.protocol import settings
 from rljax.train import config_checks
@@ -82,11 +83,11 @@ def arm_config(config, workdir, value, lr0, control=False, target=None):
   Evals every eval_every_samples // batch steps: the same sample grid for every arm (checked in
   `arms` to divide), so smoothing and crossings resolve every curve alike.
   """
-  p = config.protocol
+  p, opt = config.protocol, config.arm.optimizer
   arm = algos.with_batch(config.arm, value)
-  batch = batch_of(value, arm)
-  base_batch = batch_of(p.base, config.arm)
-  arm.optimizer.update(lr=lr0, base_batch=base_batch)
+  batch, base_batch = batch_of(value, arm), batch_of(p.base, config.arm)
+  arm.optimizer.update(lr=lr0, base_batch=base_batch, max_grad_norm=optim.scaled_clip(
+      opt.max_grad_norm, base_batch, opt.base_batch, opt.clip_rule))   # the clip at the base
   # B_simple needs >= 2 micro-batches a step (rljax/update.py); quick mode reads the base's.
   arm.train.micro_batch = min(arm.train.micro_batch or batch, batch // p.min_micro_batches)
   if control:   # the paper's failure case: a larger batch at the base arm's lr
@@ -94,6 +95,7 @@ def arm_config(config, workdir, value, lr0, control=False, target=None):
   arm.mode = 'train'
   arm.seed = p.seed_offset   # run seed_<k> trains with seed seed_offset + k
   arm.train.eval_every = max(1, p.eval_every_samples // batch)
+  arm.train.eval_from_samples = mlperf.validation_start(p, batch)   # 0 without MLPerf's rules
   arm.train.checkpoint_every = arm.train.eval_every * p.checkpoint_every_evals
   arm.train.max_samples, arm.train.max_steps = p.max_samples, 0
   target = p.target if target is None else target
@@ -101,14 +103,6 @@ def arm_config(config, workdir, value, lr0, control=False, target=None):
   arm.warmstart.dir = arm.warmstart.dir or os.path.join(os.path.abspath(workdir), 'warmstart')
   arm.warmstart.seed = p.warmstart_seed
   return arm
-
-
-def _check_sample_grid(config, arm_list):
-  every = config.protocol.eval_every_samples
-  off_grid = [a.batch for a in arm_list if every % a.batch]
-  if off_grid:
-    raise ValueError(f'protocol.eval_every_samples ({every}) must be a multiple of every arm\'s '
-                     f'batch, so that all arms are evaluated on one sample grid; not of {off_grid}')
 
 
 def arms(config, workdir, lr0=None, target=None):
@@ -123,7 +117,7 @@ def arms(config, workdir, lr0=None, target=None):
     config_checks.check(cfg)
     name = f'{key}{value}' + ('_fixed_lr' if control else '')
     result.append(Arm(name, value, batch_of(value, cfg), control, cfg))
-  _check_sample_grid(config, result)
+  settings.check_arms(config, result)   # one sample grid; MLPerf's closed rules
   return result
 
 
@@ -157,7 +151,8 @@ def _arm_spec(arm):
   return dict(name=arm.name, batch=arm.batch, value=arm.value, P=arm.value if groups else None,
               G=arm.config.rollout.G if groups else None, lr=optim.scaled_lr(
                   opt.lr, arm.batch, opt.base_batch, opt.lr_rule), lr_rule=opt.lr_rule,
-              control=arm.control)
+              control=arm.control, clip=optim.scaled_clip(opt.max_grad_norm, arm.batch,
+                                                         opt.base_batch, opt.clip_rule))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -288,7 +283,7 @@ def measure_throughput(config, workdir, value, lr0, round_index, stop=None):
           'skipped', flush=True)
     return
   cfg.train.max_samples, cfg.train.max_steps = 0, p.throughput_warmup + p.throughput_steps
-  cfg.train.target, cfg.train.checkpoint_every = 0.0, 0
+  cfg.train.target, cfg.train.checkpoint_every, cfg.train.eval_from_samples = 0.0, 0, 0
   cfg.train.eval_every = cfg.train.max_steps + 1   # evals are not part of the steady state
   shape = run_lib.checked_shape(cfg)   # checked and set up abstractly once, before the old run goes
   run_dir = os.path.join(workdir, 'throughput', str(batch), f'run_{round_index}')

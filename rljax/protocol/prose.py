@@ -198,11 +198,12 @@ def _decision_table(report):
   return rows
 
 
-def markdown(report):
+def markdown(report, sections=''):
+  """report.md; `sections`: markdown put before the plots (MLPerf's terms)."""
   figures = '\n'.join(f'![{p}]({p})' for p in report.get('plots', layout.PLOTS))
   return (f"# Align, then accelerate: {report['algo']} from batch {report['base_batch']}\n\n"
           f"## Arms (decision target J = {report['primary']:.4g})\n\n" +
           '\n'.join(_arms_table(report)) +
           '\n\n## Decision\n\n' + '\n'.join(_decision_table(report)) + '\n\n' +
           report['decision']['statement'] + '\n\n## What exceeds the noise\n\n' +
-          report['summary'] + '\n\n## Plots\n\n' + figures + '\n')
+          report['summary'] + '\n\n' + sections + '## Plots\n\n' + figures + '\n')

@@ -13,6 +13,8 @@ from rljax.protocol import curves
 from rljax.protocol import decision as decision_lib
 from rljax.protocol import gradients
 from rljax.protocol import layout
+from rljax.protocol import mlperf
+from rljax.protocol import mlperf_report
 from rljax.protocol import prose
 
 
@@ -291,7 +293,15 @@ def _controls(arms):
 
 
 def build(data):
-  """The report, as a dict, from load_workdir's data (non-finite floats kept: inf = unbounded)."""
+  """The report, as a dict, from load_workdir's data (non-finite floats kept: inf = unbounded);
+  under MLPerf's rules (protocol.mlperf) with MLPerf's terms beside the protocol's own."""
+  if mlperf.rules_of(data['protocol'].get('protocol', {})) is None:
+    return _protocol_report(data)
+  report = _protocol_report(mlperf_report.protocol_view(data))
+  return dict(report, mlperf=mlperf_report.build(data, report))
+
+
+def _protocol_report(data):
   protocol, settings = data['protocol'], _settings(data['protocol'])
   base = next((a for a in data['arms'] if a['spec']['name'] == protocol['base_arm']), None)
   if base is None:
@@ -341,7 +351,10 @@ def write_report(workdir, with_plots=True):
   with open(os.path.join(workdir, 'report.json'), 'w') as f:
     json.dump(layout.jsonable(report), f, indent=2)
   with open(os.path.join(workdir, 'report.md'), 'w') as f:
-    f.write(prose.markdown(report))
+    f.write(prose.markdown(report, mlperf_report.markdown(report['mlperf'])
+                           if 'mlperf' in report else ''))
+  if 'mlperf' in report:
+    mlperf_report.write_rcps(workdir, report['mlperf'])
   if with_plots:
     from rljax.protocol import plots  # pylint: disable=g-import-not-at-top  (matplotlib only here)
     plots.write_plots(workdir, data, report)

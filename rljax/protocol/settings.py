@@ -1,5 +1,6 @@
 """The protocol's settings (configs/protocol.py, config.protocol) checked before anything trains:
 every bad value is one ValueError naming the field (rljax.main prints it as one line, exit 2)."""
+from rljax.protocol import mlperf
 
 
 def check(config):
@@ -43,3 +44,15 @@ def check(config):
   if p.lr0 < 0 or (p.lr0 == 0 and (len(p.calibration_factors) < 2 or p.calibration_seeds < 1)):
     raise ValueError('protocol.lr0 must be > 0 (given) or 0 (calibrated, with >= 2 '
                      'calibration_factors and >= 1 calibration_seeds)')
+  mlperf.check_settings(p)
+
+
+def check_arms(config, arm_list):
+  """The arms built: one sample grid for all (eval_every_samples a multiple of every batch), and,
+  with MLPerf's rules in the closed division, every rule held (rljax.protocol.mlperf)."""
+  every = config.protocol.eval_every_samples
+  off_grid = [a.batch for a in arm_list if every % a.batch]
+  if off_grid:
+    raise ValueError(f'protocol.eval_every_samples ({every}) must be a multiple of every arm\'s '
+                     f'batch, so that all arms are evaluated on one sample grid; not of {off_grid}')
+  mlperf.check_arms(config, arm_list)

@@ -102,10 +102,13 @@ def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics)
 
 
 def _done(train_cfg, meta):
+  """The budget spent, or the target reached; with train.eval_from_samples, reached only from there
+  on (MLPerf's runs converge only at a validation, never at an evaluation before the first)."""
   budget_spent = ((train_cfg.max_samples and meta['samples'] >= train_cfg.max_samples) or
                   (train_cfg.max_steps and meta['step'] >= train_cfg.max_steps))
   accuracy = meta['eval_accuracy']
-  reached = train_cfg.target and accuracy is not None and accuracy >= train_cfg.target
+  reached = (train_cfg.target and accuracy is not None and accuracy >= train_cfg.target and
+             meta['samples'] >= train_cfg.eval_from_samples)
   return budget_spent or reached
 
 

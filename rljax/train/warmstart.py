@@ -128,7 +128,8 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
 
   optimizer, _ = optim.make_optimizer(ml_collections.ConfigDict(dict(
       lr=ws.lr, base_batch=ws.batch, lr_rule='constant', warmup_steps=0, decay='constant',
-      max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=5)),
+      max_grad_norm=1.0, clip_rule='constant', b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
+      max_bad_steps=5)),
       ws.batch)
   loss_fn = make_supervised_loss(model, config[config.algo].moe_aux_coef)
   step_fn = sharding.on_mesh(jax.jit(

@@ -28,14 +28,16 @@ _MISSING = '<missing>'
 _LOSSES = ('grpo', 'ppo', 'rloo')
 # Fields added since workdirs record their config, each with the value that reproduces rljax
 # before it: rollouts sampled on the training mesh in one piece, no chunked logits, no lr decay,
-# no dual clip or off-policy weights, the clipped surrogate, no router replay, no LoRA.
+# no dual clip or off-policy weights, the clipped surrogate, no router replay, no LoRA, one clip
+# norm at every batch, evaluations only every train.eval_every steps.
 # auto_batch.*: any value while auto_batch is off; model.lora.*: any value while its rank is 0.
 INTRODUCED = {
     'mode': 'train', 'warmstart.seed': -1, 'optimizer.decay': 'constant',
     'train.logits_chunk': 0, 'rollout.slots': 0, 'rollout.partial': False,
     'rollout.max_staleness': 1, 'rollout.devices': 0, 'auto_batch.enabled': False,
     'grpo.adv_eps': 1e-6, 'model.router_replay': False, 'data.extra_test': 0,
-    'model.lora.rank': 0,
+    'model.lora.rank': 0, 'optimizer.clip_rule': 'constant',
+    'critic_optimizer.clip_rule': 'constant', 'train.eval_from_samples': 0,
     # read only by the tool task, which came with them: their defaults
     'data.demo_frac': 0.25, 'tools.enabled': True, 'tools.timeout_s': 1.0, 'tools.max_calls': 2,
     # the tool's worker processes: the calculator's results are the same at any value
