@@ -458,6 +458,27 @@ def test_the_plan_and_the_preflight_size_the_task_that_trains():
       planner.decode_rows(s) * (prompt_len + new_tokens) + prompts * (prompt_len - 1))
 
 
+@pytest.mark.parametrize('name', ['grpo', 'ppo'])
+def test_a_p_auto_plan_sizes_the_top_batch_the_run_compiles_beside_its_first_step(name):
+  """P=auto starts at auto_batch.min but compiles auto_batch.max beside its first step: the plan
+  (like the pre-flight) is of the top, and says so."""
+  module = importlib.import_module(f'configs.{name}')
+  config = module.get_config(f'runlocal,{algos.get(name).BATCH_ARG}=auto')
+  auto, G = config.auto_batch, config.rollout.G
+  target = targets.parse_target('tpu:v5e-4')
+  report = planner.plan(config, target, {}, compile_programs_too=False)
+  # as the run compiles it (auto_batch.schedule): as many micro-batches as at the start
+  micro = auto.max * G // algos.micro_batches(config)
+  fixed = module.get_config(f'runlocal,{algos.get(name).BATCH_ARG}={auto.max}')
+  fixed.train.micro_batch = micro
+  at_top = planner.plan(fixed, target, {}, compile_programs_too=False)
+  assert auto.min < auto.max and report['batch'] == auto.max * G == at_top['batch']
+  assert report['memory'] == at_top['memory'] and report['micro_batch'] == micro
+  assert report['auto_batch'] == dict(arg=algos.get(name).BATCH_ARG, start=auto.min,
+                                      min=auto.min, planned=auto.max)
+  assert f'planned at its top, {algos.get(name).BATCH_ARG}={auto.max}' in table.format_report(report)
+
+
 @pytest.mark.parametrize('partial', [False, True])
 def test_the_plan_states_the_recorded_experts_of_qwen3_30b_a3b(partial):
   """Router replay's buffer for Qwen3-30B-A3B (48 layers, 8 of 128 experts: int8 ids) at P=1024,

@@ -358,10 +358,28 @@ def candidate_meshes(config, chips):
   return [dict(mesh, fsdp=-1) for mesh in meshes] if apart else meshes
 
 
+def at_top_batch(config):
+  """A P=auto config at the largest batch it may run (auto_batch.max): what has to fit, since the
+  run compiles that batch beside its first step; any other config as it is."""
+  if not config.auto_batch.enabled:
+    return config
+  return algos.with_batch(config, config.auto_batch.max, algos.micro_batches(config))
+
+
 def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True,
          decode_batches=()):
-  """`plan_mesh` on the given mesh, or on the first candidate mesh that fits."""
+  """`plan_mesh` on the given mesh, or on the first candidate mesh that fits; a P=auto config at
+  its top batch (`auto_batch` in the report names it)."""
   tasks.lengths(config)   # a bad task is not a failure of every mesh: said once, as itself
+  report = _plan(at_top_batch(config), target, mesh_cfg, costs, compile_programs_too,
+                 decode_batches)
+  if config.auto_batch.enabled:
+    report['auto_batch'] = dict(arg=algos.get(config.algo).BATCH_ARG, start=config.rollout.P,
+                                min=config.auto_batch.min, planned=config.auto_batch.max)
+  return report
+
+
+def _plan(config, target, mesh_cfg, costs, compile_programs_too, decode_batches):
   devices = target.devices()
   if mesh_cfg:
     return plan_mesh(config, target, mesh_cfg, devices, costs, compile_programs_too,
@@ -388,8 +406,7 @@ def preflight(config, devices=None, shape=None):
   devices = jax.devices() if devices is None else devices
   s = shape or run_lib.checked_shape(config, devices)
   if config.auto_batch.enabled:   # sized at the largest batch it may run
-    largest = algos.with_batch(config, config.auto_batch.max, algos.micro_batches(config))
-    s = run_lib.abstract_setup(largest, s.mesh, s.rollout_mesh)
+    s = run_lib.abstract_setup(at_top_batch(config), s.mesh, s.rollout_mesh)
   memory = resident_bytes(s)
   if sampler_apart(s):   # the larger of a training and a sampler device's
     memory = max(memory, sampler_resident_bytes(s), key=lambda m: sum(m.values()))

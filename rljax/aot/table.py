@@ -37,6 +37,10 @@ def format_report(r):
                     'active per token'),
           ('step', f'{r["batch"]} responses x ({r["prompt_len"]} prompt + {r["new_tokens"]} new '
                    f'tokens), micro-batch {r["micro_batch"]}')]
+  if 'auto_batch' in r:
+    auto = r['auto_batch']
+    rows.append((f'{auto["arg"]}=auto', f'planned at its top, {auto["arg"]}={auto["planned"]} '
+                 f'(starts at {auto["start"]}, may run {auto["min"]} to {auto["planned"]})'))
   for phase in ('resident', 'sampler_resident', 'rollout', 'update', 'make_batch', 'evaluate'):
     if phase in r['memory']:
       rows.append((f'{phase.replace("_", " ")} memory / chip',

@@ -15,7 +15,6 @@ import math
 
 import numpy as np
 
-from rljax import algos
 from rljax import stats
 from rljax.auto_batch import check as check_lib
 from rljax.auto_batch import rule
@@ -165,14 +164,6 @@ def _number(x):
   """JSON has no inf or nan: None for them."""
   return float(x) if np.isfinite(x) else None
 
-
-def eval_due(config, row, samples_before, samples_after):
-  """Every train.eval_every steps; with auto_batch every as many samples as those steps hold at
-  the starting batch, so the eval grid stays in samples while the batch changes."""
-  if not enabled(config):
-    return row['step'] % config.train.eval_every == 0
-  every = config.train.eval_every * algos.batch_size(config)
-  return samples_after // every > samples_before // every
 
 
 def advance(state, row, samples, step, batch, measurable, config, compiled=(), ready=()):

@@ -144,6 +144,18 @@ def _check_updates(run, carry, row, workdir):
         f'is step {run.ckpt.latest_step()} in {workdir}/checkpoints.')
 
 
+def eval_due(config, row, samples_before, samples_after):
+  """Every train.eval_every steps; with auto_batch every as many samples as those steps hold at
+  the starting batch, so the eval grid stays in samples while the batch changes. After every
+  step once train.eval_from_samples are trained (when > 0): MLPerf's validation boundaries."""
+  if 0 < config.train.eval_from_samples <= samples_after:
+    return True
+  if not auto_state.enabled(config):
+    return row['step'] % config.train.eval_every == 0
+  every = config.train.eval_every * algos.batch_size(config)
+  return samples_after // every > samples_before // every
+
+
 def train(config, workdir, stop=None, shape=None):
   """Trains one configuration in `workdir`; resumes from its latest checkpoint. Returns last eval.
 
@@ -170,7 +182,7 @@ def train(config, workdir, stop=None, shape=None):
       run, meta = schedule.after_step(run, meta, row)
     run.writer.train(row, console=row['step'] % config.train.log_every == 0)
     _check_updates(run, carry, row, workdir)
-    if auto_state.eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
+    if eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
       _evaluate(run, carry, meta, step=row['step'], wallclock_s=meta['wallclock_s'])
     done = _done(config.train, meta)   # the evaluation may have reached the target
     # Every process gets the same answer at the same step; a request during the last step is moot.
