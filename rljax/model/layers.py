@@ -1,12 +1,8 @@
 """Small building blocks shared by the policy and critic: parameters with logical axis names,
 RMSNorm, rotary embeddings and the dense SwiGLU feed-forward."""
-from typing import TYPE_CHECKING
-
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
-if TYPE_CHECKING:   # the config type named in the modules' field annotations
-  import rljax.model.transformer
 
 
 def param(module, name, shape, axes, cfg):
@@ -22,7 +18,7 @@ def param(module, name, shape, axes, cfg):
 
 class RMSNorm(nn.Module):
   """Root-mean-square norm over the last axis, computed in float32."""
-  cfg: 'rljax.model.transformer.ModelConfig'
+  cfg: 'rljax.model.transformer.ModelConfig'  # noqa: F821  (a name: transformer imports this)
   axis_name: str = 'norm'
 
   @nn.compact
@@ -51,7 +47,7 @@ def rope(x_BxTxNxH, tables):
 
 class SwiGLU(nn.Module):
   """Dense gated feed-forward: down(silu(gate(x)) * up(x))."""
-  cfg: 'rljax.model.transformer.ModelConfig'
+  cfg: 'rljax.model.transformer.ModelConfig'  # noqa: F821  (a name: transformer imports this)
 
   @nn.compact
   def __call__(self, x_BxTxD):

@@ -21,7 +21,7 @@ w_in, w_down), `w_in` the gate and up matrices apart, (gate, up), or joined for 
 (`gate_up`,).
 """
 import functools
-from typing import NamedTuple, TYPE_CHECKING
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -32,8 +32,6 @@ import jax.numpy as jnp
 from rljax.model import layers
 from rljax.model import router
 from rljax import sharding
-if TYPE_CHECKING:   # the config type named in the modules' field annotations
-  import rljax.model.transformer
 
 
 def sort_by_expert(x_TxD, experts_TxK):
@@ -278,7 +276,7 @@ class MoE(nn.Module):
   `recorded_BxTxK`: the experts the sampler chose (rows of -1: none), compared with this layer's
   top-k and, with cfg.router_replay, routed by (`route`).
   """
-  cfg: 'rljax.model.transformer.ModelConfig'
+  cfg: 'rljax.model.transformer.ModelConfig'  # noqa: F821  (a name: transformer imports this)
   decoding: bool = False
 
   @nn.compact
