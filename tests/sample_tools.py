@@ -1,7 +1,8 @@
 """Tools for the tool runner's tests (test_tool_pool.py, test_tool_calls.py, test_turns.py,
 test_tool_sums.py), plain and misbehaving: module-level functions, so they pickle by reference
 to the worker processes, in a module importing nothing but the standard library, so a worker
-loads them in milliseconds.
+loads them in milliseconds. `TextEnv` runs one as an environment over character codes, which
+the pool's tests use to send it any text.
 
 `hostile` does what its call text says, as a hostile model could make a tool do: '1+1' is a
 plain calculation, the others hang, spin in C holding the GIL, allocate without bound, crash or
@@ -91,3 +92,18 @@ def return_end_token(_):
 def return_wide(_):
   """Ten characters of two tokens each (test_tool_calls.ChatTokenizer), as UTF-8 bytes can be."""
   return '\u00e9' * 10
+
+
+class TextEnv:
+  """An environment (rljax.envs) over code points: a turn's ids are a text's characters, the
+  observation those of `fn(text)` (or what it returned, when not text), as a plain 5-list Step."""
+
+  def __init__(self, fn):
+    self.fn = fn
+
+  def reset(self, record):
+    del record
+
+  def step(self, state, turns):
+    result = self.fn(''.join(map(chr, turns[-1])))
+    return [list(map(ord, result)) if isinstance(result, str) else result, state, None, False, '']
