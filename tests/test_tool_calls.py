@@ -76,27 +76,11 @@ def test_hanging_calls_of_one_chunk_share_one_timeout():
   assert 0.3 <= elapsed < 0.3 * 2   # together, not 8 x 0.3 s
 
 
-class ChatTokenizer(tokenizer_lib.ToolTokenizer):
-  """The tool tokenizer with what a Hugging Face one has: a special end-of-turn token written
-  as text ('<|im_end|>', id 23, a stop id) and characters of several tokens ('é': 2 ids)."""
-  special = '<|im_end|>'
-  vocab_size = 24
-  stop_ids = {tokenizer_lib.ToolTokenizer.eos_id, 23}
-  special_ids = {23}
-
-  def encode(self, text):
-    out = []
-    for part in text.split(self.special):
-      out += [23] + sum(([2, 3] if c == 'é' else tokenizer_lib.ToolTokenizer.encode(self, c)
-                    for c in part), [])
-    return out[1:]
-
-
 @pytest.mark.parametrize('fn,kind', [(sample_tools.return_end_token, 'bad_result'),
                                      (sample_tools.return_wide, 'oversize'),
                                      (sample_tools.plain, '')])
 def test_special_tokens_and_results_longer_in_tokens_are_refused(fn, kind):
-  tool = TOOL._replace(fn=fn, tokenizer=ChatTokenizer())
+  tool = TOOL._replace(fn=fn, tokenizer=sample_tools.ChatTokenizer())
   outcome, = run_calls(tool, [ids('[4+38]')])
   assert outcome.error == kind
   assert outcome.ids == (ids('{42}') if fn is sample_tools.plain else ids('{?}'))
@@ -128,4 +112,5 @@ def test_output_mask_marks_exactly_the_results():
     expected.append(inside)
     inside = inside and char != '}'
   expected += [False, False]
-  np.testing.assert_array_equal(TOOL.observation_mask(row), expected)
+  # a numpy row, as the warm start has it
+  np.testing.assert_array_equal(TOOL.observation_mask(np.array(row)), expected)

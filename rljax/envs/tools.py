@@ -92,7 +92,7 @@ class Tool(NamedTuple):
     _, _, result_open, result_close = self.marker_ids()
     mask, depth = [], 0
     for token in ids:
-      depth += (token == result_open) - (token == result_close)
+      depth += int(token == result_open) - int(token == result_close)
       mask.append(depth > 0 or token == result_close)
     return mask
 
