@@ -1,4 +1,4 @@
-"""The built-in calculator tool (rljax.data.calculator): random expressions against their trees'
+"""The built-in calculator tool (rljax.envs.calculator): random expressions against their trees'
 values computed in Python ints (the reference never parses text), and hostile calls (code, huge
 numbers, deep nesting, empty, unicode, non-text) refused with CalculatorError, each within
 milliseconds."""
@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from rljax.data import calculator
+from rljax.envs import calculator
 
 
 def random_tree(rng, depth):

@@ -17,10 +17,10 @@ from configs import common
 from configs import grpo as grpo_config
 from configs import rloo as rloo_config
 from rljax.data.builders import tool_sums
-from rljax.data import calculator
 from rljax.data import rewards
 from rljax.data import sources as data
 from rljax.data import tokenizer as tokenizer_lib
+from rljax.envs import calculator
 from rljax import tasks
 from rljax.train import loop as train
 from rljax.train import metrics
@@ -85,7 +85,7 @@ def test_final_answer_reads_what_follows_the_last_result(response, reward):
 
 
 def test_the_warm_start_does_not_train_on_the_tools_result():
-  tool = tasks.get('tool_sums').tool(grpo_config.get_config('runlocal,task=tools'))
+  tool = tasks.get('tool_sums').env(grpo_config.get_config('runlocal,task=tools'))
   batch = warmstart.supervised_batch(['12+30=', '5+6='], ['[12+30]{42}42', '11'], TOKENIZER, 6,
                                      20, tool)
   targets = [TOKENIZER.decode(row[1:][weights[:-1] > 0]) for row, weights in
@@ -113,7 +113,7 @@ def test_trained_sequences_are_sampled_tokens_plus_tool_results(tmp_path):
       rows(valid_PxT, sampler.G // sampler.sampling.group), jax.random.PRNGKey(5)))
   rollout, tool_BxL = out.rollout, out.tool_BxL
   for tokens_L, mask_L, is_tool_L in zip(rollout.tokens_BxL, rollout.mask_BxL, tool_BxL):
-    ids, is_tool = expected_row(list(tokens_L[mask_L]), run.task.tool)
+    ids, is_tool = expected_row(list(tokens_L[mask_L]), run.task.env)
     end = min(len(ids), mask_L.nonzero()[0].max() + 1)
     np.testing.assert_array_equal(tokens_L[:end], ids[:end])   # the calculator's results
     np.testing.assert_array_equal(is_tool_L[:end], is_tool[:end])
@@ -132,7 +132,7 @@ def test_a_hanging_tool_does_not_stop_the_step_and_the_row_counts_it(tmp_path):
   config.tools.timeout_s = 0.2
   run, carry, _ = run_lib.setup(config, str(tmp_path / 'run'))
   sample = run.schedule.sampler.sample
-  hanging = sample._replace(tool=sample.tool._replace(fn=sample_tools.hang))
+  hanging = sample._replace(env=sample.env._replace(fn=sample_tools.hang))
   run.schedule.sampler = run.schedule.sampler._replace(sample=hanging)
   carry, row = train.rl_step(run, carry, next(run.iterator), 1)
   assert row['tool_calls'] > 0 and row['tool_errors'] == row['tool_calls']

@@ -20,9 +20,10 @@ import pytest
 
 from rljax.data import sources
 from rljax.data import tokenizer as tokenizer_lib
+from rljax.envs import runner
+from rljax.envs import tools
 from rljax.model import transformer as model_lib
 from rljax.rollout import sampler as sampler_lib
-from rljax.rollout import tool_calls
 from rljax.rollout import turns
 from rljax import policy_loss
 
@@ -41,14 +42,14 @@ MODEL = model_lib.Transformer(CFG)
 PROMPTS = ['12+34=', '[5+6]', '(9*9)=', '7', '{1}[', '88-3=']
 
 
-TOOL = tool_calls.Tool(checksum, TOKENIZER, ('[', ']', '{', '}'), error='?', max_chars=6,
-                       timeout_s=5.0, max_calls=3)
+TOOL = tools.Tool(checksum, TOKENIZER, ('[', ']', '{', '}'), error='?', max_chars=6, max_calls=3)
+LIMITS = runner.Limits(timeout_s=5.0)
 
 
 @functools.lru_cache(maxsize=None)
 def turn_sampler(slots, group, greedy=False):
   cfg = sampler_lib.SamplingConfig(L, EOS, PAD, slots=slots, group=group, greedy=greedy)
-  return turns.make_sampler(MODEL, cfg, TOOL)
+  return turns.make_sampler(MODEL, cfg, TOOL, LIMITS)
 
 
 def prompts(rows):
@@ -152,8 +153,8 @@ def test_greedy_turns_continue_as_the_full_forward_pass_chooses():
     (sample_tools.return_markers, 'bad_result'), (sample_tools.exit_hard, 'crash'),
     (None, 'disabled')])
 def test_bad_tools_and_a_hanging_one_get_the_error_result(fn, kind):
-  tool = TOOL._replace(fn=fn, timeout_s=0.2)
-  sampler = turn_sampler(3, 1)._replace(tool=tool)   # the same compiled chunk
+  tool = TOOL._replace(fn=fn)
+  sampler = turn_sampler(3, 1)._replace(env=tool, limits=LIMITS._replace(timeout_s=0.2))
   params = random_params_lib.for_model(CFG, 0)
   start = time.perf_counter()
   out = jax.device_get(sampler(params, *prompts(12), jax.random.PRNGKey(1)))
@@ -171,7 +172,7 @@ def test_bad_tools_and_a_hanging_one_get_the_error_result(fn, kind):
 
 def test_call_and_length_limits_end_responses():
   tool = TOOL._replace(max_calls=1)
-  sampler = turn_sampler(3, 1)._replace(tool=tool)
+  sampler = turn_sampler(3, 1)._replace(env=tool)
   out = jax.device_get(sampler(random_params_lib.for_model(CFG, 0), *prompts(12),
                                jax.random.PRNGKey(1)))
   check_structure(out, tool)
@@ -187,8 +188,7 @@ def test_a_waiting_response_blocks_no_other():
   params = random_params_lib.for_model(CFG, 1)
   prompt_PxT, valid_PxT = prompts(12)
   state = sampler.empty(12, prompt_PxT.shape[1])
-  served = turns.Served(np.zeros((6, TOOL.max_tokens), np.int32), np.zeros(6, np.int32),
-                        np.zeros(6, bool))
+  served = turns.no_observations(6, TOOL.max_observation, 0)
   state = jax.device_get(sampler.chunk(params, state, *served, prompt_PxT, valid_PxT,
                                        jax.random.PRNGKey(1)))
   waiting_N = np.zeros(12, bool)

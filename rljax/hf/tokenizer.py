@@ -67,7 +67,7 @@ class HFTokenizer:
     # Text ends at the first of any stop token: Qwen3 lists <|im_end|> and <|endoftext|>.
     self.stop_ids = {self.eos_id} | set(_generation_eos_ids(hf_dir))
     # Added tokens (<|im_start|>, <|im_end|>, <tool_call>, ...): control tokens, which a tool's
-    # result may not hold (rljax.rollout.tool_screen).
+    # result may not hold (rljax.envs.screen).
     self.special_ids = (set(self._tokenizer.get_vocab(with_added_tokens=True).values())
                         - set(self._tokenizer.get_vocab(with_added_tokens=False).values()))
 

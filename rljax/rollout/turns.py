@@ -1,20 +1,21 @@
-"""Multi-turn rollouts with tool calls: continuous batching whose responses may stop at a tool
-call, get the tool's result appended to their KV cache, and decode on from there.
+"""Multi-turn rollouts: continuous batching whose responses are episodes of an environment
+(rljax.envs; a tool is one kind): a response that ends a turn gets the environment's
+observation appended to its KV cache, and decodes on from there.
 
-Token in, token out: a response is one row of tokens, the sampled ones and the tools' results in
+Token in, token out: a response is one row of tokens, the sampled ones and the observations in
 the order they came, and that row is what the trainer reads; nothing is decoded to text and
 encoded again between turns. `mask` marks the sampled tokens (the policy loss, the KL and
-`logprob_mismatch` are over them), `tool` the tools' results, which the model attends to but
+`logprob_mismatch` are over them), `tool` the observations, which the model attends to but
 which are not its actions.
 
 Decoding runs in chunks, one jitted call each (`chunk`): the continuous-batching loop of
-rljax.rollout.sampler (`refill`, `decode_slots`), in which a response that samples the tool's
-call-close token waits in its slot, cache and all, while the other slots decode and refill; the
-chunk returns once no slot decodes. The host then runs the waiting responses' calls
-(rljax.rollout.tool_calls), and the next chunk starts by appending their results to the cache in
-one forward pass over the slots (`append`: K columns per slot, each at its own position). A
-response ends at the end token, at its token budget (tool tokens count), or at a call it has no
-turns or room left for. A slot's cache row holds its prompt in columns [0, T) and its response
+rljax.rollout.sampler (`refill`, `decode_slots`), in which a response that samples the
+environment's turn-end token (a tool's call-close) waits in its slot, cache and all, while the
+other slots decode and refill; the chunk returns once no slot decodes. The host then runs the
+waiting responses' steps (rljax.envs.runner), and the next chunk starts by appending their
+observations to the cache in one forward pass over the slots (`append`: K columns per slot, each
+at its own position). A response ends at the end token, at its token budget (observation tokens
+count), at a step that says done, or at a turn it has no steps or room left for. A slot's cache row holds its prompt in columns [0, T) and its response
 from T on, as generate_continuous lays it out, with K more columns of room for an append.
 """
 import functools
@@ -26,9 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.model import transformer as model_lib
+from rljax.envs import runner
 from rljax.rollout import sampler as sampler_lib
-from rljax.rollout import tool_calls
-from rljax.rollout import tool_screen
 
 
 class Turns(NamedTuple):
@@ -36,9 +36,9 @@ class Turns(NamedTuple):
   cache: model_lib.KVCache   # S rows, T + L + K columns
   kv_valid_SxC: jax.Array
   slots: sampler_lib.Slots   # active_S: decoding
-  waiting_S: jax.Array       # stopped at a tool call, holding its slot and cache
+  waiting_S: jax.Array       # stopped at a turn's end, holding its slot and cache
   pending: jax.Array         # responses started so far
-  tokens_NxL: jax.Array      # sampled tokens and tools' results, PAD after the end
+  tokens_NxL: jax.Array      # sampled tokens and observations, PAD after the end
   logp_NxL: jax.Array        # sampler log-probs of the sampled tokens (0 elsewhere)
   mask_NxL: jax.Array        # True on sampled tokens
   tool_NxL: jax.Array        # True on tools' result tokens
@@ -96,7 +96,7 @@ def append(decoder, variables, turns, tool_SxK, length_S, resume_S, position0_N,
 
 def chunk(model, params, turns, tool_SxK, length_S, resume_S, prompt_PxT, valid_PxT, rng,
           cfg: sampler_lib.SamplingConfig, call_id):
-  """Appends the resumed slots' tool results (`append`), then decodes until no slot decodes:
+  """Appends the resumed slots' observations (`append`), then decodes until no slot decodes:
   every response finished or waiting on a call. Jit with model, cfg and call_id static; response
   n (of N = P x cfg.group) is of prompt n // group and draws token t with fold_in(key_n, t)."""
   num, prompt_len = turns.tokens_NxL.shape[0], prompt_PxT.shape[1]
@@ -148,8 +148,9 @@ def chunk(model, params, turns, tool_SxK, length_S, resume_S, prompt_PxT, valid_
 
 class TurnRollout(NamedTuple):
   rollout: sampler_lib.Rollout   # mask_BxL: the sampled tokens only
-  tool_BxL: jax.Array            # True on the tools' result tokens
-  stats: dict                    # the step's tool numbers (host floats)
+  tool_BxL: jax.Array            # True on the observations' tokens
+  stats: dict                    # the step's environment numbers (host floats)
+  reward_B: np.ndarray           # each episode's reward from its steps, NaN where they gave none
 
   @property
   def tokens_BxL(self):   # what an evaluator reads of any sampler's output
@@ -157,52 +158,65 @@ class TurnRollout(NamedTuple):
 
 
 class TurnSampler(NamedTuple):
-  """The turn loop: called as a sampler, `(params, prompt_PxT, valid_PxT, rng) -> TurnRollout`
-  (`sample`); its jitted pieces are `chunk(params, turns, tool_SxK, length_S, resume_S,
+  """The turn loop: called as a sampler, `(params, prompt_PxT, valid_PxT, rng, records) ->
+  TurnRollout` (`sample`); its jitted pieces are `chunk(params, turns, tool_SxK, length_S, resume_S,
   prompt_PxT, valid_PxT, rng) -> Turns`, which is what `lower` compiles (rljax.plan),
   `empty(num, prompt_len) -> Turns` and `finish(turns) -> (Rollout, tool_NxL)`."""
   chunk: object
   empty: object
   finish: object
-  tool: tool_calls.Tool
+  env: object             # rljax.envs.Environment
+  limits: runner.Limits   # what a step may cost
   cfg: sampler_lib.SamplingConfig
 
-  def __call__(self, params, prompt_PxT, valid_PxT, rng):
-    return sample(self, params, prompt_PxT, valid_PxT, rng)
+  def __call__(self, params, prompt_PxT, valid_PxT, rng, records=None):
+    return sample(self, params, prompt_PxT, valid_PxT, rng, records)
 
   def lower(self, *args):
     return self.chunk.lower(*args)
 
 
-def make_sampler(model, cfg, tool, wrap=lambda fn: fn):
-  """The TurnSampler of `model` under `cfg` with `tool`; `wrap` puts a jitted function on a mesh
-  (rljax.sharding.on_mesh). ValueError for a tool whose markers or error result are unusable."""
-  tool_screen.check(tool)
-  call_id = tool.marker_ids()[1]
-  chunk_fn = jax.jit(functools.partial(chunk, model, cfg=cfg, call_id=call_id), donate_argnums=1)
-  empty_fn = jax.jit(functools.partial(empty, model.cfg, cfg, tool.max_tokens),
+def make_sampler(model, cfg, env, limits=runner.Limits(), wrap=lambda fn: fn):
+  """The TurnSampler of `model` under `cfg` with `env` (rljax.envs) run under `limits`; `wrap`
+  puts a jitted function on a mesh (rljax.sharding.on_mesh). ValueError for an environment that
+  breaks the contract (rljax.envs.runner.check)."""
+  runner.check(env)
+  chunk_fn = jax.jit(functools.partial(chunk, model, cfg=cfg, call_id=env.turn_end),
+                     donate_argnums=1)
+  empty_fn = jax.jit(functools.partial(empty, model.cfg, cfg, env.max_observation),
                      static_argnums=(0, 1))
-  return TurnSampler(wrap(chunk_fn), wrap(empty_fn), wrap(jax.jit(finish)), tool, cfg)
+  return TurnSampler(wrap(chunk_fn), wrap(empty_fn), wrap(jax.jit(finish)), env, limits, cfg)
+
+
+def draw(sampler, params, prompt_PxT, valid_PxT, rng, records):
+  """What any sampler draws for these prompt rows, a turn loop's episodes reset from `records`
+  (one per row: {'prompt', 'answer'})."""
+  if isinstance(sampler, TurnSampler):
+    return sampler(params, prompt_PxT, valid_PxT, rng, records)
+  return sampler(params, prompt_PxT, valid_PxT, rng)
 
 
 def finish(turns):
-  """The Rollout of the finished turn loop, and its tool-result mask."""
+  """The Rollout of the finished turn loop, and its observation mask."""
   return sampler_lib.finish(turns.tokens_NxL, turns.logp_NxL, turns.mask_NxL, turns.steps,
                             turns.waiting_S.shape[0]), turns.tool_NxL
 
 
-def sample(sampler, params, prompt_PxT, valid_PxT, rng) -> TurnRollout:
-  """Responses of P x group rows with their tool turns: chunks of decoding, each followed by the
-  waiting responses' calls on the host, until every response has ended."""
-  cfg, tool = sampler.cfg, sampler.tool
-  num = prompt_PxT.shape[0] * cfg.group
+def sample(sampler, params, prompt_PxT, valid_PxT, rng, records=None) -> TurnRollout:
+  """Responses of P x group rows with their turns: chunks of decoding, each followed by the
+  waiting responses' steps on the host, until every response has ended. Response n is an
+  episode reset from records[n // group] (None: from {}, for an environment that reads none)."""
+  cfg, env = sampler.cfg, sampler.env
+  rows = prompt_PxT.shape[0]
+  records = [{}] * rows if records is None else list(records)
+  if len(records) != rows:
+    raise ValueError(f'{len(records)} records for {rows} prompt rows')
+  num = rows * cfg.group
+  episodes = runner.Episodes(env, sampler.limits, [records[n // cfg.group] for n in range(num)],
+                             cfg.max_new_tokens)
   turns = sampler.empty(num, prompt_PxT.shape[1])
-  slots = turns.waiting_S.shape[0]
-  served = Served(np.full((slots, tool.max_tokens), cfg.pad_id, np.int32),
-                  np.zeros(slots, np.int32), np.zeros(slots, bool))
-  calls_N, results_N = np.zeros(num, np.int32), np.zeros(num, np.int32)
-  counts = dict.fromkeys(('tool_errors',) + tuple(f'tool_{e}' for e in tool_calls.ERRORS), 0)
-  tool_seconds, chunks = 0.0, 0
+  served = no_observations(turns.waiting_S.shape[0], env.max_observation, cfg.pad_id)
+  seconds, chunks = 0.0, 0
   while True:
     turns = sampler.chunk(params, turns, *served, prompt_PxT, valid_PxT, rng)
     chunks += 1
@@ -210,37 +224,37 @@ def sample(sampler, params, prompt_PxT, valid_PxT, rng) -> TurnRollout:
     if not waiting_S.any():
       break
     start = time.perf_counter()
-    served = serve(tool, turns, waiting_S, calls_N, counts, cfg)
-    results_N[np.asarray(turns.slots.response_S)[served.resume_S]] += 1
-    tool_seconds += time.perf_counter() - start
+    served = serve(episodes, turns, waiting_S, env.max_observation, cfg.pad_id)
+    seconds += time.perf_counter() - start
   rollout, tool_NxL = sampler.finish(turns)
-  stats = dict(counts, tool_calls=int(np.sum(calls_N)), tool_time_s=tool_seconds,
-               turns_mean=float(np.mean(1 + results_N)), turn_chunks=chunks)
-  return TurnRollout(rollout, tool_NxL, stats)
+  return TurnRollout(rollout, tool_NxL, dict(episodes.stats(seconds), turn_chunks=chunks),
+                     episodes.reward_N)
 
 
 class Served(NamedTuple):
-  """The tool results a chunk appends: per slot, its tokens, their count, and whether it goes on."""
+  """The observations a chunk appends: per slot, its tokens, their count, and whether it goes
+  on."""
   tool_SxK: np.ndarray
   length_S: np.ndarray
   resume_S: np.ndarray
 
 
-def serve(tool, turns, waiting_S, calls_N, counts, cfg):
-  """Runs the waiting slots' calls; a response at its last call, or without room for the result
-  and one more token, ends instead. Counts calls per response and errors by kind."""
+def no_observations(slots, room, pad_id):
+  return Served(np.full((slots, room), pad_id, np.int32), np.zeros(slots, np.int32),
+                np.zeros(slots, bool))
+
+
+def serve(episodes, turns, waiting_S, room, pad_id):
+  """Runs the waiting slots' steps (rljax.envs.runner.Episodes.step): the observations of the
+  responses that go on, the others end."""
   response_S, t_S = np.asarray(turns.slots.response_S), np.asarray(turns.slots.t_S)
   tokens_NxL = np.asarray(turns.tokens_NxL)
-  callers = [s for s in np.flatnonzero(waiting_S) if calls_N[response_S[s]] < tool.max_calls]
-  outcomes = tool_calls.run_calls(tool, [tokens_NxL[response_S[s], :t_S[s]] for s in callers])
-  served = Served(np.full((len(t_S), tool.max_tokens), cfg.pad_id, np.int32),
-                  np.zeros(len(t_S), np.int32), np.zeros(len(t_S), bool))
-  for s, outcome in zip(callers, outcomes):
-    calls_N[response_S[s]] += 1
-    if outcome.error:
-      counts['tool_errors'] += 1
-      counts[f'tool_{outcome.error}'] += 1
-    length = len(outcome.ids)
-    if length <= tool.max_tokens and t_S[s] + length < cfg.max_new_tokens:
+  waiting = np.flatnonzero(waiting_S)
+  outcomes = episodes.step([int(response_S[s]) for s in waiting],
+                           [tokens_NxL[response_S[s], :t_S[s]] for s in waiting])
+  served = no_observations(len(t_S), room, pad_id)
+  for s, outcome in zip(waiting, outcomes):
+    if outcome.resume:
+      length = len(outcome.ids)
       served.tool_SxK[s, :length], served.length_S[s], served.resume_S[s] = outcome.ids, length, True
   return served

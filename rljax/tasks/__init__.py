@@ -9,9 +9,11 @@ the module rljax.tasks.sums. A task module declares:
                               so they are checked (and planned) before anything is built
   make(config, data_dir)      (tokenizer, train source, test source)
 
-and, if its responses may call a tool (multi-turn rollouts, rljax.rollout.turns):
+and, if its responses are episodes of an environment (multi-turn rollouts, rljax.rollout.turns;
+a tool is one kind):
 
-  tool(config)                its rljax.rollout.tool_calls.Tool, from the config alone
+  env(config)                 its rljax.envs.Environment, from the config alone (run under the
+                              config's `tools` limits: rljax.envs.runner.limits)
 
 So a new task is one new file here; the loop, the planner and the checks are the same for every
 task. Modules whose name starts with '_' hold what several tasks share.
@@ -32,7 +34,7 @@ class Task(NamedTuple):
   prompt_len: int        # prompts are left-padded to this many tokens
   max_new_tokens: int    # response budget, end token included
   reward_fn: Any
-  tool: Any = None       # rljax.rollout.tool_calls.Tool, or None: single-turn responses
+  env: Any = None        # rljax.envs.Environment, or None: single-turn responses
 
 
 def names():
@@ -84,10 +86,10 @@ def lengths(config):
   return get(name_of(config)).lengths(config)
 
 
-def tool(config):
-  """The named task's tool, or None: its responses are single turns."""
+def env(config):
+  """The named task's environment, or None: its responses are single turns."""
   task = get(name_of(config))
-  return task.tool(config) if hasattr(task, 'tool') else None
+  return task.env(config) if hasattr(task, 'env') else None
 
 
 def make_task(config) -> Task:
@@ -99,4 +101,4 @@ def make_task(config) -> Task:
   prompt_len, max_new_tokens, _ = task.lengths(config)
   reward = config.reward if config.reward != 'auto' else task.REWARD
   return Task(tokenizer, train_source, test_source, prompt_len, max_new_tokens,
-              rewards.get_reward_fn(reward), tool(config))
+              rewards.get_reward_fn(reward), env(config))

@@ -1,10 +1,12 @@
 """Long additions with a calculator tool (rljax.data.builders.tool_sums): a response may call
-'[52817+90412]', gets '{143229}' back from rljax.data.calculator, and answers '143229'. The
-character tokenizer with the tool's symbols (rljax.data.tokenizer.ToolTokenizer)."""
+'[52817+90412]', gets '{143229}' back from rljax.envs.calculator, and answers '143229'. The
+calculator is the environment (rljax.envs.tools.Tool: it gives no reward, and the verifier,
+final_answer, scores what follows the last result); the character tokenizer with the tool's
+symbols (rljax.data.tokenizer.ToolTokenizer)."""
 from rljax.data.builders import tool_sums
-from rljax.data import calculator
 from rljax.data import tokenizer as tokenizer_lib
-from rljax.rollout import tool_calls
+from rljax.envs import calculator
+from rljax.envs import tools
 from rljax.tasks import _characters
 
 REWARD = 'final_answer'
@@ -29,11 +31,8 @@ def make(config, data_dir):
                           tokenizer_lib.ToolTokenizer(), data_dir)
 
 
-def tool(config):
+def env(config):
   """The calculator; with tools.enabled False every call gets the error result '{?}'."""
-  tools = config.tools
-  return tool_calls.Tool(calculator.calculate if tools.enabled else None,
-                         tokenizer_lib.ToolTokenizer(), MARKERS, error='?',
-                         max_chars=calculator.RESULT_CHARS, timeout_s=tools.timeout_s,
-                         max_calls=tools.max_calls, workers=tools.workers,
-                         memory_mb=tools.memory_mb)
+  return tools.Tool(calculator.calculate if config.tools.enabled else None,
+                    tokenizer_lib.ToolTokenizer(), MARKERS, error='?',
+                    max_chars=calculator.RESULT_CHARS, max_calls=config.tools.max_calls)

@@ -59,9 +59,9 @@ def _check_loop(config):
 
 
 def _check_tools(config, process_count):
-  """A task whose responses call a tool: its settings, and an algorithm and a rollout schedule
-  that run its turns (rljax.rollout.turns)."""
-  if not hasattr(tasks.get(tasks.name_of(config)), 'tool'):
+  """A task whose responses are episodes of an environment (a tool's calls): its settings, and an
+  algorithm and a rollout schedule that run its turns (rljax.rollout.turns)."""
+  if not hasattr(tasks.get(tasks.name_of(config)), 'env'):
     return
   tools, rollout = config.tools, config.rollout
   _check_tool_bounds(tools)

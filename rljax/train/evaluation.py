@@ -7,8 +7,9 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from rljax.data import rewards
 from rljax.data import sources as data
+from rljax.envs import reward as reward_lib
+from rljax.rollout import turns
 from rljax import sharding
 
 
@@ -42,13 +43,15 @@ def make_evaluator(greedy, tokenizer, prompts, answers, reward_fn, prompt_len, m
   rows = [min(first + i, num - 1) for i in range(local_rows)]    # pad by repeating the last prompt
   prompt_BxT, valid_BxT = data.encode_prompts([prompts[r] for r in rows], tokenizer, prompt_len)
   real = min(max(num - first, 0), per_process)
+  records = [dict(prompt=prompts[r], answer=answers[r]) for r in rows]
 
   def evaluate(params):
     inputs = sharding.put_batch((prompt_BxT, valid_BxT), mesh)
-    rollout = greedy(params, *inputs, jax.random.PRNGKey(0))
+    rollout = turns.draw(greedy, params, *inputs, jax.random.PRNGKey(0), records)
     tokens_BxL = to_host(rollout.tokens_BxL, mesh)[:real]
-    scores, _ = rewards.score_batch(reward_fn, decode_responses(tokenizer, tokens_BxL),
-                                    [answers[r] for r in rows[:real]])
+    env_rewards = rollout.reward_B[:real] if isinstance(rollout, turns.TurnRollout) else None
+    scores, _ = reward_lib.score(reward_fn, decode_responses(tokenizer, tokens_BxL),
+                                 [answers[r] for r in rows[:real]], env_rewards)
     correct_local = np.zeros(per_process, bool)
     correct_local[:real] = scores > 0.5
     correct_N = correct_local

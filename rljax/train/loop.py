@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from rljax import algos
 from rljax.auto_batch import schedule as auto_schedule
 from rljax.auto_batch import state as auto_state
-from rljax.data import rewards
+from rljax.envs import reward as reward_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import stats
@@ -51,9 +51,9 @@ def rl_step(run, carry, examples, step):
   times = dict(rollout_time_s=time.perf_counter() - start)
 
   reward_start = time.perf_counter()
-  rewards_B, reward_failures = rewards.score_batch(
+  rewards_B, reward_failures = reward_lib.score(
       run.task.reward_fn, evaluation.decode_responses(run.task.tokenizer, response_tokens),
-      sampled.answers)
+      sampled.answers, sampled.env_rewards)
   rewards_B = sharding.put_batch(rewards_B, run.mesh)
   batch, batch_stats = run.algo.make_batch(state, rollout, rewards_B, sampled.prompt_BxT,
                                            sampled.valid_BxT, ref_params)

@@ -9,6 +9,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rljax.envs import runner
 from rljax.model import router
 from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
@@ -48,9 +49,9 @@ def programs(s) -> dict:
 
 def evaluator(s):
   """Greedy decoding of this process's eval prompts (rljax.train.evaluation) in one call (with a
-  tool: one turn loop)."""
+  environment: one turn loop)."""
   num = evaluation.eval_rows(s.config.train.eval_size, s.mesh)[1]
-  if s.tool:
+  if s.env:
     return turn_program(s, greedy(s.sampling), num, s.mesh, s.params)
   fn = sharding.on_mesh(sampler_lib.make_sampler(s.model, greedy(s.sampling)), s.mesh)
   return Program(fn, (s.params, rows(s.mesh, num, s.prompt_len),
@@ -58,13 +59,13 @@ def evaluator(s):
 
 
 def rollout_programs(s):
-  """The schedule's programs: the sampler at P x G / group prompt rows (with a tool: the turn
-  loop), or the partial pool's."""
+  """The schedule's programs: the sampler at P x G / group prompt rows (with an environment: the
+  turn loop), or the partial pool's."""
   rollout = s.config.rollout
   if rollout.partial:
     return partial_programs(s)
   num = rollout.P * rollout.G // s.sampling.group
-  if s.tool:
+  if s.env:
     return dict(sample=turn_program(s, s.sampling, num, s.rollout_mesh, s.sampler_params))
   fn = sharding.on_mesh(sampler_lib.make_sampler(s.model, s.sampling), s.rollout_mesh)
   return dict(sample=Program(fn, (s.sampler_params, rows(s.rollout_mesh, num, s.prompt_len),
@@ -75,14 +76,16 @@ def rollout_programs(s):
 def turn_program(s, sampling, num, mesh, params):
   """The turn loop (rljax.rollout.turns) over `num` prompt rows: called, it samples; lowered, it
   compiles its decoding chunk, with the turn state abstract."""
-  sampler = turns.make_sampler(s.model, sampling, s.tool, lambda fn: sharding.on_mesh(fn, mesh))
-  state = jax.eval_shape(functools.partial(turns.empty, s.model.cfg, sampling, s.tool.max_tokens,
+  sampler = turns.make_sampler(s.model, sampling, s.env, runner.limits(s.config.tools),
+                               lambda fn: sharding.on_mesh(fn, mesh))
+  room = s.env.max_observation
+  state = jax.eval_shape(functools.partial(turns.empty, s.model.cfg, sampling, room,
                                            num * sampling.group, s.prompt_len))
   state = sharding.abstract(state, jax.tree.map(lambda _: sharding.replicated(mesh), state))
   host = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct(
       shape, dtype, sharding=sharding.replicated(mesh))
   slots = state.waiting_S.shape[0]
-  return Program(sampler, (params, state, host(slots, s.tool.max_tokens), host(slots),
+  return Program(sampler, (params, state, host(slots, room), host(slots),
                            host(slots, dtype=bool), rows(mesh, num, s.prompt_len),
                            rows(mesh, num, s.prompt_len, dtype=bool), key(mesh)))
 

@@ -67,7 +67,7 @@ class Shape(NamedTuple):
   rollout_mesh: jax.sharding.Mesh   # the sampler's: `mesh`, or devices of its own
   sampler_params: Any     # the policy as the sampler holds it (abstract)
   sampling: sampler_lib.SamplingConfig   # the rollout's (the run's own tokenizer ids in `setup`)
-  tool: Any = None        # the task's tool (rljax.rollout.tool_calls): multi-turn rollouts
+  env: Any = None         # the task's environment (rljax.envs): multi-turn rollouts
 
 
 def abstract_setup(config, mesh, rollout_mesh=None):
@@ -87,7 +87,7 @@ def abstract_setup(config, mesh, rollout_mesh=None):
   sampling = schedules.sampling_config(config, new_tokens,
                                        schedules.sampler_group(config, rollout_mesh))
   return Shape(config, model, mesh, algo, params, prompt_len, new_tokens, batch, micro,
-               rollout_mesh, sampler_params, sampling, tasks.tool(config))
+               rollout_mesh, sampler_params, sampling, tasks.env(config))
 
 
 def _model_and_task(config):
@@ -110,7 +110,7 @@ def _initial_params(config, model, task, evaluate, rng, mesh, workdir, lengths):
   if config.warmstart.enabled:
     params, _ = warmstart.warm_start(config, model, params, task.tokenizer, task.train_source,
                                      evaluate, config.warmstart.dir or workdir, *lengths, mesh,
-                                     task.tool)
+                                     task.env)
   return params
 
 

@@ -40,12 +40,14 @@ class Sampled(NamedTuple):
   answers: list   # B answers, on the host: the verifier's input
   stats: dict     # the schedule's own numbers for the training row
   prompt_ids: list   # the P prompts' stream indices (rljax.data.sources.PromptIterator)
+  env_rewards: Any = None   # B episode rewards from an environment's steps, NaN where none
+  #                           (rljax.envs.reward); None: single-turn responses
 
 
 class Sampler(NamedTuple):
   """What every schedule samples with."""
   sample: Callable   # (params, prompt_PxT, valid_PxT, rng) -> Rollout of P x group responses
-  #                    (with a tool: rljax.rollout.turns.TurnRollout)
+  #                    (with an environment: rljax.rollout.turns.TurnRollout)
   sampling: sampler_lib.SamplingConfig   # its settings; `group`: responses per prompt row
   G: int             # responses per prompt
   tokenizer: Any
@@ -62,13 +64,17 @@ def sample_rollout(sampler, params, examples, rng):
   repeat = lambda n: sharding.put_batch((np.repeat(prompt_PxT, n, 0), np.repeat(valid_PxT, n, 0)),
                                         sampler.mesh)
   sampled = repeat(G // sampler.sampling.group)   # each sampled row makes `group` responses
-  rollout = sampler.sample(params, *sampled,
-                           jax.device_put(rng, sharding.replicated(sampler.mesh)))
-  stats = {}
-  if isinstance(rollout, turns.TurnRollout):   # a tool's turns: their numbers join the row
-    rollout, stats = rollout.rollout, rollout.stats
+  records = [dict(prompt=str(prompt), answer=str(answer)) for prompt, answer in
+             zip(examples['prompt'], examples['answer'])
+             for _ in range(G // sampler.sampling.group)]
+  rollout = turns.draw(sampler.sample, params, *sampled,
+                       jax.device_put(rng, sharding.replicated(sampler.mesh)), records)
+  stats, env_rewards = {}, None
+  if isinstance(rollout, turns.TurnRollout):   # an environment's turns: their numbers join the row
+    rollout, stats, env_rewards = rollout.rollout, rollout.stats, rollout.reward_B
   prompt_BxT, valid_BxT = sampled if sampler.sampling.group == 1 else repeat(G)
-  return Sampled(rollout, prompt_BxT, valid_BxT, answers, stats, list(examples['id']))
+  return Sampled(rollout, prompt_BxT, valid_BxT, answers, stats, list(examples['id']),
+                 env_rewards)
 
 
 def _answer_rows(rows):

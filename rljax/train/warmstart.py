@@ -24,7 +24,6 @@ from rljax.data import sources as data
 from rljax import losses
 from rljax.model import transformer as model_lib
 from rljax import optim
-from rljax.rollout import tool_calls
 from rljax import sharding
 from rljax.train import checkpoint
 from rljax import update
@@ -57,14 +56,15 @@ def fingerprint(config):
   return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def supervised_batch(prompts, answers, tokenizer, prompt_len, seq_len, tool=None):
-  """Fixed-width [prompt | answer EOS | PAD] rows (fixed shapes: one compilation). With a `tool`
-  (rljax.rollout.tool_calls), answers may demonstrate calls: the results in them are the tool's,
-  so no loss is on them, as none is in RL."""
+def supervised_batch(prompts, answers, tokenizer, prompt_len, seq_len, env=None):
+  """Fixed-width [prompt | answer EOS | PAD] rows (fixed shapes: one compilation). With an `env`
+  that marks its observations in a row (`observation_mask`, as rljax.envs.tools.Tool does),
+  answers may demonstrate turns: the observations in them are the environment's, so no loss is
+  on them, as none is in RL."""
   tokens_BxS, valid_BxS, loss_mask_BxS = data.encode_supervised(prompts, answers, tokenizer)
-  if tool is not None:
-    tool_output_BxS = np.stack([tool_calls.output_mask(tool, row) for row in tokens_BxS])
-    loss_mask_BxS[:, :-1] &= ~tool_output_BxS[:, 1:]
+  if hasattr(env, 'observation_mask'):
+    observed_BxS = np.array([env.observation_mask(row) for row in tokens_BxS], bool)
+    loss_mask_BxS[:, :-1] &= ~observed_BxS[:, 1:]
   left = prompt_len - max(len(tokenizer.encode(p)) for p in prompts)
   pad = ((0, 0), (left, seq_len - left - tokens_BxS.shape[1]))
   tokens_BxS = np.pad(tokens_BxS, pad, constant_values=tokenizer.pad_id)
@@ -116,9 +116,9 @@ def _save(path, params, info):
 
 
 def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_dir, prompt_len,
-               seq_len, mesh, tool=None):
-  """Returns (params, info): restored from the cache, or trained now and cached. `tool`: the
-  task's, whose results in demonstrations are not trained on (`supervised_batch`)."""
+               seq_len, mesh, env=None):
+  """Returns (params, info): restored from the cache, or trained now and cached. `env`: the
+  task's, whose observations in demonstrations are not trained on (`supervised_batch`)."""
   ws = config.warmstart
   path = os.path.abspath(os.path.join(cache_dir, f'warmstart-{fingerprint(config)}'))
   cached = _cached(path, init_params)
@@ -149,7 +149,7 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
   for step in range(1, ws.max_steps + 1):
     examples = next(iterator)
     batch = sharding.put_batch(supervised_batch(examples['prompt'], examples['answer'], tokenizer,
-                                                prompt_len, seq_len, tool), mesh)
+                                                prompt_len, seq_len, env), mesh)
     params, opt_state, metrics = step_fn(params, opt_state, batch)
     if step >= ws.min_steps and step % ws.eval_every == 0:
       accuracy, _ = evaluate(params)

@@ -18,7 +18,7 @@ import tensorflow_datasets as tfds
 from rljax.data.builders import local
 
 CALL = '[{call}]{{{result}}}{result}'   # a demonstration: the call, the tool's result, the answer
-MAX_DIGITS = 12   # rljax.data.calculator's longest operand
+MAX_DIGITS = 12   # rljax.envs.calculator's longest operand
 
 
 @dataclasses.dataclass(eq=False)

@@ -10,7 +10,7 @@ A call's text is parsed by a small grammar and never run as code (no eval, exec 
 The limits bound its time and its output: at most MAX_CHARS characters, MAX_DEPTH nested
 parentheses and signs, operands of MAX_DIGITS digits, every value (intermediate ones included)
 below 10**MAX_RESULT_DIGITS in magnitude. Anything else raises CalculatorError saying what is
-wrong; the turn loop turns it into an error result (rljax.rollout.tool_calls).
+wrong; the runner turns it into an error result (rljax.envs.runner: `raised`).
 """
 
 MAX_CHARS = 64
