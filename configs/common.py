@@ -93,12 +93,17 @@ def base_config(P, G, runlocal, seed, model=''):
   # The task: zero-padded 3-digit addition by default (`037+048=` -> `85`), built locally with TFDS.
   # name=gsm8k|math: local JSONL (path, test_path or num_test held out), prompts through the chat
   # template of init.hf_path's tokenizer, up to max_prompt_len tokens, responses max_response_len.
+  # name=reasoning_gym: the reasoning-gym library's dataset `dataset` with its config fields
+  # `dataset_args` (a JSON object), prompts its `question`s or their `compact` form (render),
+  # scored by its own scorer (docs/guide/environments.md); lengths as gsm8k's, in characters
+  # without init.hf_path.
   config.data = dict(name='arithmetic', dir='', digits=3, ops='+', zero_pad=True,
                      num_train=100_000, num_test=1000, seed=0, on_bad_record='skip',
                      extra_test=0,   # arithmetic: held-out problems drawn after the train split
                      path='', test_path='', max_prompt_len=256, max_response_len=512,
                      instruction='', chat_template=True, max_operands=8,   # max_operands: sums
-                     demo_frac=0.25)   # tool_sums: train answers that demonstrate the call
+                     demo_frac=0.25,   # tool_sums: train answers that demonstrate the call
+                     dataset='', dataset_args='{}', render='question')   # reasoning_gym
   config.reward = 'auto'   # the task's verifier: exact_numeric (arithmetic), math (gsm8k, math)
 
   # A Hugging Face Qwen3 / Qwen3-MoE directory to start from (architecture, weights, tokenizer).
@@ -196,6 +201,40 @@ def policy_loss(section, name):
     raise ValueError(f'config arg loss={name!r}: expected one of '
                      f'{tuple(POLICY_LOSS_SETTINGS)}')
   section.update(policy_loss=name, **POLICY_LOSS_SETTINGS[name])
+
+
+# reasoning-gym datasets sized for the tiny model (docs/guide/environments.md): the library's
+# config fields (data.dataset_args), and the longest compact prompt and response in characters.
+RG_RUNLOCAL = {
+    'chain_sum': dict(dataset_args='{"max_digits": 2, "max_terms": 2}', max_prompt_len=6,
+                      max_response_len=5),
+    # '+' and '-' only: without parentheses the library evaluates left to right ('6+10*0' -> 0)
+    # and writes a divisor other than the one it divides by ('4/1' -> 2)
+    'basic_arithmetic': dict(dataset_args='{"allow_negation": false, "allow_parentheses": false, '
+                                          '"max_digits": 1, "max_terms": 3, "operators": ["+", "-"]}',
+                             max_prompt_len=8, max_response_len=4),
+    'simple_equations': dict(dataset_args='{"max_terms": 2, "max_value": 20, '
+                                          '"operators": ["+", "-"], "operators_weights": [0.5, 0.5]}',
+                             max_prompt_len=10, max_response_len=4),
+    'gcd': dict(dataset_args='{"max_value": 100}', max_prompt_len=12, max_response_len=4),
+}
+RG_TEXT_VOCAB = 98   # rljax.data.tokenizer.TextTokenizer's ids
+
+
+def reasoning_gym_task(config, dataset, runlocal):
+  """`config` on the reasoning-gym library's dataset `dataset` with the character tokenizer
+  (docs/guide/environments.md). runlocal and a dataset of RG_RUNLOCAL: its compact prompts at the
+  sizes measured there; otherwise the library's questions at its default config."""
+  config.data.update(name='reasoning_gym', dataset=dataset)
+  config.model.vocab_size = RG_TEXT_VOCAB
+  if runlocal and dataset in RG_RUNLOCAL:
+    config.data.update(render='compact', **RG_RUNLOCAL[dataset])
+  elif runlocal:
+    config.data.update(max_prompt_len=256, max_response_len=32)
+  data = config.data
+  config.model.max_seq_len = max(config.model.max_seq_len,
+                                 data.max_prompt_len + data.max_response_len)
+  return config
 
 
 def tool_task(config, runlocal):

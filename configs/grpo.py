@@ -6,7 +6,8 @@
 Args after ':' (comma-separated): P (prompts per batch; P=auto: chosen during the run among
 config.auto_batch's bounds, docs/guide/auto_batch.md), G (responses per prompt), runlocal (tiny
 model and budget for a 2-core CPU), seed, model (a preset of configs/models.py, e.g.
-qwen3-30b-a3b), task (arithmetic | sums | tools), loss (clip | gspo | cispo: the policy loss with
+qwen3-30b-a3b), task (arithmetic | sums | tools | rg:<a reasoning-gym dataset>, e.g.
+rg:chain_sum), loss (clip | gspo | cispo: the policy loss with
 its published clip bounds, common.policy_loss), lora (a LoRA rank: adapters on a frozen base,
 0 = full fine-tuning, common.lora). Any field can be overridden with --config.a.b=value.
 """
@@ -16,8 +17,10 @@ from configs import common
 def get_config(arg=None):
   arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='', task='arithmetic',
                          loss='clip', lora=0)
-  if arg.task not in ('arithmetic', 'sums', 'tools'):
-    raise ValueError(f"config arg task={arg.task!r}: expected 'arithmetic', 'sums' or 'tools'")
+  rg_dataset = arg.task.partition('rg:')[2] if arg.task.startswith('rg:') else ''
+  if arg.task not in ('arithmetic', 'sums', 'tools') and not rg_dataset:
+    raise ValueError(f"config arg task={arg.task!r}: expected 'arithmetic', 'sums', 'tools' or "
+                     "'rg:<a reasoning-gym dataset>'")
   auto = arg.P == 'auto'
   config = common.base_config(16 if auto else arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
   config.algo = 'grpo'
@@ -48,5 +51,7 @@ def get_config(arg=None):
       config.train.max_samples = 48_000
   if arg.task == 'tools':   # long additions with a calculator tool (docs/guide/tools.md)
     common.tool_task(config, arg.runlocal)
+  if rg_dataset:   # a dataset of the reasoning-gym library (docs/guide/environments.md)
+    common.reasoning_gym_task(config, rg_dataset, arg.runlocal)
   common.lora(config, arg.lora)
   return common.enable_auto_batch(config) if auto else config

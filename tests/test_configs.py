@@ -69,6 +69,11 @@ def test_check_accepts_good_configs():
   config_checks.check(grpo.get_config('runlocal'))
   config_checks.check(grpo.get_config('P=1024,G=8'))   # the docstring's full-size example
   config_checks.check(grpo.get_config('runlocal,task=sums'))   # docs/guide/rollouts.md's run
+  for dataset in common.RG_RUNLOCAL:   # docs/guide/environments.md's runs
+    config_checks.check(grpo.get_config(f'runlocal,task=rg:{dataset}'))
+  with pytest.raises(ValueError, match=r"config arg task='rg': expected 'arithmetic', 'sums', "
+                                       r"'tools' or 'rg:<a reasoning-gym dataset>'"):
+    grpo.get_config('task=rg')
 
 
 @pytest.mark.parametrize('loss', ['gspo', 'cispo'])

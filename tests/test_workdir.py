@@ -5,6 +5,7 @@ import os
 import shutil
 
 import jax.numpy as jnp
+import ml_collections
 import pytest
 
 import rljax_cli as cli
@@ -13,6 +14,7 @@ from configs import ppo
 from configs import rloo
 from rljax.train import checkpoint
 from rljax.train import metrics
+from rljax.train import warmstart
 from rljax.train import workdir as workdir_lib
 
 
@@ -75,6 +77,18 @@ def test_fields_added_since_a_workdir_was_written_are_unchanged_at_their_old_val
   adapted.model.lora.rank = 8
   assert "model.lora.rank: '<missing>' -> 8" in workdir_lib.differences(
       saved, workdir_lib.config_json(adapted))
+
+
+def test_data_fields_added_since_warm_starts_were_cached_leave_their_fingerprint_at_default():
+  """A warm start cached before the reasoning_gym fields existed is found by today's config."""
+  config = _config()
+  older = workdir_lib.config_json(config)
+  for field in warmstart.LATER_DATA_FIELDS:
+    del older['data'][field]
+  older = ml_collections.ConfigDict(older)
+  assert warmstart.fingerprint(older) == warmstart.fingerprint(config)
+  config.data.render = 'compact'
+  assert warmstart.fingerprint(older) != warmstart.fingerprint(config)
 
 
 @pytest.mark.parametrize('module', [grpo, ppo, rloo])

@@ -12,6 +12,8 @@ import threading
 
 import numpy as np
 
+from rljax.data import rg_library
+
 _NUMBER = re.compile(r'[+-]?(\d+\.?\d*|\.\d+)')
 
 
@@ -81,7 +83,8 @@ def final_answer(response: str, answer: str) -> float:
 
 
 REWARDS = {'exact_numeric': exact_numeric, 'math': math_equivalent, 'running_sums': running_sums,
-           'final_answer': final_answer}
+           'final_answer': final_answer,
+           'reasoning_gym': rg_library.score}   # the library's own scorer of the entry named
 
 
 def get_reward_fn(name: str):

@@ -4,8 +4,10 @@ A fixed tiny vocabulary keeps toy models small and makes token ids readable in
 tests and logs: PAD=0, EOS=1, '0'..'9' -> 2..11, '+' -> 12, '-' -> 13,
 '*' -> 14, '=' -> 15. The tool task's tokenizer adds the calculator's
 parentheses, its call and result markers and its error mark after those:
-'(' ')' '[' ']' '{' '}' '?' -> 16..22.
+'(' ')' '[' ']' '{' '}' '?' -> 16..22. The reasoning-gym task's text tokenizer has a symbol for
+every printable ASCII character and the newline, so any question of that library can be read.
 """
+import string
 
 
 class ArithmeticTokenizer:
@@ -48,4 +50,13 @@ class ToolTokenizer(ArithmeticTokenizer):
   """The arithmetic symbols (same ids), then '()[]{}?': the tool task's (rljax.tasks.tool_sums)."""
 
   symbols = ArithmeticTokenizer.symbols + '()[]{}?'
+  vocab_size = 2 + len(symbols)
+
+
+class TextTokenizer(ArithmeticTokenizer):
+  """One id per printable ASCII character and per newline (digits keep their ids): the reasoning_gym
+  task's (rljax.tasks.reasoning_gym), whose library's questions are English text and whose
+  references are JSON."""
+
+  symbols = string.printable[:95] + '\n'   # digits, letters, punctuation, space; no tab or \r
   vocab_size = 2 + len(symbols)

@@ -15,6 +15,11 @@ a tool is one kind):
   env(config)                 its rljax.envs.Environment, from the config alone (run under the
                               config's `tools` limits: rljax.envs.runner.limits)
 
+and, if a record's answer is more than the text a response should be (a reference the verifier
+reads, as reasoning_gym's):
+
+  demonstration(answer)       the text the supervised warm start imitates for that answer
+
 So a new task is one new file here; the loop, the planner and the checks are the same for every
 task. Modules whose name starts with '_' hold what several tasks share.
 """
@@ -35,6 +40,7 @@ class Task(NamedTuple):
   max_new_tokens: int    # response budget, end token included
   reward_fn: Any
   env: Any = None        # rljax.envs.Environment, or None: single-turn responses
+  demonstration: Any = None   # answer -> the warm start's target text, or None: the answer
 
 
 def names():
@@ -101,4 +107,4 @@ def make_task(config) -> Task:
   prompt_len, max_new_tokens, _ = task.lengths(config)
   reward = config.reward if config.reward != 'auto' else task.REWARD
   return Task(tokenizer, train_source, test_source, prompt_len, max_new_tokens,
-              rewards.get_reward_fn(reward), env(config))
+              rewards.get_reward_fn(reward), env(config), getattr(task, 'demonstration', None))

@@ -53,7 +53,7 @@ def make_evaluator(greedy, tokenizer, prompts, answers, reward_fn, prompt_len, m
     scores, _ = reward_lib.score(reward_fn, decode_responses(tokenizer, tokens_BxL),
                                  [answers[r] for r in rows[:real]], env_rewards)
     correct_local = np.zeros(per_process, bool)
-    correct_local[:real] = scores > 0.5
+    correct_local[:real] = scores >= 1.0   # full marks: a partial score is not a right answer
     correct_N = correct_local
     if jax.process_count() > 1:
       correct_N = np.asarray(multihost_utils.process_allgather(correct_local)).reshape(-1)

@@ -110,7 +110,7 @@ def _initial_params(config, model, task, evaluate, rng, mesh, workdir, lengths):
   if config.warmstart.enabled:
     params, _ = warmstart.warm_start(config, model, params, task.tokenizer, task.train_source,
                                      evaluate, config.warmstart.dir or workdir, *lengths, mesh,
-                                     task.env)
+                                     task.env, task.demonstration)
   return params
 
 

@@ -26,6 +26,7 @@ from rljax.model import transformer as model_lib
 from rljax import optim
 from rljax import sharding
 from rljax.train import checkpoint
+from rljax.train import workdir
 from rljax import update
 
 
@@ -45,13 +46,23 @@ def seed(config):
   return pinned if pinned >= 0 else config.seed
 
 
+# Data fields added after warm-start caches were written: at their default (workdir.INTRODUCED)
+# they leave a fingerprint as it was, so a cache written before them is still found.
+LATER_DATA_FIELDS = ('dataset', 'dataset_args', 'render')
+
+
+def _data_fingerprint(data):
+  """The data fields that determine a warm start. dir: where, not what; extra_test: held-out
+  problems drawn after the train split, which leave the training data the same."""
+  return {k: v for k, v in data.items() if k not in ('dir', 'extra_test') and not (
+      k in LATER_DATA_FIELDS and v == workdir.INTRODUCED[f'data.{k}'])}
+
+
 def fingerprint(config):
   # max_seq_len is a bound, not the model; lora how RL trains it (LoRA and full fine-tuning runs
   # start from one warm start)
   model = {k: v for k, v in config.model.items() if k not in ('max_seq_len', 'lora')}
-  # extra_test: held-out problems drawn after the train split; the training data are the same.
-  relevant = dict(model=model, seed=seed(config),
-                  data={k: v for k, v in config.data.items() if k not in ('dir', 'extra_test')},
+  relevant = dict(model=model, seed=seed(config), data=_data_fingerprint(config.data),
                   warmstart={k: v for k, v in config.warmstart.items() if k not in ('dir', 'seed')})
   return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -116,9 +127,10 @@ def _save(path, params, info):
 
 
 def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_dir, prompt_len,
-               seq_len, mesh, env=None):
+               seq_len, mesh, env=None, demonstration=None):
   """Returns (params, info): restored from the cache, or trained now and cached. `env`: the
-  task's, whose observations in demonstrations are not trained on (`supervised_batch`)."""
+  task's, whose observations in demonstrations are not trained on (`supervised_batch`).
+  `demonstration`: the task's text to imitate for an answer (rljax.tasks), if not the answer."""
   ws = config.warmstart
   path = os.path.abspath(os.path.join(cache_dir, f'warmstart-{fingerprint(config)}'))
   cached = _cached(path, init_params)
@@ -148,7 +160,8 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
   start, accuracy, step = time.time(), 0.0, 0
   for step in range(1, ws.max_steps + 1):
     examples = next(iterator)
-    batch = sharding.put_batch(supervised_batch(examples['prompt'], examples['answer'], tokenizer,
+    answers = list(map(demonstration or str, examples['answer']))
+    batch = sharding.put_batch(supervised_batch(examples['prompt'], answers, tokenizer,
                                                 prompt_len, seq_len, env), mesh)
     params, opt_state, metrics = step_fn(params, opt_state, batch)
     if step >= ws.min_steps and step % ws.eval_every == 0:

@@ -42,6 +42,8 @@ INTRODUCED = {
     'data.demo_frac': 0.25, 'tools.enabled': True, 'tools.timeout_s': 1.0, 'tools.max_calls': 2,
     # the tool's worker processes: the calculator's results are the same at any value
     'tools.workers': 8, 'tools.memory_mb': 512,
+    # read only by the reasoning_gym task, which came with them: their defaults
+    'data.dataset': '', 'data.dataset_args': '{}', 'data.render': 'question',
     **{f'{algo}.{key}': value for algo in _LOSSES for key, value in (
         ('clip_ratio_c', 0.0), ('off_policy', 'none'), ('is_low', 0.5), ('is_high', 2.0),
         ('policy_loss', 'clip'))}}
