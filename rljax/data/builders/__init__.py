@@ -1,6 +1,6 @@
 """TFDS builders for rljax tasks; importing this package registers them."""
-__all__ = ['Arithmetic', 'ArithmeticConfig', 'make_config', 'MathJsonl', 'MathJsonlConfig', 'Sums',
-           'SumsConfig', 'ToolSums', 'ToolSumsConfig']
+__all__ = ['Arithmetic', 'ArithmeticConfig', 'make_config', 'MathJsonl', 'MathJsonlConfig',
+           'ReasoningGym', 'ReasoningGymConfig', 'Sums', 'SumsConfig', 'ToolSums', 'ToolSumsConfig']
 
 from rljax.data.builders.arithmetic import Arithmetic
 from rljax.data.builders.arithmetic import ArithmeticConfig
