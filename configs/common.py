@@ -221,6 +221,30 @@ RG_RUNLOCAL = {
 RG_TEXT_VOCAB = 98   # rljax.data.tokenizer.TextTokenizer's ids
 
 
+def task(config, name, runlocal):
+  """`config` on the task `name`: arithmetic (base_config's), sums, tools or rg:<a reasoning-gym
+  dataset>."""
+  rg_dataset = name.partition('rg:')[2] if name.startswith('rg:') else ''
+  if name not in ('arithmetic', 'sums', 'tools') and not rg_dataset:
+    raise ValueError(f"config arg task={name!r}: expected 'arithmetic', 'sums', 'tools' or "
+                     "'rg:<a reasoning-gym dataset>'")
+  if name == 'sums':   # running sums: responses of uneven length (docs/guide/rollouts.md)
+    config.data.update(name='sums', digits=1, max_operands=8)
+    config.model.max_seq_len = max(config.model.max_seq_len, 160)   # room for longer chains
+    config.rollout.slots = 32
+    if runlocal:   # warm start and RL sized for the 15-minute CPU run (docs/guide/rollouts.md)
+      # RL learns long chains only from a policy that already solves some of them (below ~0.5
+      # most 6-8 operand groups earn no reward); checks every 10 steps limit the overshoot.
+      config.warmstart.update(batch=64, lr=2e-3, min_steps=300, eval_every=10, threshold=0.5)
+      config.optimizer.lr = 2e-4
+      config.train.max_samples = 48_000
+  if name == 'tools':   # long additions with a calculator tool (docs/guide/tools.md)
+    tool_task(config, runlocal)
+  if rg_dataset:   # a dataset of the reasoning-gym library (docs/guide/environments.md)
+    reasoning_gym_task(config, rg_dataset, runlocal)
+  return config
+
+
 def reasoning_gym_task(config, dataset, runlocal):
   """`config` on the reasoning-gym library's dataset `dataset` with the character tokenizer
   (docs/guide/environments.md). runlocal and a dataset of RG_RUNLOCAL: its compact prompts at the

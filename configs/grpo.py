@@ -17,10 +17,6 @@ from configs import common
 def get_config(arg=None):
   arg = common.parse_arg(arg, P=16, G=8, runlocal=False, seed=0, model='', task='arithmetic',
                          loss='clip', lora=0)
-  rg_dataset = arg.task.partition('rg:')[2] if arg.task.startswith('rg:') else ''
-  if arg.task not in ('arithmetic', 'sums', 'tools') and not rg_dataset:
-    raise ValueError(f"config arg task={arg.task!r}: expected 'arithmetic', 'sums', 'tools' or "
-                     "'rg:<a reasoning-gym dataset>'")
   auto = arg.P == 'auto'
   config = common.base_config(16 if auto else arg.P, arg.G, arg.runlocal, arg.seed, arg.model)
   config.algo = 'grpo'
@@ -39,19 +35,6 @@ def get_config(arg=None):
   # runlocal demo anneals a higher lr to 0 over its one fixed budget (docs/guide/grpo.md).
   if arg.runlocal:
     config.optimizer.update(lr=1e-4, decay='linear')
-  if arg.task == 'sums':   # running sums: responses of uneven length (docs/guide/rollouts.md)
-    config.data.update(name='sums', digits=1, max_operands=8)
-    config.model.max_seq_len = max(config.model.max_seq_len, 160)   # room for longer chains
-    config.rollout.slots = 32
-    if arg.runlocal:   # warm start and RL sized for the 15-minute CPU run (docs/guide/rollouts.md)
-      # RL learns long chains only from a policy that already solves some of them (below ~0.5
-      # most 6-8 operand groups earn no reward); checks every 10 steps limit the overshoot.
-      config.warmstart.update(batch=64, lr=2e-3, min_steps=300, eval_every=10, threshold=0.5)
-      config.optimizer.lr = 2e-4
-      config.train.max_samples = 48_000
-  if arg.task == 'tools':   # long additions with a calculator tool (docs/guide/tools.md)
-    common.tool_task(config, arg.runlocal)
-  if rg_dataset:   # a dataset of the reasoning-gym library (docs/guide/environments.md)
-    common.reasoning_gym_task(config, rg_dataset, arg.runlocal)
+  common.task(config, arg.task, arg.runlocal)
   common.lora(config, arg.lora)
   return common.enable_auto_batch(config) if auto else config

@@ -4,14 +4,15 @@
   python -m rljax.main --config=configs/ppo.py:B=1024 --workdir=gs://...
 
 Args after ':' (comma-separated): B (global batch in responses, one per prompt), runlocal (tiny
-model and budget for a 2-core CPU), seed, model (a preset of configs/models.py). Any field can be
+model and budget for a 2-core CPU), seed, model (a preset of configs/models.py), task (as in
+configs/grpo.py: arithmetic | sums | tools | rg:<a reasoning-gym dataset>). Any field can be
 overridden with --config.a.b=value.
 """
 from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, B=256, runlocal=False, seed=0, model='')
+  arg = common.parse_arg(arg, B=256, runlocal=False, seed=0, model='', task='arithmetic')
   # B prompts, one response each; model: a preset of configs/models.py (default: the runlocal or
   # the ~1.3B MoE)
   auto = arg.B == 'auto'   # B=auto: chosen during the run (docs/guide/auto_batch.md)
@@ -39,4 +40,5 @@ def get_config(arg=None):
                                  b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0)
   config.train.max_samples = 80_000 if arg.runlocal else 2_000_000
   config.auto_batch.update(min=64, max=1024)
+  common.task(config, arg.task, arg.runlocal)
   return common.enable_auto_batch(config) if auto else config

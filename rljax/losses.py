@@ -248,26 +248,28 @@ def entropy_from_logits(logits_BxLxV):
 
 
 def gae(rewards_BxL, values_BxL, mask_BxL, gamma, lam):
-  """Generalised advantage estimation over response tokens, as a reverse scan over L.
+  """Generalised advantage estimation over the response's actions, as a reverse scan over L.
 
-  The episode ends after the last valid token, so the value beyond it is 0 and nothing flows
-  back from padding. Returns (advantages, returns = advantages + values), both 0 where masked.
+  The masked-out positions are not actions: padding after the end, and an environment's
+  observations between turns (rljax.rollout.turns). The scan steps over them, so an action's
+  next value and advantage are those of the next action, and each turn-end bootstraps from the
+  model's next turn. After the last action the value is 0. Returns (advantages, returns =
+  advantages + values), both 0 where masked.
   """
   mask_BxL = jnp.asarray(mask_BxL, jnp.float32)
   rewards_BxL = rewards_BxL.astype(jnp.float32)
   values_BxL = values_BxL.astype(jnp.float32) * mask_BxL
-  next_mask_BxL = jnp.pad(mask_BxL[:, 1:], ((0, 0), (0, 1)))
-  next_values_BxL = jnp.pad(values_BxL[:, 1:], ((0, 0), (0, 1)))  # 0 past the end
-  delta_BxL = rewards_BxL + gamma * next_values_BxL - values_BxL
 
-  def step(next_adv_B, inputs):
-    delta_B, next_mask_B = inputs
-    adv_B = delta_B + gamma * lam * next_mask_B * next_adv_B
-    return adv_B, adv_B
+  def step(next_B, inputs):   # next_B: (value, advantage) of the next action, 0 past the last
+    next_value_B, next_adv_B = next_B
+    reward_B, value_B, action_B = inputs
+    adv_B = reward_B + gamma * next_value_B - value_B + gamma * lam * next_adv_B
+    keep = lambda new_B, old_B: jnp.where(action_B > 0, new_B, old_B)
+    return (keep(value_B, next_value_B), keep(adv_B, next_adv_B)), adv_B
 
+  zeros_B = jnp.zeros(mask_BxL.shape[0], jnp.float32)
   _, advantages_LxB = jax.lax.scan(
-      step, jnp.zeros(delta_BxL.shape[0], jnp.float32), (delta_BxL.T, next_mask_BxL.T),
-      reverse=True)
+      step, (zeros_B, zeros_B), (rewards_BxL.T, values_BxL.T, mask_BxL.T), reverse=True)
   advantages_BxL = advantages_LxB.T * mask_BxL
   return advantages_BxL, advantages_BxL + values_BxL
 

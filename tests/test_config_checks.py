@@ -229,11 +229,8 @@ def test_bad_tool_settings(edit, message):
     config_checks.check(config, device_count=8, process_count=1)
 
 
-def test_tool_tasks_refuse_ppo_and_several_processes():
-  config = ppo.get_config('runlocal,B=64')
-  config.data.name = 'tool_sums'
-  with pytest.raises(ValueError, match=r'a tool task trains grpo or rloo, not ppo'):
-    config_checks.check(config, device_count=1, process_count=1)
+def test_tool_tasks_take_ppo_and_refuse_several_processes():
+  config_checks.check(ppo.get_config('runlocal,B=64,task=tools'), device_count=1, process_count=1)
   config = grpo.get_config('runlocal,P=4,G=4,task=tools')
   config.train.micro_batch = 8
   with pytest.raises(ValueError, match=r'tool turns run in one process'):

@@ -632,27 +632,38 @@ def test_entropy_with_banned_tokens():
 # ----------------------------------------------------------------------------------------------
 
 
-def ref_gae(rewards, values, lengths, gamma, lam):
+def ref_gae(rewards, values, mask, gamma, lam):
+  """GAE over each row's actions (mask 1) in order, the positions between them skipped."""
   adv, ret = np.zeros(rewards.shape), np.zeros(rewards.shape)
-  for i, n in enumerate(lengths):
-    next_adv = 0.0
-    for t in reversed(range(n)):
-      next_value = float(values[i, t + 1]) if t + 1 < n else 0.0
+  for i in range(len(mask)):
+    actions = [t for t in range(mask.shape[1]) if mask[i, t]]
+    next_adv, next_value = 0.0, 0.0
+    for t in reversed(actions):
       delta = float(rewards[i, t]) + gamma * next_value - float(values[i, t])
-      next_adv = delta + gamma * lam * next_adv
-      adv[i, t] = next_adv
-      ret[i, t] = next_adv + float(values[i, t])
+      next_adv, next_value = delta + gamma * lam * next_adv, float(values[i, t])
+      adv[i, t], ret[i, t] = next_adv, next_adv + float(values[i, t])
   return adv, ret
 
 
+def turn_mask(rng, b=8, l=12):
+  """Rows of a multi-turn episode: actions, observations (0) between them, padding after."""
+  mask = np.zeros((b, l), np.float32)
+  for i in range(b):
+    n = rng.integers(0, l + 1)
+    mask[i, :n] = rng.random(n) < 0.6
+  mask[0, :] = [1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0][:l]
+  return mask
+
+
 @pytest.mark.parametrize('gamma,lam', [(0.0, 0.0), (1.0, 1.0), (0.99, 0.95), (1.0, 0.9)])
-def test_gae(gamma, lam):
+@pytest.mark.parametrize('turns', [False, True])
+def test_gae(gamma, lam, turns):
   rng = np.random.default_rng(9)
-  lengths, mask = lengths_and_mask(rng, b=8, l=12)
-  rewards = rng.normal(size=mask.shape).astype(np.float32)  # garbage on padding must not leak
+  mask = turn_mask(rng) if turns else lengths_and_mask(rng, b=8, l=12)[1]
+  rewards = rng.normal(size=mask.shape).astype(np.float32)  # garbage off the actions must not leak
   values = rng.normal(size=mask.shape).astype(np.float32)
   adv, ret = jax.jit(losses.gae)(rewards, values, mask, gamma, lam)
-  ref_adv, ref_ret = ref_gae(rewards, values, lengths, gamma, lam)
+  ref_adv, ref_ret = ref_gae(rewards, values, mask, gamma, lam)
   close(adv, ref_adv, rtol=1e-5, atol=2e-6)
   close(ret, ref_ret, rtol=1e-5, atol=2e-6)
 
@@ -667,6 +678,10 @@ def test_gae_special_cases():
   adv1, ret1 = losses.gae(rewards, values, mask, 1.0, 1.0)
   close(adv1, [[0.5, 0.75, 0.25, 0.0]])
   close(ret1, [[1.0, 1.0, 1.0, 0.0]])
+  # An observation between two turns is no step: the first turn's end bootstraps from the second.
+  turns = np.array([[1, 0, 1, 0]], np.float32)
+  close(losses.gae(rewards, values, turns, 1.0, 1.0)[0], [[0.5, 0.0, 0.25, 0.0]])
+  close(losses.gae(rewards, values, turns, 0.0, 0.0)[0], [[-0.5, 0.0, 0.25, 0.0]])
 
 
 @pytest.mark.parametrize('shift_mean', [True, False])

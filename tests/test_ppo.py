@@ -142,13 +142,15 @@ def test_critic_params_carry_logical_axis_names():
 
 
 def test_terminal_rewards():
-  mask = np.array([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], np.float32)
-  rewards = np.array([2.0, 5.0, -1.0, 0.5], np.float32)
+  # Rows: padded, empty, full, one token, and two turns with an observation between and after.
+  mask = np.array([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 0, 1, 0]],
+                  np.float32)
+  rewards = np.array([2.0, 5.0, -1.0, 0.5, 3.0], np.float32)
   expected = np.zeros(mask.shape)
-  for i in range(4):
-    n = int(mask[i].sum())
-    if n:
-      expected[i, n - 1] = rewards[i]
+  for i, row in enumerate(mask):
+    actions = np.flatnonzero(row)
+    if len(actions):
+      expected[i, actions[-1]] = rewards[i]
   close(ppo.terminal_rewards(rewards, mask), expected, rtol=0, atol=0)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from configs import common
 from configs import grpo as grpo_config
+from configs import ppo as ppo_config
 from configs import rloo as rloo_config
 from rljax.data.builders import tool_sums
 from rljax.data import rewards
@@ -124,6 +125,38 @@ def test_trained_sequences_are_sampled_tokens_plus_tool_results(tmp_path):
   np.testing.assert_array_equal(batch.response_BxL, rollout.tokens_BxL)   # trained as sampled
   np.testing.assert_array_equal(batch.mask_BxL, rollout.mask_BxL)         # not on the results
   assert not (np.asarray(batch.mask_BxL) * tool_BxL).any()
+  run.ckpt.close()
+
+
+def test_ppo_steps_over_the_results_to_the_next_turn(tmp_path):
+  """PPO on episodes with turns: the reward sits on the last sampled token, and with gamma = lam
+  = 1 every sampled token's return is the episode's reward, also the one before a result (a
+  result is the environment's, not an end of the response); results get no advantage."""
+  config = ppo_config.get_config('runlocal,B=32,task=tools')
+  config.data.update(dir=str(tmp_path / 'data'), digits=2, demo_frac=0.5, num_train=200,
+                     num_test=20)
+  config.warmstart.enabled = False
+  config.metrics.update(tensorboard=False, progress=False)
+  config.ppo.update(lam=1.0, whiten_advantages=False)
+  config.train.update(max_samples=0, max_steps=1, eval_every=1, eval_size=8, micro_batch=16)
+  run, carry, _ = run_lib.setup(config, str(tmp_path / 'run'))
+  examples = next(run.iterator)
+  sampler = run.schedule.sampler
+  prompt_BxT, valid_BxT = data.encode_prompts(examples['prompt'], run.task.tokenizer,
+                                              sampler.prompt_len)
+  out = jax.device_get(sampler.sample(carry['algo']['params'], prompt_BxT, valid_BxT,
+                                      jax.random.PRNGKey(5)))
+  rollout, tool_BxL = out.rollout, out.tool_BxL
+  rewards_B = np.arange(32, dtype=np.float32) % 3
+  batch, _ = run.algo.make_batch(carry['algo'], rollout, rewards_B, prompt_BxT, valid_BxT, None)
+  mask_BxL = np.asarray(rollout.mask_BxL)
+  returns_BxL = np.asarray(batch.critic.returns_BxL)
+  before_a_result = mask_BxL[:, :-1] & tool_BxL[:, 1:]
+  assert before_a_result.sum() > 0   # some responses called the tool and went on
+  np.testing.assert_allclose(returns_BxL, np.where(mask_BxL, rewards_B[:, None], 0.0), atol=1e-5)
+  assert not np.asarray(batch.policy.advantages_BxL)[tool_BxL].any()
+  carry, row = train.rl_step(run, carry, examples, 1)
+  assert row['tool_calls'] > 0 and np.isfinite(row['grad_norm']) and np.isfinite(row['value_loss'])
   run.ckpt.close()
 
 

@@ -65,10 +65,12 @@ LOGGED = ('value_loss', 'value_clipfrac', 'critic_grad_norm', 'critic_moe_aux_lo
 
 
 def terminal_rewards(rewards_B, mask_BxL):
-  """The sequence reward on each row's last valid token, 0 elsewhere (and on empty rows)."""
+  """The sequence reward on each row's last action (its last sampled token: observations of an
+  environment may sit between and after them), 0 elsewhere (and on empty rows)."""
   mask_BxL = jnp.asarray(mask_BxL, jnp.float32)
-  last_B = jnp.sum(mask_BxL, axis=1).astype(jnp.int32) - 1
-  at_last_BxL = jnp.arange(mask_BxL.shape[1])[None, :] == last_B[:, None]
+  length = mask_BxL.shape[1]
+  last_B = length - 1 - jnp.argmax(mask_BxL[:, ::-1] > 0, axis=1)
+  at_last_BxL = jnp.arange(length)[None, :] == last_B[:, None]
   return jnp.where(at_last_BxL, jnp.asarray(rewards_B, jnp.float32)[:, None], 0.0) * mask_BxL
 
 

@@ -65,9 +65,6 @@ def _check_tools(config, process_count):
     return
   tools, rollout = config.tools, config.rollout
   _check_tool_bounds(tools)
-  if algos.get(config.algo).BATCH_ARG != 'P':
-    raise ValueError(f'a tool task trains grpo or rloo, not {config.algo}: its value targets would '
-                     'take a tool\'s result for the end of the response')
   for field, value in (('partial', rollout.partial), ('devices', rollout.devices)):
     if value:
       raise ValueError(f'rollout.{field} does not run tool turns; turn it off for the '
