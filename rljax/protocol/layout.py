@@ -13,6 +13,7 @@ A run directory with reused.json is a copy of another group's run (archives writ
 calibration's runs were kept out of the base arm): read as a run of its arm, its samples counted
 once.
 """
+import functools
 import os
 
 import numpy as np
@@ -100,16 +101,28 @@ def _columns(rows, required):
 
 def load_run(directory):
   """One run's metrics.jsonl as numpy columns: {'dir', 'train', 'eval'}, one row per step each
-  (training and eval rows are told apart by the `"eval": true` marker)."""
+  (training and eval rows are told apart by the `"eval": true` marker). A log read before and
+  unchanged since (same size and mtime) is not parsed again: the driver rebuilds the report after
+  every stage of seeds. Its arrays are read-only."""
+  log = os.stat(os.path.join(directory, 'metrics.jsonl'))
+  return dict(_parsed_run(directory, log.st_size, log.st_mtime_ns),
+              reused=os.path.exists(os.path.join(directory, 'reused.json')))   # another group's
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_run(directory, size, mtime_ns):
+  del size, mtime_ns   # the cache key: the log as it is now
   rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
-  return {
+  run = {
       'dir': directory,
-      'reused': os.path.exists(os.path.join(directory, 'reused.json')),   # another group's run
       'train': _columns(_last_per_step([r for r in rows if not r.get('eval')]),
                         ('step', 'samples', 'step_time_s', 'grad_norm')),
       'eval': _columns(_last_per_step([r for r in rows if r.get('eval')]),
                        ('step', 'samples', 'eval_accuracy')),
   }
+  for array in (*run['train'].values(), *run['eval'].values()):
+    array.flags.writeable = False
+  return run
 
 
 def _seed_number(name):
