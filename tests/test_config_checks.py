@@ -217,7 +217,6 @@ def test_bad_config_arg(arg, message):
                                       r"tokenizer's 23 ids"),
     (dict(rollout=dict(partial=True, slots=8)), r'rollout.partial does not run tool turns'),
     (dict(rollout=dict(devices=4)), r'rollout.devices does not run tool turns'),
-    (dict(model=dict(router_replay=True)), r'model.router_replay: tool turns do not record'),
 ])
 def test_bad_tool_settings(edit, message):
   config = grpo.get_config('runlocal,P=4,G=4,task=tools')

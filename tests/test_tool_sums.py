@@ -5,7 +5,8 @@
 - the warm start trains on a demonstration's sampled part, never on the tool's result;
 - rl_step on real multi-turn rollouts of the calculator: the batch trained on is the sampled
   tokens plus the tools' results token for token, its loss mask exactly the sampled tokens; a
-  hanging tool does not stop the step and the row counts its calls, errors and time; a run
+  hanging tool does not stop the step and the row counts its calls, errors and time; with router
+  replay the update routes every token of the turns, results included, as the sampler did; a run
   resumed from its checkpoint logs and ends as the uninterrupted one.
 """
 
@@ -174,6 +175,22 @@ def test_a_hanging_tool_does_not_stop_the_step_and_the_row_counts_it(tmp_path):
   assert row['tool_time_s'] < 0.2 * rounds * row['turn_chunks'] + 1 and row['turns_mean'] > 1
   assert row['logprob_mismatch'] < 1e-5   # over the sampled tokens only
   run.ckpt.close()
+
+
+@pytest.mark.e2e
+def test_router_replay_trains_on_the_turns_as_the_sampler_routed_them(tmp_path):
+  """model.router_replay on the tiny MoE: two steps and an evaluation of the tool task run, the
+  updates replaying the turns' recorded experts (test_turns: the results' too) and overriding
+  none (float32: the trainer's top-k agrees with every one)."""
+  config = tiny(tmp_path)
+  config.model.router_replay = True
+  workdir = str(tmp_path / 'run')
+  train.train(config, workdir)
+  rows = metrics.read_jsonl(f'{workdir}/metrics.jsonl')
+  steps = [row for row in rows if not row.get('eval')]
+  assert [row['step'] for row in steps] == [1, 2] and any(row.get('eval') for row in rows)
+  assert all(row['router_mismatch'] == 0 and row['logprob_mismatch'] < 1e-5 for row in steps)
+  assert sum(row['tool_calls'] for row in steps) > 0
 
 
 @pytest.mark.e2e

@@ -7,6 +7,9 @@
   exactly), and after a result the sampler's log-probs are the trainer's full forward pass over
   prompt and response (tolerance.ACROSS_PROGRAMS: two programs): appending to the KV cache
   continues the conversation as re-reading all of it would;
+- a MoE's rollout records the experts of every response token, the results' too (-1 after the
+  end), and they are those the model routes each position to in one forward pass over prompt
+  and response (router replay: rljax.model.router);
 - bad tools and a hanging one end their calls with the error result, counted by kind, and the
   rollout finishes; the call and length limits end responses.
 """
@@ -128,6 +131,38 @@ def test_responses_are_sampled_tokens_and_tool_results_token_for_token(slots, gr
   assert after_NxL.sum() > 20
   np.testing.assert_allclose(np.where(mask_NxL, logp_NxL, 0), rollout.logp_BxL,
                              **tolerance.ACROSS_PROGRAMS)
+
+
+@pytest.mark.parametrize('slots,group', [(0, 1), (3, 2)])
+def test_every_token_of_a_turn_records_the_experts_the_whole_row_routes_it_to(slots, group):
+  """Sampled tokens and tool results alike (PAD: -1) carry the experts of the pass that fed the
+  token before them: those the unrolled model routes that position to in one teacher-forced
+  forward pass over prompt and response (sets compared exactly, as tokens are: tolerance.py),
+  and the trainer's forward finds no decision that differs."""
+  params = random_params_lib.for_model(CFG, 0)
+  prompt_PxT, valid_PxT = prompts(12 // group)
+  out = jax.device_get(turn_sampler(slots, group)(params, prompt_PxT, valid_PxT,
+                                                   jax.random.PRNGKey(1)))
+  rollout, tool_NxL = out.rollout, out.tool_BxL
+  experts_NxLxYxK = np.asarray(rollout.experts_BxLxYxK)
+  filled_NxL = rollout.mask_BxL | tool_NxL
+  assert tool_NxL.sum() > 20 and experts_NxLxYxK.shape[2:] == (CFG.num_layers, 2)
+  np.testing.assert_array_equal(experts_NxLxYxK >= 0,
+                                np.broadcast_to(filled_NxL[..., None, None], experts_NxLxYxK.shape))
+  assert (experts_NxLxYxK[~filled_NxL] == -1).all()
+
+  prompt_NxT, valid_NxT = (np.repeat(x, group, 0) for x in (prompt_PxT, valid_PxT))
+  tokens_NxS, valid_NxS = policy_loss.prompt_and_response(prompt_NxT, valid_NxT,
+                                                          rollout.tokens_BxL)
+  decoder = model_lib.Transformer(CFG, unrolled=True)
+  _, whole_NxSxYxK = model_lib.apply_recording(
+      decoder, {'params': model_lib.decoding_params(params, CFG)}, tokens_NxS, valid_NxS)
+  whole_NxLxYxK = policy_loss.at_response(np.asarray(whole_NxSxYxK), 8, L)
+  np.testing.assert_array_equal(np.sort(experts_NxLxYxK, -1)[filled_NxL],
+                                np.sort(whole_NxLxYxK, -1)[filled_NxL])
+  *_, mismatch = policy_loss.response_logprobs(MODEL, params, prompt_NxT, valid_NxT,
+                                               rollout.tokens_BxL, 1.0, 0, experts_NxLxYxK)
+  assert int(mismatch) == 0
 
 
 def test_greedy_turns_continue_as_the_full_forward_pass_chooses():

@@ -6,7 +6,9 @@ Token in, token out: a response is one row of tokens, the sampled ones and the o
 the order they came, and that row is what the trainer reads; nothing is decoded to text and
 encoded again between turns. `mask` marks the sampled tokens (the policy loss, the KL and
 `logprob_mismatch` are over them), `tool` the observations, which the model attends to but
-which are not its actions.
+which are not its actions. A MoE records, for every token of the row, sampled or observed, the
+experts each layer routed the forward pass that fed the token before it (the pass whose output
+is that position's), as the plain sampler does for router replay (rljax.model.router).
 
 Decoding runs in chunks, one jitted call each (`chunk`): the continuous-batching loop of
 rljax.rollout.sampler (`refill`, `decode_slots`), in which a response that samples the
@@ -26,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax.model import router
 from rljax.model import transformer as model_lib
 from rljax.envs import runner
 from rljax.rollout import sampler as sampler_lib
@@ -42,6 +45,7 @@ class Turns(NamedTuple):
   logp_NxL: jax.Array        # sampler log-probs of the sampled tokens (0 elsewhere)
   mask_NxL: jax.Array        # True on sampled tokens
   tool_NxL: jax.Array        # True on tools' result tokens
+  experts_NxLxYxK: jax.Array  # MoE: each token's experts per layer, -1 after the end (None: dense)
   steps: jax.Array           # decoding steps
   decoded: jax.Array         # slot-steps that decoded a response token
 
@@ -65,23 +69,27 @@ def empty(model_cfg, cfg, room, num, prompt_len):
       waiting_S=zeros(slots, dtype=bool), pending=jnp.int32(0),
       tokens_NxL=jnp.full((num, max_len), cfg.pad_id, jnp.int32),
       logp_NxL=zeros(num, max_len, dtype=jnp.float32), mask_NxL=zeros(num, max_len, dtype=bool),
-      tool_NxL=zeros(num, max_len, dtype=bool), steps=jnp.int32(0), decoded=jnp.int32(0))
+      tool_NxL=zeros(num, max_len, dtype=bool),
+      experts_NxLxYxK=router.unrecorded(model_cfg, num, max_len), steps=jnp.int32(0),
+      decoded=jnp.int32(0))
 
 
 def append(decoder, variables, turns, tool_SxK, length_S, resume_S, position0_N, prompt_len):
   """`turns` with each resumed slot's tool result (its first length_S of tool_SxK) written to its
   response and its cache: one forward pass feeds the call-close token and all but the last result
-  token (K tokens per slot from column T - 1 + t), the last is the next one decoding feeds. Slots
-  not resumed end their response; the pass writes their K columns from T - 1, which the slot's
-  next response writes again before it reads them."""
+  token (K tokens per slot from column T - 1 + t), the last is the next one decoding feeds.
+  A MoE's experts of feed column k are recorded at result token k, the position its output is
+  for. Slots not resumed end their response; the pass writes their K columns from T - 1, which
+  the slot's next response writes again before it reads them."""
   slots, num = turns.slots, turns.tokens_NxL.shape[0]
   room = tool_SxK.shape[1]
   t_S = jnp.where(resume_S, slots.t_S, 0)
   feed_SxK = jnp.concatenate([slots.token_S[:, None], tool_SxK[:, :-1]], axis=1)
   positions_SxK = (position0_N[jnp.minimum(slots.response_S, num - 1)] + t_S)[:, None] + (
       jnp.arange(room))
-  _, cache, _ = decoder.apply(variables, feed_SxK, turns.kv_valid_SxC, turns.cache,
-                              prompt_len - 1 + t_S, positions_SxK, method='hidden')
+  (_, cache, _), experts_SxKxYxK = model_lib.apply_recording(
+      decoder, variables, feed_SxK, turns.kv_valid_SxC, turns.cache, prompt_len - 1 + t_S,
+      positions_SxK, method='hidden')
   real_SxK = resume_S[:, None] & (jnp.arange(room) < length_S[:, None])
   row_SxK = jnp.where(real_SxK, slots.response_S[:, None], num)
   column_SxK = t_S[:, None] + jnp.arange(room)
@@ -91,7 +99,8 @@ def append(decoder, variables, turns, tool_SxK, length_S, resume_S, position0_N,
                             jnp.where(resume_S, last_S, slots.token_S), resume_S)
   return turns._replace(cache=cache, slots=slots, waiting_S=jnp.zeros_like(resume_S),
                         tokens_NxL=at(turns.tokens_NxL, tool_SxK),
-                        tool_NxL=at(turns.tool_NxL, True))
+                        tool_NxL=at(turns.tool_NxL, True),
+                        experts_NxLxYxK=jax.tree.map(at, turns.experts_NxLxYxK, experts_SxKxYxK))
 
 
 def chunk(model, params, turns, tool_SxK, length_S, resume_S, prompt_PxT, valid_PxT, rng,
@@ -137,8 +146,9 @@ def chunk(model, params, turns, tool_SxK, length_S, resume_S, prompt_PxT, valid_
         slots=sampler_lib.Slots(decoded.response_S, keep(decoded.t_S, slots.t_S),
                                 keep(decoded.token_S, slots.token_S), decoded.active_S & ~call_S),
         waiting_S=t.waiting_S | call_S, tokens_NxL=at(t.tokens_NxL, step.token_S),
-        logp_NxL=at(t.logp_NxL, step.logp_S), mask_NxL=at(t.mask_NxL, True), steps=t.steps + 1,
-        decoded=t.decoded + jnp.sum(slots.active_S))
+        logp_NxL=at(t.logp_NxL, step.logp_S), mask_NxL=at(t.mask_NxL, True),
+        experts_NxLxYxK=jax.tree.map(at, t.experts_NxLxYxK, step.experts_SxYxK),
+        steps=t.steps + 1, decoded=t.decoded + jnp.sum(slots.active_S))
 
   def cond(t):
     return jnp.any(t.slots.active_S) | can_fill(t.slots.active_S | t.waiting_S, t.pending)
@@ -197,9 +207,10 @@ def draw(sampler, params, prompt_PxT, valid_PxT, rng, records):
 
 
 def finish(turns):
-  """The Rollout of the finished turn loop, and its observation mask."""
+  """The Rollout of the finished turn loop (a MoE's recorded experts with it), and its
+  observation mask."""
   return sampler_lib.finish(turns.tokens_NxL, turns.logp_NxL, turns.mask_NxL, turns.steps,
-                            turns.waiting_S.shape[0]), turns.tool_NxL
+                            turns.waiting_S.shape[0], turns.experts_NxLxYxK), turns.tool_NxL
 
 
 def sample(sampler, params, prompt_PxT, valid_PxT, rng, records=None) -> TurnRollout:

@@ -71,9 +71,6 @@ def _check_tools(config, process_count):
                        f'{tasks.name_of(config)} task')
   if process_count > 1:
     raise ValueError('tool turns run in one process (the host serves every call)')
-  if config.model.router_replay:
-    raise ValueError('model.router_replay: tool turns do not record the experts they route to; '
-                     f'turn it off for the {tasks.name_of(config)} task')
   _, _, vocab_size = tasks.lengths(config)
   if vocab_size and config.model.vocab_size != vocab_size:
     raise ValueError(f'model.vocab_size ({config.model.vocab_size}) must equal the '
