@@ -118,12 +118,13 @@ def _batch_row(arm, rules, target, warmup):
       rcp=rcp.record(batch, done, rules.runs) if len(done) > 2 * rcp.DROPPED else None)
 
 
-def rcp_json(rows, rules, workdir):
+def rcp_json(rows, rules):
   """The batches' RCP records in the layout of mlperf_logging/rcp_checker/training_6.1.0/
-  rcps_<benchmark>.json (what its --custom_rcps reads): converged runs only."""
+  rcps_<benchmark>.json (what its --custom_rcps reads): converged runs only. Nothing in it names
+  the workdir's path, so the records rebuilt from a moved workdir are the same."""
   return {f"{rules.benchmark}_ref_{r['batch']}": {
       'Benchmark': rules.benchmark, 'Creator': 'rljax protocol',
-      'When': f'align runs in {os.path.basename(os.path.abspath(workdir))}',
+      'When': 'the align runs of a protocol workdir',
       'Platform': 'not recorded', 'Precision': r['precision'], 'BS': r['batch'],
       'Hyperparams': r['hyperparams'],
       'Epochs to converge': [int(s) for s in r['samples_per_run'] if math.isfinite(s)]}
@@ -153,7 +154,7 @@ def build(data, report):
       rules=setting['mlperf'], benchmark=rules.benchmark, division=setting['division'],
       target=target, reference_batch=rules.batch, lr=rules.lr, clip=rules.clip,
       start_steps=rules.start_steps, start_samples=rules.start_samples, runs=rules.runs,
-      batches=rows, rcps=rcp_json(rows, rules, data['workdir']), sources=list(SOURCES),
+      batches=rows, rcps=rcp_json(rows, rules), sources=list(SOURCES),
       fastest=min(scored, key=lambda r: r['score_scaled_s'])['batch'] if scored else None,
       protocol_recommended=report['recommended'])
 
