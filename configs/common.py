@@ -135,14 +135,15 @@ def base_config(P, G, runlocal, seed, model=''):
                           weight_decay=0.0, max_bad_steps=5)
 
   # Budget in retained training responses (compare runs by samples, never by steps). Evaluations
-  # every eval_every steps, and after every step once the run has trained eval_from_samples
-  # samples (0: never; MLPerf's validation boundaries, docs/guide/mlperf.md). overwrite: replace
-  # a different run in the workdir.
+  # every eval_every steps; before the first, at eval_first_samples x 1, 2, 4, ... samples (0:
+  # none; a curve that rises early is then resolved in log-samples); and after every step once
+  # the run has trained eval_from_samples samples (0: never; MLPerf's validation boundaries,
+  # docs/guide/mlperf.md). overwrite: replace a different run in the workdir.
   config.train = dict(max_samples=250_000 if runlocal else 2_000_000, max_steps=0,
                       micro_batch=64 if runlocal else min(256, P * G), num_minibatches=1,
                       num_epochs=1, logits_chunk=0 if runlocal else 128, eval_every=25,
-                      eval_from_samples=0, eval_size=500, log_every=10, checkpoint_every=100,
-                      keep_checkpoints=2, target=0.0, overwrite=False)
+                      eval_first_samples=0, eval_from_samples=0, eval_size=500, log_every=10,
+                      checkpoint_every=100, keep_checkpoints=2, target=0.0, overwrite=False)
 
   # The batch chosen during the run (docs/guide/auto_batch.md): among the powers of two in
   # [min, max], in the algorithm's unit (rollout.P: GRPO's prompts, PPO's B), the one of most

@@ -108,6 +108,13 @@ def get_config(arg=None):
       targets=(),
       max_samples=32_000 if arg.runlocal else 4_000_000,   # budget of each run, in responses
       eval_every_samples=1024 if arg.runlocal else 16_384,  # a multiple of every arm's batch
+      # evals before the first of the grid at eval_first_samples x 1, 2, 4, ... (0: none; a
+      # multiple of every arm's batch): a rise before the grid's first eval is still resolved.
+      eval_first_samples=0,
+      # > 0: the arms' budget and grid are divided by a power of two while the budget still
+      # holds budget_scales time-scales of lr0's calibration curve, the calibration's own after
+      # its first run likewise (0: as given; docs/guide/protocol.md, "Budget and eval grid").
+      budget_scales=0,
       min_micro_batches=2,         # every arm's batch in >= 2 micro-batches: B_simple at every batch
       checkpoint_every_evals=4,
       smooth_window=5,             # evals in the centred moving average before the crossing
@@ -171,7 +178,8 @@ def deep_preset(config):
       max_samples=65_536, eval_every_samples=8192, smooth_window=3,
       calibration_factors=(0.5, 1.0, 2.0), calibration_eval_every_samples=2048,
       calibration_max_samples=32_768, calibration_max_lrs=6, calibration_fraction=0.7,
-      max_seeds=12, extra_seeds=4, throughput_rounds=16, throughput_steps=16, confirm_seeds=4)
+      max_seeds=12, extra_seeds=4, throughput_rounds=16, throughput_steps=16, confirm_seeds=4,
+      eval_first_samples=max(config.protocol.sweep) * config.arm.rollout.G, budget_scales=16)
   # The arm's own runlocal lr held constant (GRPO arithmetic: the README run's 1e-4), and its own
   # warm start (arithmetic: the README run's, 0.37 on the CPU the preset was tuned on).
   config.arm.optimizer.decay = 'constant'

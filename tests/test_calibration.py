@@ -62,3 +62,43 @@ def test_the_bracket_extends_past_the_edge_it_found_until_its_bound():
   assert calibration.next_lr(lrs, 3.54e-5, 6) is None   # interior
   assert calibration.next_lr(lrs, 1.77e-5, 3) is None   # the bound
   assert calibration.next_lr(lrs, np.nan, 6) is None   # nothing chosen: nothing to follow
+
+
+def _saturating_run(scale, budget, every, start=0.3, rise=0.6):
+  """A noiseless run rising as start + rise (1 - exp(-x / scale)), evaluated every `every`."""
+  x = np.arange(0, budget + 1, every, dtype=float)
+  return _run(start + rise * (1 - np.exp(-x / scale)), every)
+
+
+@pytest.mark.parametrize('scale, expected', [(500.0, 4), (1000.0, 2), (2600.0, 1)])
+def test_the_divisor_keeps_the_budget_holding_its_time_scales(scale, expected):
+  """budget / d >= 16 time-scales for the largest power of two d: 32768 / (16 x 500) = 4.1 -> 4."""
+  runs = [_saturating_run(scale, 32768, 256)] * 2
+  d, fitted = calibration.divisor(runs, 32768, 16)
+  assert fitted == pytest.approx(scale, rel=0.01)   # the fit's scale grid is 1% apart
+  assert d == expected
+  assert calibration.divisor(runs, 32768, 0)[0] == 1
+
+
+def test_a_time_scale_below_the_fits_range_divides_less():
+  """The fit's scales start at 1% of the last eval's samples: a faster rise is read as that slow,
+  so the budget is divided less than it could be, never more."""
+  d, fitted = calibration.divisor([_saturating_run(100.0, 32768, 256)], 32768, 16)
+  assert fitted == pytest.approx(327.68, rel=0.01) and d == 4   # 16 at the true scale
+
+
+def test_divided_keeps_the_grid_a_multiple_of_the_largest_batch():
+  assert calibration.divided(65536, 8192, 8, 256) == (8192, 1024)
+  assert calibration.divided(65536, 8192, 64, 256) == (2048, 256)   # 8192 / 64 = 128 < 256
+  assert calibration.divided(65536, 8192, 1, 256) == (65536, 8192)
+
+
+def test_choose_reads_every_run_up_to_the_budget_given():
+  """A run that trained past the others' budget is read only up to it: its later top does not
+  move the proxy target."""
+  long = _run([0.30, 0.50, 0.60, 0.90])
+  runs = {1e-5: [long], 2e-5: [_run([0.30, 0.55, 0.60])]}
+  assert calibration.choose(runs, 0.0, 0.5, 1)['target'] == pytest.approx(0.60)   # 1e-5 to 0.90
+  choice = calibration.choose(runs, 0.0, 0.5, 1, budget=2048)
+  assert choice['target'] == pytest.approx(0.45)   # both tops 0.60 up to 2048 samples
+  assert choice['lr0'] == 2e-5

@@ -11,6 +11,7 @@ from configs import protocol as protocol_config
 from rljax import main
 from rljax.protocol import driver
 from rljax.protocol import mlperf
+from rljax.protocol import runs
 
 MLPERF = mlperf.RULES['qwen35_397b_grpo']
 
@@ -42,7 +43,7 @@ def test_the_presets_build_valid_arms_under_the_rules(arg, batches):
   arms = driver.arms(config, 'D')   # every arm passes the trainer's checks and the closed rules
   assert [a.batch for a in arms] == list(batches) and config.protocol.num_seeds == 6
   for arm in arms:
-    spec, cfg = driver._arm_spec(arm), arm.config  # pylint: disable=protected-access
+    spec, cfg = runs.arm_spec(arm), arm.config
     assert spec['lr'] == pytest.approx(rules.lr * math.sqrt(arm.batch / rules.batch), rel=1e-12)
     assert spec['clip'] == pytest.approx(0.125 * math.sqrt(256 / arm.batch), rel=1e-12)
     assert (cfg.rollout.G, cfg.train.eval_size, cfg.optimizer.decay, cfg.optimizer.warmup_steps,

@@ -19,8 +19,10 @@ from configs import protocol as protocol_config
 from rljax.protocol import driver as protocol
 from rljax.protocol import layout
 from rljax.protocol import report as report_lib
+from rljax.protocol import runs
 from rljax import stats
 from rljax.train import warmstart
+from rljax.train import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A tiny model, data set and budget: a few steps per run. Dotted config paths -> values.
@@ -73,10 +75,10 @@ def test_runlocal_arms_follow_the_sqrt_rule_on_one_sample_grid():
   config = protocol_config.get_config('runlocal,shallow')
   arms = {a.name: a for a in protocol.arms(config, '/tmp/D')}
   assert sorted(arms) == ['P128', 'P16', 'P32', 'P32_fixed_lr', 'P64']
-  base_lr = protocol._arm_spec(arms['P16'])['lr']
+  base_lr = runs.arm_spec(arms['P16'])['lr']
   assert base_lr == protocol.default_lr0(config) == 5e-5
   for name, arm in arms.items():
-    spec = protocol._arm_spec(arm)
+    spec = runs.arm_spec(arm)
     assert arm.config.rollout.P == arm.value and spec['batch'] == arm.value * 8
     ratio = 1.0 if arm.control else (arm.batch / 128)**0.5
     assert spec['lr'] == pytest.approx(base_lr * ratio)
@@ -86,7 +88,7 @@ def test_runlocal_arms_follow_the_sqrt_rule_on_one_sample_grid():
   assert arms['P32_fixed_lr'].config.optimizer.lr_rule == 'constant'
   config.protocol.seed_offset = 100   # a replicate protocol: other seeds, the same warm start
   assert {a.config.seed for a in protocol.arms(config, '/tmp/D')} == {100}
-  given = {a.name: protocol._arm_spec(a)['lr'] for a in protocol.arms(config, 'D', lr0=2e-5)}
+  given = {a.name: runs.arm_spec(a)['lr'] for a in protocol.arms(config, 'D', lr0=2e-5)}
   assert given['P16'] == 2e-5 and given['P64'] == pytest.approx(4e-5)
   assert given['P32_fixed_lr'] == 2e-5
 
@@ -107,7 +109,7 @@ def test_runlocal_builds_valid_arms_and_a_calibration_sweep(arg):
   arms = protocol.arms(config, 'D')   # every arm passes the trainer's own config checks
   assert {a.batch for a in arms} == {128, 256, 512, 1024}
   sweep = [protocol.calibration_arm(config, 'D', lr) for lr in protocol.calibration_lrs(config)]
-  lrs = [protocol._arm_spec(a)['lr'] for a in sweep]
+  lrs = [runs.arm_spec(a)['lr'] for a in sweep]
   assert len(lrs) == 5 and {a.batch for a in sweep} == {128}
   assert max(lrs) / min(lrs) == pytest.approx(4.0, rel=0.01)
   assert lrs[2] == pytest.approx(protocol.default_lr0(config), rel=0.01)
@@ -128,7 +130,7 @@ def test_the_deep_preset_runs_every_arm_on_and_calibrates_on_a_placed_proxy_targ
   sweep = [protocol.calibration_arm(config, 'D', lr) for lr in protocol.calibration_lrs(config)]
   assert [(a.batch, a.config.train.target, a.config.train.eval_every,
            a.config.train.max_samples) for a in sweep] == [(16, 0.0, 128, 32_768)] * 3
-  lrs = [protocol._arm_spec(a)['lr'] for a in sweep]
+  lrs = [runs.arm_spec(a)['lr'] for a in sweep]
   assert lrs == pytest.approx([1e-4 * (16 / 128)**0.5 * f for f in (0.5, 1.0, 2.0)], rel=0.01)
   p = config.protocol
   assert (p.target, p.calibration_fraction) == (0.0, 0.7)
@@ -153,7 +155,7 @@ def test_the_deep_preset_takes_another_algo_or_task_with_its_own_lr_and_warm_sta
   config = protocol_config.get_config(arg)
   arms = protocol.arms(config, 'D')
   assert [a.batch for a in arms] == [16, 64, 256]
-  assert protocol._arm_spec(arms[0])['lr'] == pytest.approx(lr, rel=1e-6)
+  assert runs.arm_spec(arms[0])['lr'] == pytest.approx(lr, rel=1e-6)
   own = protocol_config.arm_config(config.algo, config.protocol.arm_arg)
   for a in arms:
     assert a.config.optimizer.decay == 'constant' and a.config.train.eval_size == 4000
@@ -180,7 +182,7 @@ def test_a_given_lr0_skips_the_calibration(tmp_path):
 
 
 def _finished_run(run_dir, accuracies, batch=128):
-  """A run that protocol.run_once will skip: metrics.jsonl with evals every 1024 samples, done.json."""
+  """A run that runs.run_once will skip: metrics.jsonl with evals every 1024 samples, done.json."""
   os.makedirs(run_dir)
   rows = [dict(step=8 * i, samples=1024 * i, eval=True, eval_accuracy=a)
           for i, a in enumerate(accuracies)]
@@ -213,7 +215,7 @@ def test_calibration_chooses_the_lr_with_the_fewest_samples_to_a_given_target(tm
       'lr0': 5e-5, 'source': 'calibrated', 'at_edge': False, 'target': 0.37,
       'method': 'fewest samples to target'}
   arms = protocol.arms(config, str(tmp_path), lr0, target)
-  assert protocol._arm_spec(arms[0])['lr'] == 5e-5
+  assert runs.arm_spec(arms[0])['lr'] == 5e-5
   assert arms[0].config.train.target == pytest.approx(0.37 + config.protocol.stop_margin)
 
 
@@ -245,6 +247,52 @@ def test_an_lr_at_the_edge_extends_the_bracket_until_the_best_is_interior(tmp_pa
   assert layout.read(str(other), 'calibration')['at_edge'] is True
 
 
+def _saturating_run(run_dir, scale, budget, every, first=256, batch=16):
+  """A finished run rising as 0.3 + 0.6 (1 - exp(-samples / scale)), evaluated at `first` x 2^k
+  below `every`, then every `every` samples up to `budget`."""
+  lead = [first * 2**k for k in range(8) if first * 2**k < every]
+  x = [0] + lead + list(range(every, budget + 1, every))
+  rows = [dict(step=n // batch, samples=n, eval=True, eval_accuracy=0.3 + 0.6 * (1 - np.exp(-n / scale)))
+          for n in x]
+  rows += [dict(step=s, samples=batch * s, step_time_s=0.1, grad_norm=1.0)
+           for s in range(1, budget // batch + 1)]
+  os.makedirs(run_dir)
+  (Path(run_dir) / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  (Path(run_dir) / 'done.json').write_text('{}')
+
+
+@pytest.mark.parametrize('stretch, calibration_budget, arms_budget, arms_every', [
+    (1.0, 8192, 8192, 1024),      # lr0's scale 400: 65536 / (16 x 400) = 10 -> 8
+    (6.5, None, 65536, 8192)])    # scales of 2600-4550, as on the arithmetic task: as given
+def test_a_fast_rise_divides_the_later_calibration_runs_and_the_arms_budgets(
+    tmp_path, stretch, calibration_budget, arms_budget, arms_every):
+  """The deep preset (budget_scales 16): the first calibration run's time-scale (500) divides the
+  others' budget and grid by 4; lr0's (400) the arms' by 8. A slow rise leaves both as given."""
+  config, workdir = protocol_config.get_config('runlocal'), str(tmp_path)
+  lrs = protocol.calibration_lrs(config)
+  scales = {lrs[0]: 500 * stretch, lrs[1]: 400 * stretch, lrs[2]: 700 * stretch}
+  later, later_every = calibration_budget or 32768, 512 if calibration_budget else 2048
+  for lr, scale in scales.items():
+    name = protocol.calibration_arm(config, workdir, lr).name
+    for seed in range(2):
+      budget, every = (32768, 2048) if (lr, seed) == (lrs[0], 0) else (later, later_every)
+      _saturating_run(layout.run_dir(workdir, 'calibration', name, seed), scale, budget, every)
+  lr0, target = protocol.calibrate(config, workdir)
+  calibration = layout.read(workdir, 'calibration')
+  assert lr0 == lrs[1] and not calibration['at_edge']
+  assert calibration['calibration_budget'] == calibration_budget
+  assert calibration['time_scale'] == pytest.approx(400 * stretch, rel=0.02)
+  recorded = lambda lr, seed: workdir_lib.read_json(os.path.join(layout.run_dir(
+      workdir, 'calibration', protocol.calibration_name(lr), seed), 'config.json'))['train']
+  assert recorded(lrs[0], 0)['max_samples'] == 32768
+  assert recorded(lrs[1], 1)['max_samples'] == later
+  assert recorded(lrs[1], 1)['eval_every'] * 16 == later_every
+  for arm in protocol.arms(protocol.with_budget(config, workdir), workdir, lr0, target):
+    assert arm.config.train.max_samples == arms_budget
+    assert arm.config.train.eval_every * arm.batch == arms_every
+    assert arm.config.train.eval_first_samples == 256
+
+
 def test_calibration_with_no_lr_at_a_given_target_goes_on_with_the_most_progress(tmp_path,
                                                                                   capsys):
   config = protocol_config.get_config('runlocal,shallow')
@@ -271,7 +319,7 @@ def test_add_seeds_stages_its_budget_to_the_base_and_the_point_fastest_arm(tmp_p
   crossings = dict(P16=[4, 5, 6, 5], P32=[5, 8, 10, 6], P64=[12, 14, 16], P128=[20, 24, 28],
                    P32_fixed_lr=[4, 5, 6])   # evals to the target, per seed
   for arm in arm_list:
-    layout.write(workdir, 'arm', protocol._arm_spec(arm), group='arms', arm=arm.name)
+    layout.write(workdir, 'arm', runs.arm_spec(arm), group='arms', arm=arm.name)
     for seed, k in enumerate(crossings[arm.name]):
       _finished_run(layout.run_dir(workdir, 'arms', arm.name, seed), [0.3] * k + [0.4] * 2,
                     arm.batch)
@@ -285,13 +333,13 @@ def test_add_seeds_stages_its_budget_to_the_base_and_the_point_fastest_arm(tmp_p
     run_dir = layout.run_dir(workdir, 'arms', name, 3)
     os.remove(os.path.join(run_dir, 'done.json'))
     os.rename(run_dir, run_dir + '_later')
-  original_run_once = protocol.run_once
+  original_run_once = runs.run_once
   def run_once(cfg, run_dir, label, stop=None):
     if os.path.exists(run_dir + '_later'):
       os.rename(run_dir + '_later', run_dir)
       (Path(run_dir) / 'done.json').write_text('{}')
     return original_run_once(cfg, run_dir, label, stop)
-  monkeypatch.setattr(protocol, 'run_once', run_once)
+  monkeypatch.setattr(runs, 'run_once', run_once)
   protocol.add_seeds(config, workdir, arm_list)
   seeds = {a.name: protocol._seeds_of(workdir, a) for a in arm_list}
   assert seeds == dict(P16=[0, 1, 2, 3], P32=[0, 1, 2, 3], P64=[0, 1, 2], P128=[0, 1, 2],

@@ -80,6 +80,20 @@ def test_a_target_stops_a_run_only_from_eval_from_samples_on():
   assert train._done(cfg, meta(4096, 0.7))  # pylint: disable=protected-access
 
 
+def test_evaluations_before_the_grid_come_at_each_doubling_of_eval_first_samples():
+  """Batch 16, a grid of 128 steps (2048 samples): evals at 256, 512 and 1024 samples first."""
+  config = grpo_config.get_config('runlocal,P=2')   # 2 x G 8 = 16 responses a step
+  config.train.update(eval_every=128, eval_first_samples=256)
+  due = [s for s in range(1, 300) if train.eval_due(config, dict(step=s), 16 * (s - 1), 16 * s)]
+  assert due == [16, 32, 64, 128, 256]
+  config.train.eval_first_samples = 0
+  assert [s for s in range(1, 300)
+          if train.eval_due(config, dict(step=s), 16 * (s - 1), 16 * s)] == [128, 256]
+  config.train.eval_first_samples = 24   # not a multiple of the batch: the step that passes it
+  assert [s for s in range(1, 70) if train.eval_due(config, dict(step=s), 16 * (s - 1),
+                                                    16 * s)] == [2, 3, 6, 12, 24, 48]
+
+
 def test_rollout_stats_match_numpy():
   rng = np.random.default_rng(0)
   rewards_B = rng.choice([0.0, 1.0], 24).astype(np.float32)

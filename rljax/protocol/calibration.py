@@ -7,6 +7,11 @@ edge of the lrs tried, the driver runs the next lr beyond it (`next_lr`), so the
 towards the optimum. When no lr reaches the target on every seed, the lr with the most progress
 at the budget is taken, and the choice says so: calibration never ends a protocol.
 
+A task whose curve rises within a small part of the budget gets a smaller budget and a finer eval
+grid, by a power of two (`divisor`): the budget still holds `scales` time-scales of the curve,
+so a fast task is measured on its rise instead of its plateau, and the preset's budget and
+grid hold wherever the rise is slower (docs/guide/protocol.md, "Budget and eval grid").
+
 A run is what rljax.protocol.layout.load_run gives; runs_by_lr maps an lr to its seeds' runs.
 """
 import numpy as np
@@ -64,10 +69,13 @@ def most_progress(runs_by_lr, window):
   return float(max(final, key=final.get)) if final else np.nan
 
 
-def choose(runs_by_lr, target, fraction, window, level=0.95):
+def choose(runs_by_lr, target, fraction, window, level=0.95, budget=None):
   """lr0 from the calibration runs: the dict of choose_lr plus the target and how it was set
   ('given' when target > 0, else placed by proxy_target) and the method ('fewest samples to
-  target', or 'most progress at the budget' when no lr reached it on every seed)."""
+  target', or 'most progress at the budget' when no lr reached it on every seed). `budget`: the
+  samples every run is read up to (the first run may have trained longer, see `divisor`)."""
+  if budget:
+    runs_by_lr = {lr: [curves.until(r, budget) for r in runs] for lr, runs in runs_by_lr.items()}
   rule = 'given' if target > 0 else f'start + {fraction:g} x (top - start) of the calibration runs'
   if not target > 0:
     target = proxy_target(runs_by_lr, fraction, window)
@@ -91,3 +99,22 @@ def next_lr(lrs, lr0, max_lrs):
     return None
   step = lrs[0] / lrs[1] if lr0 == lrs[0] else lrs[-1] / lrs[-2]
   return float(f'{lr0 * step:.3g}')
+
+
+def divisor(runs, budget, scales):
+  """The largest power of two d with budget / d still holding `scales` time-scales of the runs'
+  curve (the `saturating` fit of rljax.protocol.curves), and that time-scale; (1, nan) when
+  scales is 0 or the runs do not rise. The fit's scales start at 1% of the runs' last samples:
+  a faster rise reads as that slow, and divides the budget less, never more."""
+  shape = curves.fit_curve_shape(runs) if scales else None
+  if shape is None:
+    return 1, np.nan
+  ratio = budget / (scales * shape['scale'])
+  return 2 ** max(int(np.floor(np.log2(ratio))), 0), shape['scale']
+
+
+def divided(budget, every, d, batch):
+  """(budget, every) / d', d' the largest power of two <= d keeping `every` a multiple of batch."""
+  while d > 1 and (every % d or (every // d) % batch):
+    d //= 2
+  return budget // d, every // d

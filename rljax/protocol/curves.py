@@ -75,6 +75,14 @@ def wallclock_to_target(run, target, window=1, warmup=0):
   return float(wallclock_at(run, samples, warmup)) if np.isfinite(samples) else np.nan
 
 
+def until(run, samples):
+  """The run as if it had stopped at `samples`: its train and eval rows up to there."""
+  def cut(columns):
+    keep = np.asarray(columns['samples'], float) <= samples
+    return {key: np.asarray(value)[keep] for key, value in columns.items()}
+  return dict(run, train=cut(run['train']), eval=cut(run['eval']))
+
+
 def samples_reached(run):
   """The samples of the last eval: a lower bound on samples-to-target of a run that missed it."""
   x, _ = eval_xy(run, 'samples')

@@ -25,100 +25,21 @@ one report. D/timing.json keeps the seconds each phase took.
 import os
 import shutil
 import time
-from typing import NamedTuple
 
 import jax
 import ml_collections
 import numpy as np
 
 from rljax import algos
-from rljax import optim
 from rljax import stats
 from rljax.protocol import calibration as calibration_lib
+from rljax.protocol import curves
 from rljax.protocol import layout
-from rljax.protocol import mlperf
 from rljax.protocol import report as report_lib
-from rljax.protocol import settings
+from rljax.protocol.runs import Arm, arm_config, arms, batch_of, default_lr0, run_arm_seeds, value_of
 from rljax.train import config_checks
 from rljax.train import loop as train
-from rljax.train import metrics as metrics_lib
 from rljax.train import run as run_lib
-from rljax.train import workdir as workdir_lib
-
-
-class Arm(NamedTuple):
-  name: str          # e.g. P16, P32_fixed_lr, lr5e-05
-  value: int         # the batch argument of configs/<algo>.py (GRPO: P prompts, PPO: B)
-  batch: int         # responses per update step, the unit of the lr rule (GRPO: P x G)
-  control: bool      # fixed lr (the base arm's) instead of the sqrt rule
-  config: ml_collections.ConfigDict   # the arm's training config, without a seed
-
-
-# ------------------------------------------------------------------------------------------------
-# Arm configs: configs/<algo>.py at one batch, plus the protocol's settings.
-# ------------------------------------------------------------------------------------------------
-
-
-def batch_of(value, arm_config):
-  """Responses per update step at batch argument `value` (GRPO: P x G; PPO: B)."""
-  return value * arm_config.rollout.G
-
-
-def value_of(batch, arm_config):
-  """The batch argument that gives `batch` responses per step (inverse of batch_of)."""
-  return batch // arm_config.rollout.G
-
-
-def default_lr0(config):
-  """The lr that config.arm gives the base batch: the centre of the calibration sweep."""
-  opt = config.arm.optimizer
-  return optim.scaled_lr(opt.lr, batch_of(config.protocol.base, config.arm),
-                         opt.base_batch, opt.lr_rule)
-
-
-def arm_config(config, workdir, value, lr0, control=False, target=None):
-  """config.arm at batch argument `value`, lr0 at the base batch, plus the protocol's settings;
-  `target` is the stop target J (protocol.target when None: 0 until calibration places it).
-
-  Evals every eval_every_samples // batch steps: the same sample grid for every arm (checked in
-  `arms` to divide), so smoothing and crossings resolve every curve alike.
-  """
-  p, opt = config.protocol, config.arm.optimizer
-  arm = algos.with_batch(config.arm, value)
-  batch, base_batch = batch_of(value, arm), batch_of(p.base, config.arm)
-  arm.optimizer.update(lr=lr0, base_batch=base_batch, max_grad_norm=optim.scaled_clip(
-      opt.max_grad_norm, base_batch, opt.base_batch, opt.clip_rule))   # the clip at the base
-  # B_simple needs >= 2 micro-batches a step (rljax/update.py); quick mode reads the base's.
-  arm.train.micro_batch = min(arm.train.micro_batch or batch, batch // p.min_micro_batches)
-  if control:   # the paper's failure case: a larger batch at the base arm's lr
-    arm.optimizer.lr_rule = 'constant'
-  arm.mode = 'train'
-  arm.seed = p.seed_offset   # run seed_<k> trains with seed seed_offset + k
-  arm.train.eval_every = max(1, p.eval_every_samples // batch)
-  arm.train.eval_from_samples = mlperf.validation_start(p, batch)   # 0 without MLPerf's rules
-  arm.train.checkpoint_every = arm.train.eval_every * p.checkpoint_every_evals
-  arm.train.max_samples, arm.train.max_steps = p.max_samples, 0
-  target = p.target if target is None else target
-  arm.train.target = min(target + p.stop_margin, 1.0) if p.stop_at_target and target else 0.0
-  arm.warmstart.dir = arm.warmstart.dir or os.path.join(os.path.abspath(workdir), 'warmstart')
-  arm.warmstart.seed = p.warmstart_seed
-  return arm
-
-
-def arms(config, workdir, lr0=None, target=None):
-  """The align arms: the sqrt sweep, then the fixed-lr controls. Validates the protocol first."""
-  settings.check(config)
-  lr0 = lr0 or config.protocol.lr0 or default_lr0(config)
-  key = algos.get(config.algo).BATCH_ARG
-  result = []
-  for value, control in ([(v, False) for v in config.protocol.sweep] +
-                         [(v, True) for v in config.protocol.control]):
-    cfg = arm_config(config, workdir, value, lr0, control, target)
-    config_checks.check(cfg)
-    name = f'{key}{value}' + ('_fixed_lr' if control else '')
-    result.append(Arm(name, value, batch_of(value, cfg), control, cfg))
-  settings.check_arms(config, result)   # one sample grid; MLPerf's closed rules
-  return result
 
 
 def calibration_name(lr):
@@ -131,76 +52,20 @@ def calibration_lrs(config):
   return [float(f'{centre * f:.3g}') for f in config.protocol.calibration_factors]
 
 
-def calibration_arm(config, workdir, lr):
-  """The base batch at `lr` on the calibration's grid and budget. It stops at a given target
-  (+ margin); with a placed one it runs its whole budget (the target needs every curve's top)."""
+def calibration_arm(config, workdir, lr, divisor=1):
+  """The base batch at `lr` on the calibration's grid and budget, both / divisor (`calibrate`). It
+  stops at a given target (+ margin); with a placed one it runs its whole budget (the target
+  needs every curve's top)."""
   p = config.protocol
   cfg = arm_config(config, workdir, p.base, lr)
   cfg.train.target = min(p.target + p.stop_margin, 1.0) if p.target else 0.0
-  every = p.calibration_eval_every_samples or p.eval_every_samples
+  cfg.train.max_samples, every = calibration_lib.divided(
+      p.calibration_max_samples or p.max_samples,
+      p.calibration_eval_every_samples or p.eval_every_samples, divisor, batch_of(p.base, cfg))
   cfg.train.eval_every = max(1, every // batch_of(p.base, cfg))
   cfg.train.checkpoint_every = cfg.train.eval_every * p.checkpoint_every_evals
-  cfg.train.max_samples = p.calibration_max_samples or p.max_samples
   config_checks.check(cfg)
   return Arm(calibration_name(lr), p.base, batch_of(p.base, cfg), False, cfg)
-
-
-def _arm_spec(arm):
-  """arm.json: what the report reads about an arm."""
-  opt, groups = arm.config.optimizer, arm.config.rollout.G > 1
-  return dict(name=arm.name, batch=arm.batch, value=arm.value, P=arm.value if groups else None,
-              G=arm.config.rollout.G if groups else None, lr=optim.scaled_lr(
-                  opt.lr, arm.batch, opt.base_batch, opt.lr_rule), lr_rule=opt.lr_rule,
-              control=arm.control, clip=optim.scaled_clip(opt.max_grad_norm, arm.batch,
-                                                         opt.base_batch, opt.clip_rule))
-
-
-# ------------------------------------------------------------------------------------------------
-# Runs: ordinary trainings, skipped when done, resumed otherwise.
-# ------------------------------------------------------------------------------------------------
-
-
-def _has_checkpoint(run_dir):
-  ckpt_dir = os.path.join(run_dir, 'checkpoints')
-  return os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir))
-
-
-def run_once(cfg, run_dir, label, stop=None):
-  """Trains `cfg` in run_dir unless done.json says it finished; returns done.json's content."""
-  done_path = os.path.join(run_dir, 'done.json')
-  workdir_lib.record_or_check(run_dir, cfg)
-  if os.path.exists(done_path):
-    print(f'[protocol] {label}: already done, skipped', flush=True)
-    return workdir_lib.read_json(done_path)
-  if not _has_checkpoint(run_dir):   # killed before its first checkpoint: logs would duplicate
-    for name in ('metrics.jsonl', 'eval_correct.jsonl'):
-      if os.path.exists(os.path.join(run_dir, name)):
-        os.remove(os.path.join(run_dir, name))
-  print(f'[protocol] {label}: training in {run_dir}', flush=True)
-  start = time.time()
-  final_eval = train.train(cfg, run_dir, stop)
-  rows = [r for r in metrics_lib.read_jsonl(os.path.join(run_dir, 'metrics.jsonl'))
-          if not r.get('eval')]
-  done = dict(eval_accuracy=final_eval, steps=rows[-1]['step'] if rows else 0,
-              samples=rows[-1]['samples'] if rows else 0, seconds_this_process=time.time() - start)
-  workdir_lib.write_json_atomic(done_path, done)
-  print(f'[protocol] {label}: done, eval {final_eval:.3f} after {done["samples"]} samples',
-        flush=True)
-  return done
-
-
-def seed_config(arm, seed):
-  cfg = ml_collections.ConfigDict(arm.config.to_dict())
-  cfg.seed = arm.config.seed + seed
-  return cfg
-
-
-def run_arm_seeds(workdir, group, arm, seeds, label, stop=None):
-  """The arm's runs at `seeds`, each in D/<group>/<arm>/seed_<k>/ (arm.json written first)."""
-  layout.write(workdir, 'arm', _arm_spec(arm), group=group, arm=arm.name)
-  for seed in seeds:
-    run_once(seed_config(arm, seed), layout.run_dir(workdir, group, arm.name, seed),
-             f'{label}: {arm.name} seed {seed}', stop)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -211,39 +76,77 @@ def run_arm_seeds(workdir, group, arm, seeds, label, stop=None):
 def calibrate(config, workdir, stop=None):
   """(lr0, J) at the base batch: lr0 given, or the calibration's choice (rljax.protocol.calibration)
   on a target given or placed on its runs' curves; the bracket moves past an edge while
-  protocol.calibration_max_lrs allows. Never fails for want of a target: it says what it chose."""
+  protocol.calibration_max_lrs allows. Never fails for want of a target: it says what it chose.
+  With protocol.budget_scales, the first run's curve divides the others' budget and grid, and
+  lr0's curve the arms' (calibration.json keeps them; `with_budget`)."""
   p = config.protocol
   if p.lr0 > 0:
     layout.write(workdir, 'calibration', dict(lr0=p.lr0, source='given', target=p.target))
     return p.lr0, p.target
   lrs = calibration_lrs(config)
+  first = calibration_arm(config, workdir, lrs[0])
+  run_arm_seeds(workdir, 'calibration', first, [0], f'calibrate 1/{len(lrs)}', stop)
+  divisor = calibration_lib.divisor(_calibration_runs(workdir, lrs[:1])[lrs[0]],
+                                    first.config.train.max_samples, p.budget_scales)[0]
+  arm_at = lambda lr: calibration_arm(config, workdir, lr, divisor)
+  budget = arm_at(lrs[0]).config.train.max_samples if divisor > 1 else None
   for seed in range(p.calibration_seeds):   # seed-major: an interrupted sweep is already usable
     for i, lr in enumerate(lrs):
-      run_arm_seeds(workdir, 'calibration', calibration_arm(config, workdir, lr), [seed],
-                    f'calibrate {i + 1}/{len(lrs)}', stop)
+      if seed or i:
+        run_arm_seeds(workdir, 'calibration', arm_at(lr), [seed], f'calibrate {i + 1}/{len(lrs)}',
+                      stop)
   while True:
-    choice = calibration_choice(config, workdir, lrs)
+    choice = calibration_choice(config, workdir, lrs, budget)
     lr = calibration_lib.next_lr(lrs, choice['lr0'], p.calibration_max_lrs)
     if lr is None:
       break
     print(f"[protocol] lr {choice['lr0']:g} is at the edge of {sorted(lrs)}: extending to {lr:g}",
           flush=True)
     lrs.append(lr)
-    run_arm_seeds(workdir, 'calibration', calibration_arm(config, workdir, lr),
-                  range(p.calibration_seeds), f'calibrate {len(lrs)}', stop)
+    run_arm_seeds(workdir, 'calibration', arm_at(lr), range(p.calibration_seeds),
+                  f'calibrate {len(lrs)}', stop)
   layout.write(workdir, 'calibration', dict(
       lr0=choice['lr0'], source='calibrated', at_edge=choice['at_edge'], target=choice['target'],
-      method=choice['method']))
+      method=choice['method'], **_budgets(config, workdir, choice['lr0'], budget)))
   _say_calibration(choice, lrs)
   return choice['lr0'], choice['target']
 
 
-def calibration_choice(config, workdir, lrs):
-  p = config.protocol
+def _calibration_runs(workdir, lrs):
   names = {calibration_name(lr) for lr in lrs}
-  runs = {a['spec']['lr']: a['runs'] for a in layout.load_group(workdir, 'calibration')
+  return {a['spec']['lr']: a['runs'] for a in layout.load_group(workdir, 'calibration')
           if a['spec']['name'] in names}
-  return calibration_lib.choose(runs, p.target, p.calibration_fraction, p.smooth_window, p.level)
+
+
+def calibration_choice(config, workdir, lrs, budget=None):
+  p = config.protocol
+  return calibration_lib.choose(_calibration_runs(workdir, lrs), p.target, p.calibration_fraction,
+                                p.smooth_window, p.level, budget)
+
+
+def _budgets(config, workdir, lr0, budget):
+  """With protocol.budget_scales: the calibration runs' budget after the first, and the arms'
+  budget and grid divided as lr0's curve allows (docs/guide/protocol.md, "Budget and eval grid")."""
+  p = config.protocol
+  if not p.budget_scales:
+    return {}
+  runs = [curves.until(r, budget) if budget else r for r in _calibration_runs(workdir, [lr0])[lr0]]
+  divisor, scale = calibration_lib.divisor(runs, p.max_samples, p.budget_scales)
+  top = max(batch_of(v, config.arm) for v in p.sweep)
+  max_samples, every = calibration_lib.divided(p.max_samples, p.eval_every_samples, divisor, top)
+  return dict(time_scale=scale, calibration_budget=budget, max_samples=max_samples,
+              eval_every_samples=every)
+
+
+def with_budget(config, workdir):
+  """config with the arms' budget and eval grid calibration.json derived, where it did."""
+  derived = layout.read(workdir, 'calibration') or {}
+  if 'max_samples' not in derived:
+    return config
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.protocol.update(max_samples=derived['max_samples'],
+                         eval_every_samples=derived['eval_every_samples'])
+  return config
 
 
 def _say_calibration(choice, lrs):
@@ -284,6 +187,7 @@ def measure_throughput(config, workdir, value, lr0, round_index, stop=None):
     return
   cfg.train.max_samples, cfg.train.max_steps = 0, p.throughput_warmup + p.throughput_steps
   cfg.train.target, cfg.train.checkpoint_every, cfg.train.eval_from_samples = 0.0, 0, 0
+  cfg.train.eval_first_samples = 0
   cfg.train.eval_every = cfg.train.max_steps + 1   # evals are not part of the steady state
   shape = run_lib.checked_shape(cfg)   # checked and set up abstractly once, before the old run goes
   run_dir = os.path.join(workdir, 'throughput', str(batch), f'run_{round_index}')
@@ -418,6 +322,7 @@ def run(config, workdir, stop=None):
   if p.compilation_cache:
     _compilation_cache(workdir)
   lr0, target = timed(workdir, 'calibration', calibrate, config, workdir, stop)
+  config = with_budget(config, workdir)
   arm_list = arms(config, workdir, lr0, target)
   base = next(a for a in arm_list if a.value == p.base and not a.control)
   write_protocol_json(config, workdir, base, target)

@@ -3,7 +3,8 @@ the report (rljax.protocol.report).
 
 Layout of a protocol workdir D (SCHEMA names each JSON file and the fields it must hold):
   D/protocol.json                        the protocol's settings
-  D/calibration.json                     lr0 and where it came from ('calibrated' or 'given')
+  D/calibration.json                     lr0 and where it came from ('calibrated' or 'given'); the
+                                         budgets it derived (protocol.budget_scales)
   D/<group>/<arm>/arm.json               one arm: a batch at an lr; group is one of GROUPS
   D/<group>/<arm>/seed_<k>/metrics.jsonl an ordinary training run of that arm
   D/throughput/<batch>/round_<r>.json    one steady-state throughput measurement

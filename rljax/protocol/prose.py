@@ -34,7 +34,18 @@ def _calibration_sentence(c):
              + where)
   return (f"lr0 calibration at the base batch (samples to J = {_num(c['target'], '.3f')}, "
           f"{c['target_rule']}; geometric mean over seeds): {rows}; chosen lr0 = "
-          f"{_num(c['lr0'])}.{where}")
+          f"{_num(c['lr0'])}.{where}{_budget_sentence(c)}")
+
+
+def _budget_sentence(c):
+  """The budget and grid the calibration derived (protocol.budget_scales), where it did."""
+  if 'max_samples' not in c:
+    return ''
+  after_first = (f"the calibration runs after the first trained {_count(c['calibration_budget'])} "
+                 'samples each; ' if c['calibration_budget'] else '')
+  return (f" Time-scale of lr0's curve: {_count(c['time_scale'])} samples; {after_first}the arms "
+          f"train {_count(c['max_samples'])} samples, evaluated every "
+          f"{_count(c['eval_every_samples'])}.")
 
 
 def _arm_sentence(a):

@@ -38,6 +38,9 @@ def check(config):
       p.calibration_max_samples < 0):
     raise ValueError('protocol.max_samples and protocol.eval_every_samples must be positive, '
                      'protocol.calibration_eval_every_samples and .calibration_max_samples >= 0')
+  if p.eval_first_samples < 0 or p.budget_scales < 0:
+    raise ValueError(f'protocol.eval_first_samples ({p.eval_first_samples}) and .budget_scales '
+                     f'({p.budget_scales}) must be >= 0 (0: none)')
   if p.throughput_steps < 1 or p.throughput_warmup < 1 or p.throughput_rounds < 1:
     raise ValueError('protocol.throughput_steps, .throughput_rounds and .throughput_warmup must '
                      'be >= 1 (the first step compiles and must not count)')
@@ -50,9 +53,10 @@ def check(config):
 def check_arms(config, arm_list):
   """The arms built: one sample grid for all (eval_every_samples a multiple of every batch), and,
   with MLPerf's rules in the closed division, every rule held (rljax.protocol.mlperf)."""
-  every = config.protocol.eval_every_samples
-  off_grid = [a.batch for a in arm_list if every % a.batch]
-  if off_grid:
-    raise ValueError(f'protocol.eval_every_samples ({every}) must be a multiple of every arm\'s '
-                     f'batch, so that all arms are evaluated on one sample grid; not of {off_grid}')
+  p = config.protocol
+  for key in ('eval_every_samples', 'eval_first_samples'):
+    off_grid = [a.batch for a in arm_list if p[key] % a.batch]
+    if off_grid:
+      raise ValueError(f'protocol.{key} ({p[key]}) must be a multiple of every arm\'s batch, so '
+                       f'that all arms are evaluated on one sample grid; not of {off_grid}')
   mlperf.check_arms(config, arm_list)

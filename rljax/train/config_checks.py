@@ -51,9 +51,9 @@ def _check_loop(config):
   for key in ('eval_every', 'log_every'):
     if train[key] < 1:
       raise ValueError(f'train.{key} must be >= 1, got {train[key]}')
-  if train.eval_from_samples < 0:
-    raise ValueError(f'train.eval_from_samples must be >= 0 (0: never), got '
-                     f'{train.eval_from_samples}')
+  for key, meaning in (('eval_first_samples', 'none'), ('eval_from_samples', 'never')):
+    if train[key] < 0:
+      raise ValueError(f'train.{key} must be >= 0 (0: {meaning}), got {train[key]}')
   if config.optimizer.max_bad_steps < 1:
     raise ValueError(f'optimizer.max_bad_steps must be >= 1, got {config.optimizer.max_bad_steps}')
 

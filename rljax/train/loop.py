@@ -146,14 +146,27 @@ def _check_updates(run, carry, row, workdir):
 
 def eval_due(config, row, samples_before, samples_after):
   """Every train.eval_every steps; with auto_batch every as many samples as those steps hold at
-  the starting batch, so the eval grid stays in samples while the batch changes. After every
-  step once train.eval_from_samples are trained (when > 0): MLPerf's validation boundaries."""
+  the starting batch, so the eval grid stays in samples while the batch changes. Before the first
+  of those, at train.eval_first_samples x 2^k (when > 0). After every step once
+  train.eval_from_samples are trained (when > 0): MLPerf's validation boundaries."""
   if 0 < config.train.eval_from_samples <= samples_after:
+    return True
+  every = config.train.eval_every * algos.batch_size(config)
+  if _lead_in_due(config.train.eval_first_samples, every, samples_before, samples_after):
     return True
   if not auto_state.enabled(config):
     return row['step'] % config.train.eval_every == 0
-  every = config.train.eval_every * algos.batch_size(config)
   return samples_after // every > samples_before // every
+
+
+def _lead_in_due(first, every, samples_before, samples_after):
+  """Whether a step from samples_before to samples_after passed first x 2^k < every (first > 0)."""
+  point = first
+  while 0 < point < every and point <= samples_after:
+    if point > samples_before:
+      return True
+    point *= 2
+  return False
 
 
 def train(config, workdir, stop=None, shape=None):

@@ -38,6 +38,7 @@ INTRODUCED = {
     'grpo.adv_eps': 1e-6, 'model.router_replay': False, 'data.extra_test': 0,
     'model.lora.rank': 0, 'optimizer.clip_rule': 'constant',
     'critic_optimizer.clip_rule': 'constant', 'train.eval_from_samples': 0,
+    'train.eval_first_samples': 0,
     # read only by the tool task, which came with them: their defaults
     'data.demo_frac': 0.25, 'tools.enabled': True, 'tools.timeout_s': 1.0, 'tools.max_calls': 2,
     # the tool's worker processes: the calculator's results are the same at any value
