@@ -87,6 +87,9 @@ def get_config(arg=None):
       calibration_seeds=2,
       calibration_max_lrs=7,
       calibration_fraction=0.5,   # the proxy target: start + f x (top - start) of the runs' curves
+      # > 0: an lr whose curve levels off below start + c x (top - start) is not lr0, however fast
+      # it reaches the proxy (docs/guide/protocol.md, "lr0 calibration")
+      calibration_ceiling=0.0,
       calibration_eval_every_samples=0,   # the calibration's eval grid (0: eval_every_samples)
       # budget of each calibration run (0: max_samples). With a placed target every calibration
       # run goes to its budget (the target needs every curve's top).
@@ -178,6 +181,7 @@ def deep_preset(config):
       max_samples=65_536, eval_every_samples=8192, smooth_window=3,
       calibration_factors=(0.5, 1.0, 2.0), calibration_eval_every_samples=2048,
       calibration_max_samples=32_768, calibration_max_lrs=6, calibration_fraction=0.7,
+      calibration_ceiling=0.9,
       max_seeds=12, extra_seeds=4, throughput_rounds=16, throughput_steps=16, confirm_seeds=4,
       eval_first_samples=max(config.protocol.sweep) * config.arm.rollout.G, budget_scales=16)
   # The arm's own runlocal lr held constant (GRPO arithmetic: the README run's 1e-4), and its own

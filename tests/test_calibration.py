@@ -102,3 +102,16 @@ def test_choose_reads_every_run_up_to_the_budget_given():
   choice = calibration.choose(runs, 0.0, 0.5, 1, budget=2048)
   assert choice['target'] == pytest.approx(0.45)   # both tops 0.60 up to 2048 samples
   assert choice['lr0'] == 2e-5
+
+
+def test_an_lr_that_levels_off_below_the_ceiling_is_not_lr0():
+  """4e-5 reaches the proxy first but tops out at 0.62, below start + 0.9 x (top - start) = 0.87:
+  with the ceiling lr0 is 2e-5, the fastest of the lrs that rise all the way."""
+  runs = {1e-5: [_run([0.05, 0.30, 0.70, 0.90, 0.95])] * 2,
+          2e-5: [_run([0.05, 0.60, 0.90, 0.95, 0.96])] * 2,
+          4e-5: [_run([0.05, 0.80, 0.62, 0.60, 0.61])] * 2}
+  assert calibration.choose(runs, 0.0, 0.5, 1)['lr0'] == 4e-5
+  choice = calibration.choose(runs, 0.0, 0.5, 1, ceiling=0.9)
+  assert choice["ceiling"] == pytest.approx(0.05 + 0.9 * (0.96 - 0.05))   # top: 2e-5
+  assert choice['lr0'] == 2e-5 and not choice['at_edge']
+  assert not choice['lrs'][2]['reached']

@@ -61,6 +61,12 @@ def choose_lr(lrs, samples_per_lr, level=0.95):
   return dict(lr0=best['lr'], at_edge=best['lr'] in (rows[0]['lr'], rows[-1]['lr']), lrs=rows)
 
 
+def _top(run, window):
+  """The highest smoothed eval of a run (-inf with none)."""
+  y = curves.smooth(curves.eval_xy(run, 'samples')[1], window)
+  return float(np.max(y)) if len(y) else -np.inf
+
+
 def most_progress(runs_by_lr, window):
   """The lr whose seeds end highest (mean last smoothed eval): the most progress per sample at
   the budget, when no lr reaches the target on every seed. nan with no evals."""
@@ -69,21 +75,25 @@ def most_progress(runs_by_lr, window):
   return float(max(final, key=final.get)) if final else np.nan
 
 
-def choose(runs_by_lr, target, fraction, window, level=0.95, budget=None):
+def choose(runs_by_lr, target, fraction, window, level=0.95, budget=None, ceiling=0.0):
   """lr0 from the calibration runs: the dict of choose_lr plus the target and how it was set
   ('given' when target > 0, else placed by proxy_target) and the method ('fewest samples to
   target', or 'most progress at the budget' when no lr reached it on every seed). `budget`: the
-  samples every run is read up to (the first run may have trained longer, see `divisor`)."""
+  samples every run is read up to (the first run may have trained longer, see `divisor`).
+  `ceiling` > 0: a seed whose curve stays below start + ceiling x (top - start) counts as not
+  reaching the target: an lr fast to the target but levelling off below the others is not lr0."""
   if budget:
     runs_by_lr = {lr: [curves.until(r, budget) for r in runs] for lr, runs in runs_by_lr.items()}
+  floor = proxy_target(runs_by_lr, ceiling, window) if ceiling else -np.inf
   rule = 'given' if target > 0 else f'start + {fraction:g} x (top - start) of the calibration runs'
   if not target > 0:
     target = proxy_target(runs_by_lr, fraction, window)
   lrs = sorted(runs_by_lr)
-  samples = [[curves.to_target(r, target, window) if np.isfinite(target) else np.nan
-              for r in runs_by_lr[lr]] for lr in lrs]
+  samples = [[curves.to_target(r, target, window) if np.isfinite(target) and
+               _top(r, window) >= floor else np.nan for r in runs_by_lr[lr]] for lr in lrs]
   choice = dict(choose_lr(lrs, samples, level), target=float(target), target_rule=rule,
-                method='fewest samples to target')
+                method='fewest samples to target',
+                ceiling=float(floor) if ceiling else None)
   if not np.isfinite(choice['lr0']):
     lr0 = most_progress(runs_by_lr, window)
     choice.update(lr0=lr0, method='most progress at the budget',

@@ -121,7 +121,7 @@ def _calibration_runs(workdir, lrs):
 def calibration_choice(config, workdir, lrs, budget=None):
   p = config.protocol
   return calibration_lib.choose(_calibration_runs(workdir, lrs), p.target, p.calibration_fraction,
-                                p.smooth_window, p.level, budget)
+                                p.smooth_window, p.level, budget, p.calibration_ceiling)
 
 
 def _budgets(config, workdir, lr0, budget):

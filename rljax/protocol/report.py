@@ -168,8 +168,10 @@ def _calibration(data, settings):
   sweep = calibration.choose({a['spec']['lr']: a['runs'] for a in runs},
                              float(setting.get('target', data['protocol']['target'])),
                              setting.get('calibration_fraction', 0.5), settings['window'],
-                             settings['level'], choice.get('calibration_budget'))
+                             settings['level'], choice.get('calibration_budget'),
+                             setting.get('calibration_ceiling', 0.0))
   return dict(choice, target=sweep['target'], target_rule=sweep['target_rule'],
+              ceiling=sweep['ceiling'],
               method=sweep['method'], recomputed_lr0=sweep['lr0'], at_edge=sweep['at_edge'],
               lrs=sweep['lrs'])
 

@@ -31,6 +31,9 @@ def check(config):
   if not 0 < p.calibration_fraction < 1:
     raise ValueError(f'protocol.calibration_fraction ({p.calibration_fraction}) must be in (0, 1): '
                      'the proxy target sits that far from the warm start to the runs\' top')
+  if not 0 <= p.calibration_ceiling < 1:
+    raise ValueError(f'protocol.calibration_ceiling ({p.calibration_ceiling}) must be in [0, 1): '
+                     'the share of the rise an lr must reach to be chosen (0: none)')
   if p.calibration_max_lrs < len(p.calibration_factors):
     raise ValueError(f'protocol.calibration_max_lrs ({p.calibration_max_lrs}) must be >= the '
                      f'{len(p.calibration_factors)} calibration_factors')
