@@ -171,7 +171,7 @@ def _calibration(data, settings):
                              settings['level'], choice.get('calibration_budget'),
                              setting.get('calibration_ceiling', 0.0))
   return dict(choice, target=sweep['target'], target_rule=sweep['target_rule'],
-              ceiling=sweep['ceiling'],
+              **({} if sweep['ceiling'] is None else dict(ceiling=sweep['ceiling'])),
               method=sweep['method'], recomputed_lr0=sweep['lr0'], at_edge=sweep['at_edge'],
               lrs=sweep['lrs'])
 
