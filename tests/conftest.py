@@ -55,10 +55,3 @@ def pytest_configure(config):
     if sum(entry.stat().st_size for entry in entries) > CACHE_LIMIT_BYTES:
       for entry in entries:
         os.remove(entry.path)
-
-
-def pytest_collection_modifyitems(items):
-  """The long tests (e2e: whole trainings, TPU compiles, subprocesses) start first, the rest in
-  their order after them: with two xdist workers the short tests left at the end keep both busy
-  until they finish together, where a long test handed out last would run alone."""
-  items.sort(key=lambda item: item.get_closest_marker('e2e') is None)
