@@ -97,6 +97,7 @@ def _tiny():
     ('train.max_steps', 0, r'set train.max_samples or train.max_steps to a positive budget'),
     ('train.log_every', 0, r'train.log_every must be >= 1'),
     ('train.eval_from_samples', -1, r'train.eval_from_samples must be >= 0 \(0: never\)'),
+    ('train.eval_first_samples', -1, r'train.eval_first_samples must be >= 0 \(0: none\)'),
     ('optimizer.clip_rule', 'sqrt', r"optimizer.clip_rule 'sqrt' is unknown"),
     ('optimizer.max_grad_norm', -1.0, r'optimizer.max_grad_norm must be a number >= 0'),
     ('train.checkpoint_every', -1, r'train.checkpoint_every must be >= 0'),

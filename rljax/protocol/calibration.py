@@ -63,8 +63,7 @@ def choose_lr(lrs, samples_per_lr, level=0.95):
 
 def _top(run, window):
   """The highest smoothed eval of a run (-inf with none)."""
-  y = curves.smooth(curves.eval_xy(run, 'samples')[1], window)
-  return float(np.max(y)) if len(y) else -np.inf
+  return max((float(np.max(y)) for y in _smoothed([run], window)), default=-np.inf)
 
 
 def most_progress(runs_by_lr, window):
