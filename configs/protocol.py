@@ -130,7 +130,10 @@ def get_config(arg=None):
       throughput_steps=4,
       quick=False,                 # only the base arm: rN from its noise scale (docs/guide/protocol.md)
       confirm=True,                # runs to target at the base and at the fastest batch
-      confirm_seeds=2,
+      confirm_seeds=2,             # seeds a side, at least
+      # > 0: more seeds a side (up to max_seeds) until the confirmation's interval lies below 1
+      # with this probability at the predicted ratio (docs/guide/protocol.md, "Confirmation")
+      confirm_power=0.0,
       compilation_cache=True,      # in D/jax_cache: every seed after the first skips compiling
       # MLPerf's rules (rljax.protocol.mlperf.RULES: '' none) and whether their closed division
       # holds: a closed run refuses any setting that breaks one (docs/guide/mlperf.md).
@@ -183,6 +186,7 @@ def deep_preset(config):
       calibration_max_samples=32_768, calibration_max_lrs=6, calibration_fraction=0.7,
       calibration_ceiling=0.9,
       max_seeds=12, extra_seeds=4, throughput_rounds=16, throughput_steps=16, confirm_seeds=4,
+      confirm_power=0.8,
       eval_first_samples=max(config.protocol.sweep) * config.arm.rollout.G, budget_scales=16)
   # The arm's own runlocal lr held constant (GRPO arithmetic: the README run's 1e-4), and its own
   # warm start (arithmetic: the README run's, 0.37 on the CPU the preset was tuned on).

@@ -359,6 +359,10 @@ def test_confirmation_alternates_the_base_and_the_pick_seed_by_seed(tmp_path, ca
                                      'primary': 0.37}, 5e-5)
   visited = [line.split(': ')[1] for line in capsys.readouterr().out.splitlines()]
   assert visited == [f'{name} seed {seed}' for seed in seeds for name in ('P16', 'P32')]
+  protocol.confirm(config, workdir, {'base_batch': 128, 'decision': {'fastest': 256},
+                                     'primary': 0.37, 'confirm_plan': {'seeds': 1}}, 5e-5)
+  visited = [line.split(': ')[1] for line in capsys.readouterr().out.splitlines()]
+  assert visited == [f'{name} seed {p.max_seeds}' for name in ('P16', 'P32')]   # sized for power
 
 
 def _decided(verdict, rows):
@@ -398,6 +402,7 @@ def test_arm_overrides_apply_to_every_arm_but_not_to_the_batch():
     ('calibration_fraction', 0.0, 'calibration_fraction'),
     ('calibration_max_lrs', 4, 'calibration_max_lrs'),
     ('calibration_ceiling', 1.0, r'calibration_ceiling \(1.0\) must be in \[0, 1\)'),
+    ('confirm_power', 1.0, r'confirm_power \(1.0\) must be in \[0, 1\)'),
     ('eval_first_samples', -256, r'eval_first_samples \(-256\) and .budget_scales'),
     ('budget_scales', -1, r'\.budget_scales \(-1\) must be >= 0'),
     ('eval_first_samples', 100, r'protocol.eval_first_samples \(100\) must be a multiple'),

@@ -256,8 +256,9 @@ def add_seeds(config, workdir, arm_list, stop=None):
 
 def confirm(config, workdir, report, lr0, stop=None):
   """Runs to the decision's target at the base and at the fastest batch, with seeds the align runs
-  never use; seed-major (base, pick, base, pick, ...) so a machine that slows down over the phase
-  slows both batches alike instead of biasing their ratio."""
+  never use, as many a side as the report's confirm_plan sized for its power (else
+  confirm_seeds); seed-major (base, pick, base, pick, ...) so a machine that slows down over the
+  phase slows both batches alike instead of biasing their ratio."""
   p = config.protocol
   if report['decision']['fastest'] is None:
     print('[protocol] no decision (see report.md): nothing to confirm', flush=True)
@@ -268,7 +269,8 @@ def confirm(config, workdir, report, lr0, stop=None):
     cfg = arm_config(config, workdir, value, lr0)
     cfg.train.target = min(report['primary'] + p.stop_margin, 1.0)   # the decision's target
     arm_list.append(Arm(f'{key}{value}', value, batch, False, cfg))
-  for seed in range(p.max_seeds, p.max_seeds + p.confirm_seeds):
+  seeds = (report.get('confirm_plan') or {}).get('seeds', p.confirm_seeds)
+  for seed in range(p.max_seeds, p.max_seeds + seeds):
     for arm in arm_list:
       run_arm_seeds(workdir, 'confirm', arm, [seed], f'confirm at batch {arm.batch}', stop)
 

@@ -129,6 +129,14 @@ def _quick_sentence(report):
   return text
 
 
+def _confirm_plan_sentence(plan):
+  sds = ' / '.join(_num(sd, '.2f') for sd in plan['run_log_sd'])
+  return (f"The confirmation runs {plan['seeds']} seeds a side: the fewest that see a pick as "
+          f"fast as predicted ({_num(plan['predicted'], '.2f')}x) faster beyond noise with "
+          f"probability >= {_num(plan['target_power'], '.2f')} (here "
+          f"{_num(plan['power'], '.2f')}; a run's log-seconds spread {sds} at the pick / base).")
+
+
 def _confirm_sentence(c):
   """Measured vs predicted time, split into samples and throughput (seconds = samples / rate)."""
   samples = np.asarray(c['measured_samples_per_seed'], float)
@@ -170,6 +178,8 @@ def summary(report):
   if report['decisions']:
     lines.append(_robustness_sentence(report))
   lines.append(_quick_sentence(report))
+  if report.get('confirm_plan'):
+    lines.append(_confirm_plan_sentence(report['confirm_plan']))
   lines += [_confirm_sentence(c) for c in report['confirm']]
   ratio = report['confirmation_ratio']
   if ratio:

@@ -9,6 +9,7 @@ import numpy as np
 from rljax import stats
 from rljax.protocol import align
 from rljax.protocol import calibration
+from rljax.protocol import confirmation
 from rljax.protocol import curves
 from rljax.protocol import decision as decision_lib
 from rljax.protocol import gradients
@@ -338,6 +339,9 @@ def _protocol_report(data):
       timing=data.get('timing') or {})
   report['confirmation_ratio'] = _confirmation_ratio(report['confirm'], primary,
                                                      report['base_batch'], settings['level'])
+  confirm_plan = confirmation.plan(report, protocol.get('protocol', {}))
+  if confirm_plan:   # only where protocol.confirm_power is set: earlier archives rebuild as run
+    report['confirm_plan'] = confirm_plan
   report['summary'] = prose.summary(report)
   return report
 

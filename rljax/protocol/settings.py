@@ -34,6 +34,10 @@ def check(config):
   if not 0 <= p.calibration_ceiling < 1:
     raise ValueError(f'protocol.calibration_ceiling ({p.calibration_ceiling}) must be in [0, 1): '
                      'the share of the rise an lr must reach to be chosen (0: none)')
+  if not 0 <= p.confirm_power < 1:
+    raise ValueError(f'protocol.confirm_power ({p.confirm_power}) must be in [0, 1): the chance '
+                     'that the confirmation sees a pick as fast as predicted beyond noise (0: '
+                     'confirm_seeds as given)')
   if p.calibration_max_lrs < len(p.calibration_factors):
     raise ValueError(f'protocol.calibration_max_lrs ({p.calibration_max_lrs}) must be >= the '
                      f'{len(p.calibration_factors)} calibration_factors')
