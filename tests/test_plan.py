@@ -21,7 +21,7 @@ from configs import ppo as ppo_config
 from rljax import algos
 from rljax.aot import hlo
 from rljax.aot import planner
-from rljax.aot import programs as compiled
+from rljax.aot import costs as compiled
 from rljax.aot import table
 from rljax.aot import targets
 from rljax.model import transformer as model_lib
@@ -588,7 +588,7 @@ def test_h200_trains_the_experts_at_their_routed_flops():
   micro-batch of 64 x 256 tokens executes at most 1.6 x 6 x its active parameters per token (the
   experts in tiles, rljax.model.moe.tiled_matmul; the matmuls' outputs kept, remat 'dots'), where
   `ragged_dot` ran 21x. One layer, not the update: the update's FLOPs are 16 such layers plus an
-  embedding and a head over 16 tokens of vocabulary (rljax.aot.programs.per_step_costs), and one
+  embedding and a head over 16 tokens of vocabulary (rljax.aot.costs.per_step_costs), and one
   layer compiles in seconds."""
   mesh = h200_mesh()
   cfg = model_lib.ModelConfig.from_config(grpo_config.get_config('').model)

@@ -6,7 +6,7 @@ Builds the run's state abstractly (jax.eval_shape), lays it out with rljax.shard
 target's compile-only devices (rljax.aot.targets) and compiles the programs a run executes, from
 the same function the trainer takes them from (rljax.train.programs: the rollout schedule's
 sampler or partial pool, the update, make_batch and the evaluator), plus one decode step and one
-micro-batch (and PPO's critic's) on their own (rljax.aot.programs). Reports per chip what must
+micro-batch (and PPO's critic's) on their own (rljax.aot.costs). Reports per chip what must
 be resident together against HBM, compile times, collectives and kernels per decode step,
 collectives per update, and roofline lower bounds for a decode step (also at other batches:
 --decode_batches), the update and the RL step; as a table (rljax.aot.table) and as JSON (--json).
@@ -27,7 +27,7 @@ import numpy as np
 
 from rljax import algos
 from rljax import optim
-from rljax.aot import programs as compiled
+from rljax.aot import costs as compiled
 from rljax.aot import table
 from rljax.aot import targets
 from rljax.model import lora
@@ -267,7 +267,7 @@ def check_decode_batches(batches, mesh):
 
 def decode_bounds(model_cfg, mesh, chip, batches, slots):
   """Roofline lower bounds of one decode step at each of `batches` rows (a cache of `slots`
-  tokens), as `roofline` bounds the config's own, from rljax.aot.programs.decode_costs.
+  tokens), as `roofline` bounds the config's own, from rljax.aot.costs.decode_costs.
   Returns [dict(batch, compute_s, memory_s, collectives_s, bound_s, kernels)]."""
   check_decode_batches(batches, mesh)
   rows = []

@@ -79,7 +79,7 @@ def filter_logits(logits_BxV, top_k, top_p):
 def first_argmax(x_BxV):
   """`jnp.argmax` over the last axis (the first index of the maximum, or of the first NaN) as a max
   and a min: XLA:CPU lowers argmax to a variadic reduce, which it fuses poorly with what feeds it
-  (docs/performance.md)."""
+  (docs/design/argmax_max_min.md)."""
   top_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)   # NaN where the row has one
   is_top_BxV = (x_BxV == top_Bx1) | jnp.isnan(x_BxV)
   return jnp.min(jnp.where(is_top_BxV, jnp.arange(x_BxV.shape[-1]), x_BxV.shape[-1]), axis=-1)
