@@ -29,7 +29,7 @@ from bench import presets
 from bench import sampler as sampler_bench
 from configs import grpo as grpo_config
 from rljax.aot import planner
-from rljax.aot import programs
+from rljax.aot import costs
 from rljax.aot import targets
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
@@ -119,8 +119,8 @@ def tpu_temporaries(s, mesh, prompts, prompt_len, new_tokens, slots, group):
   """The compiled sampler's temporaries per chip, or past HBM the bytes libtpu says it needs."""
   try:
     sampling = dataclasses.replace(s.sampling, max_new_tokens=new_tokens, slots=slots, group=group)
-    return programs.sampler(s.model, s.algo.state['params'], mesh, sampling, prompts,
-                            prompt_len)['memory']['temporaries']
+    return costs.sampler(s.model, s.algo.state['params'], mesh, sampling, prompts,
+                         prompt_len)['memory']['temporaries']
   except MemoryError as error:   # '... required for HLO temporaries (43.23G) exceeds ...'
     return float(re.search(r'temporaries \(([\d.]+)G\)', str(error)).group(1)) * 2**30
 
