@@ -32,11 +32,6 @@ def _t_central(t, df):
   return np.sin(theta) * total
 
 
-def t_cdf(t, df):
-  """P(T <= t) for Student's t with integer df."""
-  return 0.5 + 0.5 * np.sign(t) * _t_central(abs(t), int(df))
-
-
 @functools.lru_cache(maxsize=4096)   # pure; a report asks for the same few thousands of times
 def t_quantile(level, df):
   """t such that P(|T_df| <= t) = level (e.g. 12.706 for level 0.95, df 1), by bisection."""
