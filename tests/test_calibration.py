@@ -1,7 +1,17 @@
+"""rljax.protocol.calibration against hand-built curves, and the deep preset's calibration on two
+CPU numerics paths (real runs, shrunk)."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from rljax.protocol import calibration
+from rljax.protocol import curves
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(accuracies, every=1024):
@@ -115,3 +125,65 @@ def test_an_lr_that_levels_off_below_the_ceiling_is_not_lr0():
   assert choice["ceiling"] == pytest.approx(0.05 + 0.9 * (0.96 - 0.05))   # top: 2e-5
   assert choice['lr0'] == 2e-5 and not choice['at_edge']
   assert not choice['lrs'][2]['reached']
+
+
+# ------------------------------------------------------------------------------------------------
+# Portability: the deep preset's calibration and target placement under two CPU numerics paths.
+# ------------------------------------------------------------------------------------------------
+
+# The deep preset (quick, one seed) shrunk to minutes: calibration runs of 4096 samples evaluated
+# every 512 on 512 held-out prompts, a first bracket 4x apart each way (the preset's is 2x: at
+# this budget the runs' spread needs the wider step to order three lrs), one base-arm seed, one
+# throughput round, no confirmation. Nothing in it is an accuracy.
+SHRUNK = ['--config=configs/protocol.py:runlocal,quick,seeds=1',
+          '--config.protocol.calibration_factors=(0.25,1.0,4.0)',
+          '--config.protocol.calibration_max_samples=4096',
+          '--config.protocol.calibration_eval_every_samples=512',
+          '--config.protocol.max_samples=4096', '--config.protocol.eval_every_samples=512',
+          '--config.protocol.eval_first_samples=0', '--config.protocol.budget_scales=0',
+          '--config.protocol.sweep=(2,)', '--config.protocol.throughput_rounds=1',
+          '--config.protocol.throughput_steps=2', '--config.protocol.confirm=False',
+          '--config.arm.train.eval_size=512']
+
+
+def _other_numerics():
+  """Another CPU's numerics on this one: XLA:CPU limited to AVX2 where the host has AVX-512, to
+  SSE4.2 where AVX2 is already its best (limiting it to AVX2 there changes nothing)."""
+  flags = open('/proc/cpuinfo').read() if os.path.exists('/proc/cpuinfo') else ''
+  return '--xla_cpu_max_isa=' + ('AVX2' if 'avx512f' in flags else 'SSE4_2')
+
+
+def _eval_curve(path):
+  return [row['eval_accuracy'] for row in map(json.loads, open(path)) if 'eval_accuracy' in row]
+
+
+@pytest.mark.e2e
+def test_the_deep_preset_calibrates_and_places_targets_under_two_cpu_numerics(tmp_path):
+  """Shrunk, on this CPU as it is and as another CPU (XLA's ISA limited): each path finds an lr0
+  with both neighbours slower (the bracket extended where it had to) and places the targets
+  inside the base arm's rise; the two paths' curves differ, so both were exercised. Product
+  compile flags (the suite's fast-compile ones round differently again), each its own data and
+  compilation cache."""
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  paths = {'default': '', 'other': _other_numerics()}
+  procs = {name: subprocess.Popen(
+      [sys.executable, '-m', 'rljax.main', *SHRUNK, f'--workdir={tmp_path / name}',
+       f'--config.arm.data.dir={tmp_path / name}_data'], cwd=REPO, text=True,
+      env=dict(env, XLA_FLAGS=flags, JAX_PLATFORMS='cpu', PYTHONPATH=REPO),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for name, flags in paths.items()}
+  logs = {name: proc.communicate(timeout=1800)[0] for name, proc in procs.items()}
+  curves_ = {}
+  for name, proc in procs.items():
+    assert proc.returncode == 0, (name, logs[name][-3000:])
+    workdir = tmp_path / name
+    chosen = json.load(open(workdir / 'calibration.json'))
+    assert chosen['method'] == 'fewest samples to target' and not chosen['at_edge'], (name, chosen)
+    assert np.isfinite(chosen['lr0']) and chosen['lr0'] > 0
+    report = json.load(open(workdir / 'report.json'))
+    base = next(a for a in report['arms'] if a['base'])
+    rise = curves.smooth(_eval_curve(workdir / 'arms' / base['name'] / 'seed_0' /
+                                     'metrics.jsonl'), report['smooth_window'])
+    assert rise[0] < min(report['targets']) < max(report['targets']) < max(rise), name
+    assert np.isfinite(base['samples_to_target'])
+    curves_[name] = _eval_curve(next((workdir / 'calibration').glob('*/seed_0/metrics.jsonl')))
+  assert curves_['default'] != curves_['other']

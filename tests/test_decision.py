@@ -1,5 +1,7 @@
 """rljax.protocol.decision against hand computations and plain numpy: the Welch interval on the log
 time ratio, its Bonferroni level, the verdicts, and the quick answer's noise-scale rN."""
+import statistics
+
 import numpy as np
 import pytest
 
@@ -66,12 +68,14 @@ def test_rn_from_noise_scale_is_mccandlish_ratio():
 
 
 def test_quick_decision_against_a_hand_computation():
-  """Throughput rounds without spread and B_simple draws at one value: every draw is the point."""
+  """Throughput rounds without spread, B_simple draws at one value and no model error: every draw
+  is the point."""
   candidates = [dict(batch=16, throughput_rounds=[100.0, 100.0]),
                 dict(batch=32, throughput_rounds=[190.0, 190.0]),
                 dict(batch=64, throughput_rounds=[200.0, 200.0]),
                 dict(batch=128, throughput_rounds=[])]
-  decision = decision_lib.decide_from_noise_scale(candidates, 16, 1000.0, 64.0, np.full(50, 64.0))
+  decision = decision_lib.decide_from_noise_scale(candidates, 16, 1000.0, 64.0, np.full(50, 64.0),
+                                                  model_error=0.0)
   rows = {r['batch']: r for r in decision['candidates']}
   for batch, thr in ((32, 190.0), (64, 200.0)):
     rn = (1 + batch / 64) / (1 + 16 / 64)
@@ -88,14 +92,40 @@ def test_quick_decision_against_a_hand_computation():
   assert no_interval['verdict'] == 'undefined' and 'no interval' in no_interval['statement']
 
 
+def test_the_model_error_spreads_log_rn_by_its_sd_per_doubling_shared_by_every_batch():
+  """With B_simple and throughput fixed, only the model error spreads: each batch's rN interval is
+  the point x exp(+-z sd log2(B / B0)) (normal quantiles from the standard library), and one
+  draw errs the same way at every batch, so the larger batch's relative time moves with the
+  smaller's."""
+  candidates = [dict(batch=b, throughput_rounds=[100.0 * f] * 2)
+                for b, f in ((16, 1.0), (64, 2.0), (256, 3.0))]
+  decision = decision_lib.decide_from_noise_scale(candidates, 16, 1e3, 500.0, np.full(50, 500.0),
+                                                  n_draws=40_000, model_error=0.05)
+  z = statistics.NormalDist().inv_cdf(0.975)
+  for row in decision['candidates'][1:]:
+    sd = 0.05 * np.log2(row['batch'] / 16)
+    assert row['rN_predicted_ci'] == pytest.approx(
+        [row['rN_predicted'] * np.exp(-z * sd), row['rN_predicted'] * np.exp(z * sd)], rel=0.01)
+    assert row['relative_wallclock_ci'] == pytest.approx(
+        [row['relative_wallclock'] * np.exp(-z * sd), row['relative_wallclock'] * np.exp(z * sd)],
+        rel=0.01)
+  # Shared: 256 (4 doublings) beats 64 (2) exactly when the drawn error is below the log ratio
+  # of their point times over 2 doublings' sd.
+  rows = {r['batch']: r for r in decision['candidates']}
+  gap = np.log(rows[64]['relative_wallclock'] / rows[256]['relative_wallclock'])
+  want = statistics.NormalDist().cdf(gap / (0.05 * 2))
+  assert rows[256]['p_fastest'] == pytest.approx(want, abs=0.01)
+
+
 def test_quick_decision_widens_with_the_noise_scale_interval():
   """Draws of B_simple spread the predicted rN: a wide B_simple interval holds 1 in the time's."""
   rng = np.random.default_rng(0)
   candidates = [dict(batch=16, throughput_rounds=[100.0] * 3),
                 dict(batch=64, throughput_rounds=[130.0] * 3)]
-  tight = decision_lib.decide_from_noise_scale(candidates, 16, 1e3, 400.0, rng.normal(400, 10, 500))
+  tight = decision_lib.decide_from_noise_scale(candidates, 16, 1e3, 400.0, rng.normal(400, 10, 500),
+                                               model_error=0.0)
   wide = decision_lib.decide_from_noise_scale(candidates, 16, 1e3, 400.0, np.exp(rng.normal(
-      np.log(400), 1.5, 500)))
+      np.log(400), 1.5, 500)), model_error=0.0)
   (t,), (w,) = ([r for r in d['candidates'] if r['batch'] == 64] for d in (tight, wide))
   assert t['relative_wallclock_ci'][1] < 1 < w['relative_wallclock_ci'][1]
   assert tight['verdict'] == 'faster' and wide['verdict'] == 'within noise'
@@ -166,3 +196,12 @@ def test_no_batch_is_called_faster_when_all_are_equal(spreads):
     covered += all(r['relative_wallclock_ci'][0] <= 1 <= r['relative_wallclock_ci'][1]
                    for r in result['candidates'])
   assert false / n <= 0.04 and covered / n >= 0.94
+
+
+def test_the_confirmation_times_the_recommendation_or_else_the_point_fastest():
+  """A batch faster beyond noise is what the user is told to run: the confirmation times it, not
+  a point-faster batch whose interval holds 1. With none faster, the point-fastest is timed."""
+  faster = dict(verdict='faster', recommended=64, fastest=256)
+  assert decision_lib.to_confirm(faster) == 64
+  assert decision_lib.to_confirm(dict(verdict='within noise', recommended=16, fastest=256)) == 256
+  assert decision_lib.to_confirm(dict(verdict='undefined', recommended=None, fastest=None)) is None

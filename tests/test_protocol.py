@@ -355,12 +355,13 @@ def test_confirmation_alternates_the_base_and_the_pick_seed_by_seed(tmp_path, ca
   for name, batch in (('P16', 128), ('P32', 256)):
     for seed in seeds:
       _finished_run(layout.run_dir(workdir, 'confirm', name, seed), [0.3, 0.4], batch)
-  protocol.confirm(config, workdir, {'base_batch': 128, 'decision': {'fastest': 256},
-                                     'primary': 0.37}, 5e-5)
+  decision = {'fastest': 256, 'verdict': 'faster', 'recommended': 256}
+  protocol.confirm(config, workdir, {'base_batch': 128, 'decision': decision, 'primary': 0.37},
+                   5e-5)
   visited = [line.split(': ')[1] for line in capsys.readouterr().out.splitlines()]
   assert visited == [f'{name} seed {seed}' for seed in seeds for name in ('P16', 'P32')]
-  protocol.confirm(config, workdir, {'base_batch': 128, 'decision': {'fastest': 256},
-                                     'primary': 0.37, 'confirm_plan': {'seeds': 1}}, 5e-5)
+  protocol.confirm(config, workdir, {'base_batch': 128, 'decision': decision, 'primary': 0.37,
+                                     'confirm_plan': {'seeds': 1}}, 5e-5)
   visited = [line.split(': ')[1] for line in capsys.readouterr().out.splitlines()]
   assert visited == [f'{name} seed {p.max_seeds}' for name in ('P16', 'P32')]   # sized for power
 
@@ -581,8 +582,8 @@ def test_confirm_runs_at_the_base_and_the_fastest_batch(resumed, data_dir):
   config.protocol.min_micro_batches = 1   # so one micro-batch of 8, not 2 of 4
   lr0 = layout.read(workdir, 'calibration')['lr0']
   shutil.rmtree(os.path.join(workdir, 'confirm'), ignore_errors=True)   # another micro_batch
-  protocol.confirm(config, workdir, {'base_batch': 8, 'decision': {'fastest': 8},
-                                     'primary': 0.02}, lr0)
+  protocol.confirm(config, workdir, {'base_batch': 8, 'primary': 0.02, 'decision': {
+      'fastest': 8, 'verdict': 'base fastest', 'recommended': 8}}, lr0)
   spec = layout.read(workdir, 'arm', group='confirm', arm='P2')
   cfg = json.load(open(os.path.join(workdir, 'confirm', 'P2', 'seed_2', 'config.json')))
   assert spec['batch'] == 8 and cfg['seed'] == 2   # max_seeds = 2: a seed no align run used

@@ -175,6 +175,15 @@ def test_build_report_end_to_end(workdir):
   assert ratio['ci'][0] < ratio['ratio'] < ratio['ci'][1] and np.log(
       ratio['ci'][1] / ratio['ratio']) >= 1.96 * np.sqrt(var)   # t quantile >= the normal's
   assert confirm['throughput_vs_rounds'] == pytest.approx(1.0, rel=0.1)
+  gap, base_confirm = ratio['gap'], report['confirm'][0]
+  assert gap['total'] == pytest.approx(ratio['ratio'] / ratio['predicted'], rel=1e-12)
+  assert gap['throughput'] == pytest.approx(base_confirm['throughput_vs_rounds'] /
+                                            confirm['throughput_vs_rounds'], rel=1e-12)
+  geo = lambda c: np.exp(np.mean(np.log(c['measured_samples_per_seed']))) / c['predicted_samples']
+  assert gap['samples'] == pytest.approx(geo(confirm) / geo(base_confirm), rel=1e-9)
+  assert ratio['expected_ci'][0] < ratio['predicted'] < ratio['expected_ci'][1]
+  assert ratio['inside_expected_ci'] == (ratio['expected_ci'][0] <= ratio['ratio'] <=
+                                         ratio['expected_ci'][1])
   # The quick answer: rN from the base arm's B_simple alone, and its cost beside the sweep's.
   quick = report['quick']
   b = quick['noise_scale']

@@ -5,10 +5,15 @@ The confirmation times fresh runs of the base and of the pick to the decision's 
 Welch's t-interval on the ratio of their log seconds. Each run's log seconds spread as its batch's
 samples to target spread over seeds and as its samples/s spread over the throughput rounds (a run
 draws both). With too few seeds that interval straddles 1 even when the prediction is right, so
-the count is sized for its power (docs/guide/protocol.md, "Confirmation")."""
+the count is sized for its power (docs/guide/protocol.md, "Confirmation"). The same runs' own
+spread says where a confirmation of that many seeds lands if the prediction holds (`expected`).
+"""
+import statistics
+
 import numpy as np
 
 from rljax import stats
+from rljax.protocol import decision
 
 
 def power(log_ratio, log_sds, seeds, level, draws=20_000):
@@ -51,11 +56,30 @@ def run_log_sd(samples_per_seed, throughput_rounds):
   return float(np.sqrt(np.var(samples, ddof=1) + np.var(rounds, ddof=1)))
 
 
+def expected(predicted, predicted_ci, base_log_s, pick_log_s, level):
+  """(lo, hi, df): where a confirmation's measured ratio lies with probability `level` if the
+  decision's prediction holds: the prediction's uncertainty (its interval read as normal on the
+  log scale) and the confirmation's own (Welch, from its runs' log seconds) in quadrature, with
+  Welch-Satterthwaite's df (the prediction's counted as infinite). The decision's interval alone
+  is for the expected ratio: a few seeds a side land outside it by their own noise."""
+  base, pick = np.asarray(base_log_s, float), np.asarray(pick_log_s, float)
+  if len(base) < 2 or len(pick) < 2:
+    return np.nan, np.nan, 0
+  z = statistics.NormalDist().inv_cdf((1 + level) / 2)
+  var_p = (np.log(predicted_ci[1] / predicted_ci[0]) / (2 * z))**2
+  var_b, var_a = np.var(base, ddof=1) / len(base), np.var(pick, ddof=1) / len(pick)
+  total = var_p + var_a + var_b
+  own = var_a**2 / (len(pick) - 1) + var_b**2 / (len(base) - 1)
+  df = int(np.floor(total**2 / own)) if own > 0 else 10**6
+  half = stats.t_quantile(level, df) * np.sqrt(total)
+  return float(predicted * np.exp(-half)), float(predicted * np.exp(half)), df
+
+
 def plan(report, protocol):
   """The confirmation's seeds a side from a report before it (None while protocol.confirm_power is
-  0 or no batch was found faster): the pick's arm gives its samples' spread, or the base arm's
+  0 or no batch was found faster; the pick: decision.to_confirm): the pick's arm gives its samples' spread, or the base arm's
   where the pick has none (the quick answer)."""
-  target, pick, base = (protocol.get('confirm_power', 0.0), report['decision']['fastest'],
+  target, pick, base = (protocol.get('confirm_power', 0.0), decision.to_confirm(report['decision']),
                         report['base_batch'])
   if not target or pick in (None, base):
     return None

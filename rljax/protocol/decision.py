@@ -151,6 +151,13 @@ def verdict(by_batch, fastest, base_batch):
       f"[{lo:.2f}, {hi:.2f}] includes 1 (fastest in {f['p_fastest']:.0%} of the bootstrap draws)."))
 
 
+def to_confirm(decision):
+  """The batch the confirmation times against the base: the recommended one where a batch is
+  faster beyond noise (the point-fastest may not be), else the point-fastest (is it really no
+  faster?); None without a decision."""
+  return decision['recommended'] if decision['verdict'] == 'faster' else decision['fastest']
+
+
 def _undefined(rows, why):
   return dict(candidates=rows, verdict='undefined', recommended=None, fastest=None,
               statement=f'No decision: {why}.')
@@ -173,15 +180,24 @@ def rn_from_noise_scale(batch, base_batch, b_noise):
     return np.where(b_noise > 0, (1 + batch / b_noise) / (1 + base_batch / b_noise), np.nan)
 
 
+# The noise-scale model's own error: the RMS of log(measured rN / predicted rN) per doubling of
+# the batch over the base, over the deep presets' full sweeps (docs/guide/protocol.md, "Quick
+# answer"). B_simple's sampling noise alone leaves it out of the quick answer's interval.
+MODEL_ERROR_PER_DOUBLING = 0.05
+
+
 def decide_from_noise_scale(candidates, base_batch, base_samples, b_noise, b_noise_draws,
-                            level=0.95, n_draws=4000, rng=0):
+                            level=0.95, n_draws=4000, rng=0,
+                            model_error=MODEL_ERROR_PER_DOUBLING):
   """The decision with rN(B) predicted from the base arm's B_simple instead of measured per arm.
 
   candidates: dicts with 'batch' and 'throughput_rounds'. base_samples: the base arm's samples to
   target (it scales every time alike, so it cancels in the relative times). b_noise_draws: the
   bootstrap draws of B_simple (noise_scale_draws), resampled jointly with the throughput draws;
-  the interval of each relative time is their quantiles (no closed form for B_simple's). Rows add
-  the predicted rN with its interval; the verdict follows the same rule as decide's.
+  the interval of each relative time is their quantiles (no closed form for B_simple's). Each draw
+  also scales log rN by one normal error of sd `model_error` x log2(B / B0), shared by every batch
+  (a model that misjudges one batch misjudges the larger ones more, the same way). Rows add the
+  predicted rN with its interval; the verdict follows the same rule as decide's.
   """
   rows = [dict(batch=c['batch'], why_not='' if len(c.get('throughput_rounds') or []) else
                'no throughput measurement') for c in candidates]
@@ -202,6 +218,8 @@ def decide_from_noise_scale(candidates, base_batch, base_samples, b_noise, b_noi
   log_thr_K = np.array([np.log(c['throughput_rounds']).mean() for c in eligible])
   log_thr_DxK = np.stack([_draw_log_means(c['throughput_rounds'], n_draws, gen)
                           for c in eligible], axis=1)
+  doublings_K = np.abs(np.log2(np.asarray(batches, float) / base_batch))
+  rn_DxK = rn_DxK * np.exp(gen.standard_normal((n_draws, 1)) * model_error * doublings_K)
   point_K = np.log(base_samples) + np.log(rn_K) - log_thr_K
   log_time_DxK = np.log(base_samples) + np.log(rn_DxK) - log_thr_DxK
   by_batch = _by_draws(batches, point_K, log_time_DxK, k_base, level)
@@ -213,7 +231,8 @@ def decide_from_noise_scale(candidates, base_batch, base_samples, b_noise, b_noi
     r.update(by_batch.get(r['batch'], {}))
   fastest = batches[int(np.argmin(point_K))]
   return dict(candidates=rows, fastest=fastest, b_noise=float(b_noise),
-              interval_method='quantiles of joint draws of B_simple and throughput',
+              interval_method='quantiles of joint draws of B_simple, the model error and '
+                              'throughput',
               **verdict(by_batch, fastest, base_batch))
 
 

@@ -34,6 +34,7 @@ from rljax import algos
 from rljax import stats
 from rljax.protocol import calibration as calibration_lib
 from rljax.protocol import curves
+from rljax.protocol import decision as decision_lib
 from rljax.protocol import layout
 from rljax.protocol import report as report_lib
 from rljax.protocol.runs import Arm, arm_config, arms, batch_of, default_lr0, run_arm_seeds, value_of
@@ -255,16 +256,16 @@ def add_seeds(config, workdir, arm_list, stop=None):
 
 
 def confirm(config, workdir, report, lr0, stop=None):
-  """Runs to the decision's target at the base and at the fastest batch, with seeds the align runs
+  """Runs to the decision's target at the base and at the batch decision.to_confirm names, with seeds the align runs
   never use, as many a side as the report's confirm_plan sized for its power (else
   confirm_seeds); seed-major (base, pick, base, pick, ...) so a machine that slows down over the
   phase slows both batches alike instead of biasing their ratio."""
-  p = config.protocol
-  if report['decision']['fastest'] is None:
+  p, pick = config.protocol, decision_lib.to_confirm(report['decision'])
+  if pick is None:
     print('[protocol] no decision (see report.md): nothing to confirm', flush=True)
     return
   key, arm_list = algos.get(config.algo).BATCH_ARG, []
-  for batch in sorted({report['base_batch'], report['decision']['fastest']}):
+  for batch in sorted({report['base_batch'], pick}):
     value = value_of(batch, config.arm)
     cfg = arm_config(config, workdir, value, lr0)
     cfg.train.target = min(report['primary'] + p.stop_margin, 1.0)   # the decision's target

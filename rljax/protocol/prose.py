@@ -149,6 +149,22 @@ def _confirm_sentence(c):
           f"{_num(c.get('throughput_vs_rounds'), '.2f')}x the rounds'.")
 
 
+def _confirmation_ratio_sentence(ratio):
+  """The measured ratio against the decision's interval and against the range a confirmation of
+  these seeds lands in if the prediction holds; the gap split into samples and throughput."""
+  inside = lambda key: 'inside' if ratio[key] else 'outside'
+  text = (f"Measured, batch {ratio['batch']} took {_num(ratio['ratio'], '.2f')}x the "
+          f"base's seconds to J {_ci(ratio['ci'])} (Welch, df {ratio['df']}; predicted "
+          f"{_num(ratio['predicted'], '.2f')}x {_ci(ratio['predicted_ci'])}: "
+          f"{inside('inside_predicted_ci')} the decision's interval")
+  gap = ratio['gap']
+  return text + (f"; {inside('inside_expected_ci')} {_ci(ratio['expected_ci'])}, where a "
+                 "confirmation of these seeds lands if the prediction holds). Measured over "
+                 f"predicted: {_num(gap['total'], '.2f')}x, of which samples to J "
+                 f"{_num(gap['samples'], '.2f')}x and throughput {_num(gap['throughput'], '.2f')}x "
+                 "(the runs' samples/s against the rounds', the base's over the pick's).")
+
+
 def _cost_sentence(report):
   cost, timing = report['cost'], report['timing']
   text = (f"Training samples: calibration {_count(cost['calibration'])} "
@@ -183,11 +199,7 @@ def summary(report):
   lines += [_confirm_sentence(c) for c in report['confirm']]
   ratio = report['confirmation_ratio']
   if ratio:
-    lines.append(f"Measured, batch {ratio['batch']} took {_num(ratio['ratio'], '.2f')}x the "
-                 f"base's seconds to J {_ci(ratio['ci'])} (Welch, df {ratio['df']}; predicted "
-                 f"{_num(ratio['predicted'], '.2f')}x {_ci(ratio['predicted_ci'])}: "
-                 f"{'inside' if ratio['inside_predicted_ci'] else 'outside'} the decision's "
-                 'interval).')
+    lines.append(_confirmation_ratio_sentence(ratio))
   lines.append(_cost_sentence(report))
   return ' '.join(lines)
 

@@ -204,19 +204,33 @@ def _confirm(data, decision, targets, settings, throughput):
 
 def _confirmation_ratio(confirm, decision, base_batch, level):
   """The pick's measured seconds to target over the base's (steady, per seed), with Welch's
-  t-interval on the logs (align.rn_interval on times), beside the predicted relative time and
-  whether the measured ratio lies inside the decision's interval."""
+  t-interval on the logs (align.rn_interval on times), beside the predicted relative time:
+  whether the measured ratio lies inside the decision's interval, and inside the range a
+  confirmation of these seeds lands in if the prediction holds (confirmation.expected). The
+  gap to the prediction splits into samples (the pick's over the base's, against the predicted
+  ratio) and throughput (the base's runs' samples/s over the rounds', against the pick's)."""
   by_batch = {c['batch']: c for c in confirm}
-  pick = decision.get('fastest')
+  pick = decision_lib.to_confirm(decision)
   if pick == base_batch or pick not in by_batch or base_batch not in by_batch:
     return None
-  ratio = align.rn_interval(by_batch[base_batch]['steady_wallclock_per_seed'],
-                            by_batch[pick]['steady_wallclock_per_seed'], level)
+  base, chosen = by_batch[base_batch], by_batch[pick]
+  ratio = align.rn_interval(base['steady_wallclock_per_seed'],
+                            chosen['steady_wallclock_per_seed'], level)
   row = next(c for c in decision['candidates'] if c['batch'] == pick)
   lo, hi = row['relative_wallclock_ci']
+  e_lo, e_hi, e_df = confirmation.expected(
+      row['relative_wallclock'], [lo, hi], np.log(base['steady_wallclock_per_seed']),
+      np.log(chosen['steady_wallclock_per_seed']), level)
+  samples = [stats.log_mean_interval(c['measured_samples_per_seed'])['mean'] / c[
+      'predicted_samples'] if c['predicted_samples'] else np.nan for c in (chosen, base)]
   return dict(batch=pick, ratio=ratio['rN'], ci=[ratio['lo'], ratio['hi']], df=ratio['df'],
               predicted=row['relative_wallclock'], predicted_ci=[lo, hi],
-              inside_predicted_ci=bool(lo <= ratio['rN'] <= hi))
+              inside_predicted_ci=bool(lo <= ratio['rN'] <= hi),
+              expected_ci=[e_lo, e_hi], expected_df=e_df,
+              inside_expected_ci=bool(e_lo <= ratio['rN'] <= e_hi),
+              gap=dict(total=ratio['rN'] / row['relative_wallclock'],
+                       samples=samples[0] / samples[1],
+                       throughput=base['throughput_vs_rounds'] / chosen['throughput_vs_rounds']))
 
 
 def _samples_run(run):
