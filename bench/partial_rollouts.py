@@ -52,8 +52,7 @@ def schedules(args, model, params, prompts, caps_N):
   batch = lambda i: (prompt_NxT[i * P:(i + 1) * P], valid_NxT[i * P:(i + 1) * P],
                      np.repeat(caps_N[i * P:(i + 1) * P], G))
   state = dict(continuous=0, partial=0, version=0,
-               flight=partial.empty(model.cfg, 2 * P, G, args.slots, prompt_NxT.shape[1], max_len,
-                                    answer_width=1))
+               flight=partial.empty(model.cfg, 2 * P, G, args.slots, prompt_NxT.shape[1], max_len))
 
   def run_continuous():
     prompt, valid, caps = batch(state['continuous'])
@@ -64,8 +63,7 @@ def schedules(args, model, params, prompts, caps_N):
   def run_partial():
     for _ in range(2 if state['partial'] == 0 else 1):
       prompt, valid, caps = batch(state['partial'])
-      state['flight'] = admit(state['flight'], prompt, valid, np.zeros((P, 1), np.uint8),
-                              fold_in(key, state['partial']), caps)
+      state['flight'] = admit(state['flight'], prompt, valid, fold_in(key, state['partial']), caps)
       state['partial'] += 1
     state['flight'], out = advance(params, state['flight'], state['version'], args.max_staleness)
     state['version'] += 1

@@ -280,30 +280,6 @@ def test_a_damaged_warm_start_cache_is_set_aside_and_trained_again(tiny, tmp_pat
 
 
 @pytest.mark.e2e
-def test_a_warm_start_cache_from_before_manifests_is_reused_and_saved_again(tiny, tmp_path):
-  """The cache in the layout an earlier rljax wrote (params/ by orbax, then info.json): reused
-  with one warning line, not trained again, the run identical to the reference, and the cache
-  saved again in today's layout."""
-  cache = tmp_path / 'warmstart'
-  shutil.copytree(tiny / 'warmstart', cache)
-  [path] = glob.glob(str(cache / 'warmstart-*'))
-  (step, (params, info)), = cli.checkpoints(path)[0].items()
-  shutil.rmtree(os.path.join(path, 'checkpoints'))
-  ocp.StandardCheckpointer().save(os.path.join(path, 'params'), params)
-  ocp.StandardCheckpointer().wait_until_finished()
-  with open(os.path.join(path, 'info.json'), 'w') as f:
-    json.dump(info, f)
-  workdir = tmp_path / 'run'
-  code, text = cli.run(tiny, workdir, f'--config.warmstart.dir={cache}')
-  assert code == 0 and 'Traceback' not in text, text[-3000:]
-  warnings = [line for line in text.splitlines() if 'rljax: warning' in line]
-  assert len(warnings) == 1 and 'before checkpoint manifests' in warnings[0], warnings
-  assert 'warm start step' not in text   # not trained again
-  assert cli.rows(workdir) == cli.rows(tiny / 'reference')
-  assert list(cli.checkpoints(path)[0]) == [step]
-
-
-@pytest.mark.e2e
 def test_no_intact_checkpoint_stops_with_exit_4(tiny, tmp_path):
   workdir = _copy_of_reference(tiny, tmp_path)
   for step in (6, 7, 8):

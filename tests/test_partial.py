@@ -106,14 +106,13 @@ def test_no_response_lost_or_duplicated_and_carried_tokens_equal_static(max_stal
   expected = simulate(caps_N, calls, max_staleness)
   reference = jax.device_get(static(params, prompt_NxT, valid_NxT, keys_Nx2, caps_N))
 
-  flight = partial.empty(CFG, 2 * P, G, SLOTS, T, L, answer_width=4)
+  flight = partial.empty(CFG, 2 * P, G, SLOTS, T, L)
   admitted, trained = 0, []
   for version in range(calls):
     for _ in range(2 if version == 0 else 1):
       n = slice(admitted * G, (admitted + P) * G)
-      answers = np.tile(np.arange(admitted, admitted + P, dtype=np.uint8)[:, None], (1, 4))
-      flight = admit(flight, prompt_NxT[n][::G], valid_NxT[n][::G], answers,
-                     batch_keys[admitted // P], caps_N[n])
+      flight = admit(flight, prompt_NxT[n][::G], valid_NxT[n][::G], batch_keys[admitted // P],
+                     caps_N[n])
       admitted += P
     flight, out = advance(params, flight, version, max_staleness)
     out = jax.device_get(out)
@@ -121,7 +120,7 @@ def test_no_response_lost_or_duplicated_and_carried_tokens_equal_static(max_stal
     serials = [s for s, g, _ in responses]
     rows = np.asarray([s * G + g for s, g, _ in responses])
     assert int(out.rollout.decode_steps) == steps, version
-    np.testing.assert_array_equal(out.answer_PxW[:, 0], serials[::G])
+    np.testing.assert_array_equal(out.serial_P, serials[::G])
     np.testing.assert_array_equal(out.prompt_BxT, prompt_NxT[rows])
     np.testing.assert_array_equal(out.rollout.lengths_B, caps_N[rows])
     for b, (_, _, versions) in enumerate(responses):

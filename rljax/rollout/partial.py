@@ -32,7 +32,6 @@ class Flight(NamedTuple):
   """The pool between calls: R = Q x G records (group q's in rows q*G .. q*G+G-1), S slots."""
   prompt_RxT: jax.Array
   valid_RxT: jax.Array
-  answer_QxW: jax.Array     # each group's bytes a caller keeps in the pool, or None (width 0)
   key_Rx2: jax.Array        # per-response key: token t draws with fold_in(key, t)
   cap_R: jax.Array          # response budget
   serial_Q: jax.Array       # admission order of the group (-1: free place)
@@ -48,15 +47,14 @@ class Flight(NamedTuple):
   admitted: jax.Array       # groups admitted so far
 
 
-def empty(model_cfg, groups, group, slots, prompt_len, max_len, answer_width=0, pad_id=0):
-  """A pool of `groups` free groups of `group` responses and `slots` idle decode slots, keeping
-  `answer_width` bytes per group (0: none; rljax's trainer keeps answers on the host by serial)."""
+def empty(model_cfg, groups, group, slots, prompt_len, max_len, pad_id=0):
+  """A pool of `groups` free groups of `group` responses and `slots` idle decode slots. What a
+  caller keeps per group (an answer) stays with the caller, keyed by the group's serial."""
   num = groups * group
   zeros = lambda *shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
   return Flight(
       prompt_RxT=jnp.full((num, prompt_len), pad_id, jnp.int32),
       valid_RxT=zeros(num, prompt_len, dtype=bool),
-      answer_QxW=zeros(groups, answer_width, dtype=jnp.uint8) if answer_width else None,
       key_Rx2=zeros(num, 2, dtype=jnp.uint32), cap_R=zeros(num),
       serial_Q=jnp.full((groups,), -1, jnp.int32), status_R=zeros(num),
       tokens_RxL=jnp.full((num, max_len), pad_id, jnp.int32),
@@ -80,10 +78,10 @@ def _reset(flight, records_K, status, pad_id):
                                                       flight.experts_RxLxYxK))
 
 
-def admit(flight, prompt_PxT, valid_PxT, answer_PxW, rng, caps_N, pad_id=0):
+def admit(flight, prompt_PxT, valid_PxT, rng, caps_N, pad_id=0):
   """The P groups of these prompts (N = P x G responses, group-major, response n's key
   fold_in(rng, n)) in the first P free places, serials `admitted` on; the pool must have them
-  (after `advance` it has exactly the P places it returned). `answer_PxW`: None without answers."""
+  (after `advance` it has exactly the P places it returned)."""
   groups, P = flight.serial_Q.shape[0], prompt_PxT.shape[0]
   group = flight.status_R.shape[0] // groups
   place_P = jnp.argsort(flight.serial_Q >= 0, stable=True)[:P]   # free places first
@@ -92,7 +90,6 @@ def admit(flight, prompt_PxT, valid_PxT, answer_PxW, rng, caps_N, pad_id=0):
   flight = flight._replace(
       prompt_RxT=flight.prompt_RxT.at[rows_N].set(repeat(prompt_PxT)),
       valid_RxT=flight.valid_RxT.at[rows_N].set(repeat(valid_PxT)),
-      answer_QxW=None if answer_PxW is None else flight.answer_QxW.at[place_P].set(answer_PxW),
       key_Rx2=flight.key_Rx2.at[rows_N].set(sampler_lib.response_keys(rng, P * group)),
       cap_R=flight.cap_R.at[rows_N].set(caps_N),
       serial_Q=flight.serial_Q.at[place_P].set(flight.admitted + jnp.arange(P)),
@@ -184,7 +181,6 @@ class Finished(NamedTuple):
   version_BxL: jax.Array
   prompt_BxT: jax.Array
   valid_BxT: jax.Array
-  answer_PxW: jax.Array   # None when the pool keeps no answers
   serial_P: jax.Array     # each group's serial (admission order)
   restarted: jax.Array    # responses dropped for staleness at the start of the call
 
@@ -283,9 +279,8 @@ def take_finished(flight, steps, decoded, num_groups, restarted):
       flight.tokens_RxL[rows_B], flight.logp_RxL[rows_B], mask_BxL, jnp.sum(mask_BxL, axis=1),
       steps, decoded.astype(jnp.float32) / jnp.maximum(steps * num_slots, 1).astype(jnp.float32),
       jax.tree.map(lambda x: x[rows_B], flight.experts_RxLxYxK))
-  answer_PxW = None if flight.answer_QxW is None else flight.answer_QxW[place_P]
   finished = Finished(rollout, flight.version_RxL[rows_B], flight.prompt_RxT[rows_B],
-                      flight.valid_RxT[rows_B], answer_PxW, flight.serial_Q[place_P], restarted)
+                      flight.valid_RxT[rows_B], flight.serial_Q[place_P], restarted)
   flight = flight._replace(status_R=flight.status_R.at[rows_B].set(EMPTY),
                            serial_Q=flight.serial_Q.at[place_P].set(-1))
   return flight, finished

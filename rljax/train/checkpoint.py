@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from rljax.train import collective
+from rljax.train import upgrades
 
 DELETED = 'deleted'   # under WORKDIR/checkpoints/: steps beyond `keep`, on their way out
 DAMAGED = 'damaged'   # under WORKDIR/checkpoints/: steps that failed their check, kept to inspect
@@ -316,10 +317,7 @@ class Checkpointer:
       multihost_utils.sync_global_devices(f'rljax_set_aside_{step}')
 
   def _legacy(self, step):
-    """Whether `step` was saved by an rljax before manifests: neither it nor an older step has a
-    manifest (a step without one after a step with one lost it: damaged)."""
-    return not any(os.path.isdir(os.path.join(self.directory, str(older), 'manifest'))
-                   for older in _steps(self.directory) if older <= step)
+    return upgrades.before_manifests(self.directory, _steps(self.directory), step)
 
   def restore_step(self, step, abstract=None):
     """(state, meta) of `step`, or why it does not restore or match its manifest on some process

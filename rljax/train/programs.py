@@ -103,7 +103,7 @@ def partial_programs(s):
       shape, dtype, sharding=sharding.replicated(s.mesh))
   return dict(
       admit=Program(sharding.on_mesh(admit, s.mesh), (
-          pool, host(P, s.prompt_len), host(P, s.prompt_len, dtype=bool), None, key(s.mesh),
+          pool, host(P, s.prompt_len), host(P, s.prompt_len, dtype=bool), key(s.mesh),
           host(P * G))),
       advance=Program(sharding.on_mesh(advance, s.mesh),
                       (s.params, pool, host(), host())))

@@ -28,6 +28,7 @@ from rljax.train import evaluation
 from rljax.train import metrics as metrics_lib
 from rljax.train import programs as programs_lib
 from rljax.train import schedules
+from rljax.train import upgrades
 from rljax.train import warmstart
 from rljax.train import workdir as workdir_lib
 
@@ -222,11 +223,11 @@ def _restore(ckpt, carry, schedule, algo):
   """(carry, meta) of the newest intact checkpoint: in the carry's named slots, or in the flat
   layout of checkpoints written before them (converted). LoRA's base comes from `carry`."""
   template = checkpointed(algo, carry)
-  legacy = (schedules.legacy_carry(template, schedule),
-            lambda old, meta: schedules.from_legacy(old, meta, template, schedule))
+  legacy = (upgrades.flat_carry(template, schedule),
+            lambda old, meta: upgrades.from_flat_carry(old, meta, template, schedule))
   restored, meta = ckpt.restore(template, legacy=legacy)
   carry = dict(restored, reference=carry['reference']) if algo.adapts else restored
   schedule.answers = meta.get('answers', schedule.answers)
-  schedule.prompt_ids = schedules.held_prompt_ids(meta, schedule.answers)
+  schedule.prompt_ids = upgrades.held_prompt_ids(meta, schedule.answers)
   logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
   return carry, meta

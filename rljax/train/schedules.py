@@ -18,7 +18,6 @@ import math
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rljax import algos
@@ -29,7 +28,6 @@ from rljax.rollout import turns
 from rljax import sharding
 
 step_key = jax.jit(jax.random.fold_in)
-LEGACY_ANSWER_BYTES = 256   # answers' room in checkpoints written before `answers` (utf-8 rows)
 
 
 class Sampled(NamedTuple):
@@ -55,10 +53,15 @@ class Sampler(NamedTuple):
   mesh: jax.sharding.Mesh   # the sampler's
 
 
+def per_response(answers, G):
+  """Each of P answers once per response of its group: B = P x G, group-major as the rows are."""
+  return [answer for answer in answers for _ in range(G)]
+
+
 def sample_rollout(sampler, params, examples, rng):
   """G responses to each of the P prompts of `examples`, decoded now, on the sampler's mesh."""
   G = sampler.G
-  answers = [answer for answer in examples['answer'] for _ in range(G)]   # group-major rows
+  answers = per_response(examples['answer'], G)
   prompt_PxT, valid_PxT = data.encode_prompts(examples['prompt'], sampler.tokenizer,
                                               sampler.prompt_len)
   repeat = lambda n: sharding.put_batch((np.repeat(prompt_PxT, n, 0), np.repeat(valid_PxT, n, 0)),
@@ -77,15 +80,8 @@ def sample_rollout(sampler, params, examples, rng):
                  env_rewards)
 
 
-def _answer_rows(rows):
-  """Answers from the 0-padded utf-8 rows of a legacy checkpoint."""
-  return [bytes(row).rstrip(b'\0').decode() for row in np.asarray(rows)]
-
-
 class EachStep:
   """Every step samples its own batch under the current policy (the default)."""
-  legacy_key = None   # its carry had no rollout state
-
   def __init__(self, sampler):
     self.sampler, self.answers, self.prompt_ids, self.iterator = sampler, None, None, None
 
@@ -101,8 +97,6 @@ class Partial:
   """rollout.partial: this step's P prompts join the pool (the first step also admits the next
   batch, so the pool holds two batches of groups); decoding under the current policy runs until P
   groups are finished, and those are this step's batch."""
-  legacy_key = 'flight'
-
   @staticmethod
   def check(config, process_count):
     """Partial rollouts decode whole groups over continuous-batching slots, at one batch, in one
@@ -140,7 +134,7 @@ class Partial:
       prompt_PxT, valid_PxT = data.encode_prompts(batch['prompt'], self.sampler.tokenizer,
                                                   self.sampler.prompt_len)
       caps_N = np.full(len(prompt_PxT) * self.sampler.G, flight.tokens_RxL.shape[1], np.int32)
-      flight = self.admit(flight, prompt_PxT, valid_PxT, None, step_key(rng, 100 + i), caps_N)
+      flight = self.admit(flight, prompt_PxT, valid_PxT, step_key(rng, 100 + i), caps_N)
       serials = [str(admitted + i * self.P + p) for p in range(len(prompt_PxT))]
       self.answers.update(zip(serials, map(str, batch['answer'])))
       self.prompt_ids.update(zip(serials, batch['id']))
@@ -148,36 +142,18 @@ class Partial:
     flight, finished = self.advance(params, flight, version, self.max_staleness)
     serials = [str(serial) for serial in np.asarray(finished.serial_P)]
     answers = [self.answers.pop(serial) for serial in serials]
-    answers = [answer for answer in answers for _ in range(self.sampler.G)]
+    answers = per_response(answers, self.sampler.G)
     stats = dict(partial_lib.staleness_stats(finished.version_BxL, finished.rollout.mask_BxL,
                                              version, self.max_staleness),
                  restarted=finished.restarted)
     return flight, Sampled(finished.rollout, finished.prompt_BxT, finished.valid_BxT, answers,
                            stats, [self.prompt_ids.pop(serial) for serial in serials])
 
-  def legacy(self, flight):
-    """The pool as checkpoints kept it before `answers`: its answers as rows in the pool, and no
-    recorded experts."""
-    rows = np.zeros((flight.serial_Q.shape[0], LEGACY_ANSWER_BYTES), np.uint8)
-    old = dict(flight._asdict(), answer_QxW=sharding.place(rows, self.sampler.mesh))
-    del old['experts_RxLxYxK']
-    return old
-
-  def from_legacy(self, old):
-    """(pool, answers) of a pool `legacy` restored; its tokens have no recorded experts (-1: the
-    trainer routes them as it computes)."""
-    answers = {str(serial): answer for serial, answer in
-               zip(np.asarray(old['serial_Q']), _answer_rows(old['answer_QxW'])) if serial >= 0}
-    experts = jax.tree.map(jnp.copy, self.pool.experts_RxLxYxK)   # the pool's buffers get donated
-    return partial_lib.Flight(**dict(old, answer_QxW=None, experts_RxLxYxK=experts)), answers
-
 
 class DrawnAhead:
   """rollout.devices: the sampler's devices draw the next batch (of `examples`) from the policy
   before this step's update, while the training devices update on the batch drawn one step
   earlier: every batch is one policy version old (the first two come from the initial policy)."""
-  legacy_key = 'pending'
-
   @staticmethod
   def check(config, device_count, process_count):
     """The sampler on devices of its own, one step behind, in one process."""
@@ -224,27 +200,9 @@ class DrawnAhead:
     drawn, self.answers, self.prompt_ids = self._draw(params, examples, rng)
     ahead = jax.device_put(ahead, jax.tree.map(
         lambda x: sharding.batch_sharding(self.mesh, x.ndim), ahead))
-    answers = [answer for answer in answers for _ in range(self.sampler.G)]
+    answers = per_response(answers, self.sampler.G)
     return drawn, Sampled(ahead['rollout'], ahead['prompt_BxT'], ahead['valid_BxT'], answers, {},
                           prompt_ids)
-
-  def legacy(self, ahead):
-    """The batch drawn ahead as checkpoints kept it before `answers`: its answers as rows, and no
-    recorded experts."""
-    prompts = ahead['prompt_BxT'].shape[0] // self.sampler.G
-    rows = jax.device_put(np.zeros((prompts, LEGACY_ANSWER_BYTES), np.uint8),
-                          sharding.batch_sharding(self.sampler.mesh, 2))
-    rollout = ahead['rollout']._asdict()
-    del rollout['experts_BxLxYxK']
-    return dict(ahead, rollout=rollout, answer_PxW=rows)
-
-  def from_legacy(self, old):
-    """(batch drawn ahead, answers) of a batch `legacy` restored; its tokens have no recorded
-    experts (-1: the trainer routes them as it computes)."""
-    experts = jax.tree.map(jnp.copy, self.empty['rollout'].experts_BxLxYxK)
-    ahead = {k: v for k, v in old.items() if k != 'answer_PxW'}
-    ahead['rollout'] = sampler_lib.Rollout(**ahead['rollout'], experts_BxLxYxK=experts)
-    return ahead, _answer_rows(old['answer_PxW'])
 
 
 def empty_ahead(sampler, params, P):
@@ -315,34 +273,3 @@ def make(config, s, sampler, programs, to_sampler):
     return DrawnAhead(sampler, to_sampler, s.mesh,
                       empty_ahead(sampler, s.sampler_params, config.rollout.P))
   return EachStep(sampler)
-
-
-def held_prompt_ids(meta, answers):
-  """The stream indices of the prompts a restored schedule holds: the checkpoint's, or None for
-  each held answer of a checkpoint saved before they were kept (prompts.jsonl logs them so)."""
-  if 'prompt_ids' in meta:
-    return meta['prompt_ids']
-  if isinstance(answers, dict):
-    return dict.fromkeys(answers)
-  return None if answers is None else [None] * len(answers)
-
-
-def legacy_carry(carry, schedule):
-  """`carry` in the flat layout checkpoints had before the carry's named slots."""
-  old = dict(carry['algo'], rng=carry['rng'])
-  if carry['reference'] is not None:
-    old['reference'] = carry['reference']
-  if schedule.legacy_key:
-    old[schedule.legacy_key] = schedule.legacy(carry['rollout'])
-  return old
-
-
-def from_legacy(old, meta, carry, schedule):
-  """(carry, meta) of a checkpoint in the flat layout, restored from `legacy_carry(carry)`."""
-  new = dict(algo={k: old[k] for k in carry['algo']}, rng=old['rng'],
-             reference=old.get('reference'), rollout=None)
-  if schedule.legacy_key:
-    new['rollout'], answers = schedule.from_legacy(old[schedule.legacy_key])
-    meta = dict(meta, answers=answers)
-  return new, meta
-

@@ -18,7 +18,6 @@ from absl import logging
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 
 from rljax.data import sources as data
 from rljax import losses
@@ -26,7 +25,7 @@ from rljax.model import transformer as model_lib
 from rljax import optim
 from rljax import sharding
 from rljax.train import checkpoint
-from rljax.train import workdir
+from rljax.train import upgrades
 from rljax import update
 
 
@@ -46,16 +45,11 @@ def seed(config):
   return pinned if pinned >= 0 else config.seed
 
 
-# Data fields added after warm-start caches were written: at their default (workdir.INTRODUCED)
-# they leave a fingerprint as it was, so a cache written before them is still found.
-LATER_DATA_FIELDS = ('dataset', 'dataset_args', 'render')
-
-
 def _data_fingerprint(data):
   """The data fields that determine a warm start. dir: where, not what; extra_test: held-out
   problems drawn after the train split, which leave the training data the same."""
-  return {k: v for k, v in data.items() if k not in ('dir', 'extra_test') and not (
-      k in LATER_DATA_FIELDS and v == workdir.INTRODUCED[f'data.{k}'])}
+  return upgrades.data_fingerprint({k: v for k, v in data.items()
+                                    if k not in ('dir', 'extra_test')})
 
 
 def fingerprint(config):
@@ -98,7 +92,7 @@ def _cached(path, init_params):
   info.json, written last) is read as it was written, with one warning line, and saved again in
   today's layout."""
   if not os.path.isdir(os.path.join(path, 'checkpoints')):
-    return _legacy(path, init_params)
+    return _resaved(path, upgrades.unmanifested_cache(path, init_params))
   reader = checkpoint.Checkpointer(path, read_only=True)
   try:
     return reader.restore(init_params, discard=True)
@@ -106,18 +100,15 @@ def _cached(path, init_params):
     reader.close()
 
 
-def _legacy(path, init_params):
-  if not os.path.exists(os.path.join(path, 'info.json')):
+def _resaved(path, cached):
+  """A cache written before manifests, saved again in today's layout, with one warning line."""
+  if cached is None:
     return None
-  with open(os.path.join(path, 'info.json')) as f:
-    info = json.load(f)
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, init_params)
-  params = ocp.StandardCheckpointer().restore(os.path.join(path, 'params'), abstract)
   if jax.process_index() == 0:
     print(f'rljax: warning: warm start {path} was written by an rljax before checkpoint '
           'manifests; reusing it and saving it again with one', flush=True)
-  _save(path, params, dict(info, steps=int(info['steps'])))
-  return params, info
+  _save(path, *cached)
+  return cached
 
 
 def _save(path, params, info):

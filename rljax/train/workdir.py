@@ -9,12 +9,14 @@ mesh may differ too, so a preempted run can continue on a different slice.
 
 Upgrades: a field added to the config since a workdir was written is missing from its record;
 it counts as unchanged when the config holds the value that computes what rljax computed before
-the field existed (INTRODUCED), so a run started by an earlier rljax resumes.
+the field existed (rljax.train.upgrades.INTRODUCED), so a run started by an earlier rljax resumes.
 """
 import json
 import os
 import shutil
 import tempfile
+
+from rljax.train import upgrades
 
 # jax, orbax (rljax.train.checkpoint) are imported in the functions that use them: rljax.protocol.layout reads
 # and writes the protocol's JSON through this module in processes that never start jax.
@@ -25,29 +27,6 @@ RESUMABLE = ('train.max_samples', 'train.max_steps', 'train.target', 'train.log_
 RUN_FILES = ('metrics.jsonl', 'eval_correct.jsonl', 'prompts.jsonl', 'config.json')
 WRITTEN_FOLDERS = ('checkpoints', 'tensorboard')   # checked at start-up with the workdir
 _MISSING = '<missing>'
-_LOSSES = ('grpo', 'ppo', 'rloo')
-# Fields added since workdirs record their config, each with the value that reproduces rljax
-# before it: rollouts sampled on the training mesh in one piece, no chunked logits, no lr decay,
-# no dual clip or off-policy weights, the clipped surrogate, no router replay, no LoRA, one clip
-# norm at every batch, evaluations only every train.eval_every steps.
-# auto_batch.*: any value while auto_batch is off; model.lora.*: any value while its rank is 0.
-INTRODUCED = {
-    'mode': 'train', 'warmstart.seed': -1, 'optimizer.decay': 'constant',
-    'train.logits_chunk': 0, 'rollout.slots': 0, 'rollout.partial': False,
-    'rollout.max_staleness': 1, 'rollout.devices': 0, 'auto_batch.enabled': False,
-    'grpo.adv_eps': 1e-6, 'model.router_replay': False, 'data.extra_test': 0,
-    'model.lora.rank': 0, 'optimizer.clip_rule': 'constant',
-    'critic_optimizer.clip_rule': 'constant', 'train.eval_from_samples': 0,
-    'train.eval_first_samples': 0,
-    # read only by the tool task, which came with them: their defaults
-    'data.demo_frac': 0.25, 'tools.enabled': True, 'tools.timeout_s': 1.0, 'tools.max_calls': 2,
-    # the tool's worker processes: the calculator's results are the same at any value
-    'tools.workers': 8, 'tools.memory_mb': 512,
-    # read only by the reasoning_gym task, which came with them: their defaults
-    'data.dataset': '', 'data.dataset_args': '{}', 'data.render': 'question',
-    **{f'{algo}.{key}': value for algo in _LOSSES for key, value in (
-        ('clip_ratio_c', 0.0), ('off_policy', 'none'), ('is_low', 0.5), ('is_high', 2.0),
-        ('policy_loss', 'clip'))}}
 
 
 def config_json(config):
@@ -65,16 +44,6 @@ def flat(tree, prefix=''):
   return items
 
 
-def _as_before(key, present):
-  """Whether `key`, missing on one side, holds on the other (flat `present`) a value that computes
-  what rljax computed before the key existed."""
-  if key.startswith('auto_batch.') and present.get('auto_batch.enabled') is False:
-    return True
-  if key.startswith('model.lora.') and present.get('model.lora.rank') == 0:
-    return True
-  return key in INTRODUCED and present[key] == INTRODUCED[key]
-
-
 def changed_keys(saved, current, resumable=RESUMABLE):
   """The dotted keys of flat `saved` and `current` that differ, leaving out `resumable` fields
   and fields added by an upgrade that hold their value from before it."""
@@ -84,7 +53,7 @@ def changed_keys(saved, current, resumable=RESUMABLE):
       continue
     if any((key + '.').startswith(field + '.') for field in resumable):
       continue
-    if (key in saved) != (key in current) and _as_before(key, saved if key in saved else current):
+    if (key in saved) != (key in current) and upgrades.as_before(key, saved if key in saved else current):
       continue
     changed.append(key)
   return changed
