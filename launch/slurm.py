@@ -3,6 +3,7 @@
   python launch/slurm.py --nodes=4 --gpus_per_node=8 --partition=gpu \\
       --config=configs/grpo.py:runlocal --workdir=/shared/grpo --batches=128,256,1024 --submit
   python launch/slurm.py ... --dry_run   # prints the scripts; writes and submits nothing
+  python launch/slurm.py --gpus_per_node=0 --tasks_per_node=2 ...   # CPU processes, 2 a node
 
 Each script lands in its run's workdir (<workdir>/P128/sbatch.sh, log slurm-<jobid>.out beside it)
 and is self-contained: re-submitting it resumes the run from its checkpoints.
@@ -18,10 +19,11 @@ if __package__ in (None, ''):  # run as a file: make the `launch` package import
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launch import sweep  # pylint: disable=g-import-not-at-top
 
-# One JAX process per node owns all that node's GPUs. JAX's own SLURM detection would pin each
-# process to GPU $SLURM_LOCALID (one GPU per process), so the task hides SLURM_LOCALID from it and
-# gets the coordinator from the RLJAX_* variables that rljax.main reads instead. The port is
-# derived from the job id, as JAX does, so two jobs sharing a first node do not collide.
+# Each SLURM task is one JAX process: with GPUs one per node, owning all that node's GPUs; on CPUs
+# any number per node. JAX's own SLURM detection would pin each process to GPU $SLURM_LOCALID (one
+# GPU per process), so the task hides SLURM_LOCALID from it and gets the coordinator from the
+# RLJAX_* variables that rljax.main reads instead. The port is derived from the job id, as JAX
+# does, so two jobs sharing a first node do not collide.
 TEMPLATE = """\
 #!/bin/bash
 {directives}
@@ -29,8 +31,8 @@ set -eo pipefail
 {setup}
 first_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
 export RLJAX_COORDINATOR_ADDRESS="$first_node:$((61440 + SLURM_JOB_ID % 4096))"
-export RLJAX_NUM_PROCESSES="$SLURM_NNODES"
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\
+export RLJAX_NUM_PROCESSES="$SLURM_NTASKS"
+srun --ntasks-per-node={tasks} --kill-on-bad-exit=1 \\
   bash -c 'unset SLURM_LOCALID; export RLJAX_PROCESS_ID="$SLURM_PROCID"; exec "$@"' rljax \\
   {command}
 """
@@ -41,26 +43,29 @@ def render(point, args):
   directives = [
       f'--job-name={point.name}',
       f'--nodes={args.nodes}',
-      '--ntasks-per-node=1',
-      f'--gpus-per-node={args.gpus_per_node}',
+      f'--ntasks-per-node={args.tasks_per_node}',
       f'--time={args.time}',
       f'--chdir={sweep.REPO}',
       f'--output={point.workdir}/slurm-%j.out',
   ]
+  directives += [f'--gpus-per-node={args.gpus_per_node}'] * bool(args.gpus_per_node)
   directives += [f'--partition={args.partition}'] * bool(args.partition)
   directives += [f'--account={args.account}'] * bool(args.account)
   directives += shlex.split(args.sbatch_args)
   return TEMPLATE.format(
       directives='\n'.join(f'#SBATCH {d}' for d in directives),
-      setup=args.setup,
+      setup=args.setup, tasks=args.tasks_per_node,
       command=shlex.join([args.python, *sweep.ENTRY, *point.args]))
 
 
 def build_scripts(args):
   """Flags -> [(script path, script text)], one per batch size."""
-  if args.nodes < 1 or args.gpus_per_node < 1:
-    raise sweep.LaunchError(f'--nodes={args.nodes} and --gpus_per_node={args.gpus_per_node} must '
-                            f'be at least 1')
+  if args.nodes < 1 or args.tasks_per_node < 1 or args.gpus_per_node < 0:
+    raise sweep.LaunchError(f'--nodes={args.nodes} and --tasks_per_node={args.tasks_per_node} '
+                            f'must be at least 1, --gpus_per_node={args.gpus_per_node} at least 0')
+  if args.gpus_per_node and args.tasks_per_node > 1:
+    raise sweep.LaunchError(f'--tasks_per_node={args.tasks_per_node} with GPUs: one process owns '
+                            'a node\'s GPUs; several processes a node are for --gpus_per_node=0')
   if '://' in args.workdir:
     raise sweep.LaunchError(f'--workdir={args.workdir!r}: SLURM runs need a shared filesystem path')
   points = sweep.points(args.config, os.path.abspath(args.workdir), args.batches, args.extra_args,
@@ -72,7 +77,9 @@ def main():
   parser = sweep.parser(__doc__)
   sweep.add_flags(parser)
   parser.add_argument('--nodes', type=int, default=1, help='nodes per run (one JAX process each)')
-  parser.add_argument('--gpus_per_node', type=int, default=8)
+  parser.add_argument('--gpus_per_node', type=int, default=8, help='0: CPU processes')
+  parser.add_argument('--tasks_per_node', type=int, default=1,
+                      help='JAX processes per node (more than 1 only with --gpus_per_node=0)')
   parser.add_argument('--time', default='24:00:00', help='wall-clock limit per run')
   parser.add_argument('--partition', default='')
   parser.add_argument('--account', default='')

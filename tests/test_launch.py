@@ -4,9 +4,11 @@ import argparse
 import os
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -28,7 +30,7 @@ def flags(**overrides):
   """Flags as build_jobs / build_scripts / build_commands get them from argparse."""
   values = dict(config=CONFIG, workdir='/runs/grpo', batches='128,256,1024', sweep_key='',
                 extra_args='', executor='local', accelerator='', num_hosts=1, nodes=2,
-                gpus_per_node=8, time='1:00:00', partition='', account='', sbatch_args='',
+                gpus_per_node=8, tasks_per_node=1, time='1:00:00', partition='', account='', sbatch_args='',
                 setup='', python='python', tpu='slice', zone='us-west4-a', project='',
                 repo_dir='~/rljax')
   values.update(overrides)
@@ -219,23 +221,81 @@ def test_slurm_script_gives_each_node_one_process_with_all_gpus(tmp_path):
   assert result.returncode == 0, result.stderr
   script = tmp_path / 'w' / 'P64' / 'sbatch.sh'
   env = {**os.environ, 'PATH': f'{bin_dir}:{os.environ["PATH"]}', 'SLURM_JOB_ID': '4101',
-         'SLURM_JOB_NODELIST': 'gpu[7-8]', 'SLURM_NNODES': '2'}
+         'SLURM_JOB_NODELIST': 'gpu[7-8]', 'SLURM_NNODES': '2', 'SLURM_NTASKS': '2'}
   subprocess.run(['bash', str(script)], env=env, check=True, timeout=30)
   args = f'-m rljax.main --config=configs/grpo.py:P=64,runlocal --workdir={tmp_path}/w/P64'
   assert dump.read_text().splitlines() == [f'gpu7:61445 2 0 local=unset {args}',
                                            f'gpu7:61445 2 1 local=unset {args}']
 
 
-def test_slurm_submit(tmp_path):
-  log = tmp_path / 'sbatch.log'
-  bin_dir = fake_bin(tmp_path, 'sbatch', f'echo "$@" >> {log}; echo "Submitted batch job 42"\n')
+def test_slurm_submit_needs_sbatch(tmp_path):
   args = [f'--config={CONFIG}', f'--workdir={tmp_path}/w', '--batches=8,16', '--submit']
-  result = run('slurm.py', *args, env={'PATH': f'{bin_dir}:/usr/bin:/bin'})
-  assert result.returncode == 0, result.stderr
-  assert log.read_text().split() == [f'{tmp_path}/w/P8/sbatch.sh', f'{tmp_path}/w/P16/sbatch.sh']
-  assert result.stdout.count('Submitted batch job 42') == 2
   result = run('slurm.py', *args, env={'PATH': str(tmp_path / 'empty')})
   assert result.returncode == 1 and 'sbatch not found' in result.stderr
+
+
+SLURM_DIR = os.environ.get('RLJAX_SLURM_DIR', '/tmp/rljax-slurm')
+
+
+@pytest.fixture(scope='module')
+def slurm_env():
+  """The environment that reaches the one-node cluster of .ci/slurm.sh; a skip where none runs
+  (.ci/run starts one and sets RLJAX_REQUIRE_SLURM=1, which makes a missing cluster a failure)."""
+  env = dict(os.environ, SLURM_CONF=os.path.join(SLURM_DIR, 'slurm.conf'))
+  up = os.path.exists(env['SLURM_CONF']) and shutil.which('sinfo') and subprocess.run(
+      ['sinfo', '-h'], env=env, capture_output=True, timeout=30, check=False).returncode == 0
+  if not up:
+    if os.environ.get('RLJAX_REQUIRE_SLURM') == '1':
+      pytest.fail(f'no SLURM cluster answers at {env["SLURM_CONF"]} (.ci/slurm.sh start)')
+    pytest.skip('no SLURM cluster here: start one with .ci/slurm.sh start')
+  return env
+
+
+def _wait_for_job(job, env, timeout_s=900):
+  """Until SLURM no longer lists job `job`."""
+  deadline = time.time() + timeout_s
+  while time.time() < deadline:
+    queued = subprocess.run(['squeue', '-h', '-j', job], env=env, capture_output=True, text=True,
+                            check=False)
+    if not queued.stdout.strip():
+      return
+    time.sleep(1)
+  subprocess.run(['scancel', job], env=env, check=False)
+  raise AssertionError(f'SLURM job {job} still queued or running after {timeout_s} s')
+
+
+@pytest.mark.e2e
+def test_a_two_process_job_submitted_to_slurm_trains_as_one_process(slurm_env, tmp_path):
+  """launch/slurm.py --submit to a real one-node SLURM: one job of two tasks, each a JAX process
+  with 4 CPU devices that finds the coordinator and its rank in SLURM's environment, trains the
+  tiny GRPO run of tests/test_multihost.py on one 8-device mesh and logs what one process with 8
+  devices logs."""
+  import test_multihost as multihost  # pylint: disable=g-import-not-at-top
+  data_dir, warm_dir = tmp_path / 'data', tmp_path / 'warm'
+  multihost.finish(multihost.launch(tmp_path / 'one', data_dir, warm_dir, devices=8))
+  devices = f'{os.environ["XLA_FLAGS"]} --xla_force_host_platform_device_count=4'
+  setup = f'export JAX_PLATFORMS=cpu PYTHONPATH={REPO} XLA_FLAGS={shlex.quote(devices)}'
+  config, *tiny = multihost.TINY
+  extra = shlex.join([*tiny, f'--config.data.dir={data_dir}', f'--config.warmstart.dir={warm_dir}'])
+  result = run('slurm.py', config.replace(',P=8', ''), f'--workdir={tmp_path}/slurm',
+               '--batches=8', '--nodes=1', '--tasks_per_node=2', '--gpus_per_node=0',
+               '--time=15:00', f'--setup={setup}', f'--extra_args={extra}', '--submit',
+               env=slurm_env)
+  assert result.returncode == 0, result.stderr
+  job = result.stdout.split()[-1]
+  _wait_for_job(job, slurm_env)
+  workdir = tmp_path / 'slurm' / 'P8'
+  log = (workdir / f'slurm-{job}.out').read_text()
+  assert log.count('parameters on 8 cpu device(s)') == 1, log[-3000:]   # process 0's pre-flight
+  one, two = multihost.rows(tmp_path / 'one'), multihost.rows(workdir)
+  assert len(one) == len(two) == 5, log[-3000:]
+  for a, b in zip(one, two):
+    assert a['step'] == b['step']
+    for key in multihost.COMPARED:
+      if key in a:
+        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
+  assert multihost.rows(workdir, 'prompts.jsonl') == multihost.rows(tmp_path / 'one',
+                                                                     'prompts.jsonl')
 
 
 # ----- tpu_vm -----
