@@ -135,6 +135,10 @@ def get_config(arg=None):
       # with this probability at the predicted ratio (docs/guide/protocol.md, "Confirmation")
       confirm_power=0.0,
       compilation_cache=True,      # in D/jax_cache: every seed after the first skips compiling
+      # 'slurm': every calibration and align run an sbatch job, a phase's jobs in parallel; the
+      # timed phases stay in this process (docs/reference/launch.md, "The protocol on a cluster").
+      # job_setup: shell lines each job runs first; job_sbatch_args: more #SBATCH options.
+      scheduler='', job_setup='', job_sbatch_args='',
       # MLPerf's rules (rljax.protocol.mlperf.RULES: '' none) and whether their closed division
       # holds: a closed run refuses any setting that breaks one (docs/guide/mlperf.md).
       mlperf='', division='closed',

@@ -54,36 +54,43 @@ def initialize_distributed():
     jax.distributed.initialize()
 
 
-def run(config, workdir):
-  """Trains `config` (or runs the protocol) in `workdir`; every failure of the exit-code contract
-  becomes its line on stderr and its exit code."""
+def guarded(fn):
+  """fn(stop) under the exit-code contract: every failure becomes its one line on stderr and its
+  exit code; `stop` (preemption.StopRequest) ends a run at its next step with a checkpoint."""
   # Imported here, after flag parsing: jax reads XLA_FLAGS when first imported.
-  from rljax.protocol import driver as protocol  # pylint: disable=g-import-not-at-top
   from rljax.train import checkpoint  # pylint: disable=g-import-not-at-top
-  from rljax.train import loop as train  # pylint: disable=g-import-not-at-top
   from rljax.train import preemption  # pylint: disable=g-import-not-at-top
   try:
     with preemption.StopRequest() as stop:
-      if config.mode == 'protocol':
-        protocol.run(config, workdir, stop)
-      else:
-        import jax  # pylint: disable=g-import-not-at-top
-        from rljax.aot import planner as plan  # pylint: disable=g-import-not-at-top
-        from rljax.train import run as run_lib  # pylint: disable=g-import-not-at-top
-        shape = run_lib.checked_shape(config)   # checked and set up abstractly once
-        line = plan.preflight(config, shape=shape)   # every process refuses what cannot fit
-        if jax.process_index() == 0:   # one line per run, not one per process
-          print(line, flush=True)
-        train.train(config, workdir, stop, shape)
+      fn(stop)
   except ValueError as error:  # bad input
     cli.fail(error, cli.EXIT_BAD_INPUT)
   except FloatingPointError as error:  # persistent NaN / inf
     cli.fail(error, cli.EXIT_NON_FINITE)
-  except (checkpoint.Damaged, checkpoint.WriteFailed, OSError) as error:  # the disk, not the input
-    cli.fail(error, cli.EXIT_STORAGE, wait_for_threads=False)
+  except (checkpoint.Damaged, checkpoint.WriteFailed, OSError) as error:   # the disk, or the
+    cli.fail(error, cli.EXIT_STORAGE, wait_for_threads=False)   # cluster's jobs: not the input
   except preemption.Preempted as stopped:
     print(f'rljax: {stopped}', file=sys.stderr, flush=True)
     sys.exit(preemption.EXIT_CODE)
+
+
+def run(config, workdir):
+  """Trains `config` (or runs the protocol) in `workdir`, guarded."""
+  def go(stop):
+    from rljax.protocol import driver as protocol  # pylint: disable=g-import-not-at-top
+    from rljax.train import loop as train  # pylint: disable=g-import-not-at-top
+    if config.mode == 'protocol':
+      protocol.run(config, workdir, stop)
+      return
+    import jax  # pylint: disable=g-import-not-at-top
+    from rljax.aot import planner as plan  # pylint: disable=g-import-not-at-top
+    from rljax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+    shape = run_lib.checked_shape(config)   # checked and set up abstractly once
+    line = plan.preflight(config, shape=shape)   # every process refuses what cannot fit
+    if jax.process_index() == 0:   # one line per run, not one per process
+      print(line, flush=True)
+    train.train(config, workdir, stop, shape)
+  guarded(go)
 
 
 class _NoCheckpointIOTracebacks(logging.logging.Filter):

@@ -30,6 +30,9 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 jax.devices()  # starts the CPU backend with 8 devices
 os.environ['XLA_FLAGS'] = _flags
 
+import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
+import subprocess  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import rljax_cli  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -55,3 +58,20 @@ def pytest_configure(config):
     if sum(entry.stat().st_size for entry in entries) > CACHE_LIMIT_BYTES:
       for entry in entries:
         os.remove(entry.path)
+
+
+SLURM_DIR = os.environ.get('RLJAX_SLURM_DIR', '/tmp/rljax-slurm')
+
+
+@pytest.fixture(scope='session')
+def slurm_env():
+  """The environment that reaches the one-node cluster of .ci/slurm.sh; a skip where none runs
+  (.ci/run starts one and sets RLJAX_REQUIRE_SLURM=1, which makes a missing cluster a failure)."""
+  env = dict(os.environ, SLURM_CONF=os.path.join(SLURM_DIR, 'slurm.conf'))
+  up = os.path.exists(env['SLURM_CONF']) and shutil.which('sinfo') and subprocess.run(
+      ['sinfo', '-h'], env=env, capture_output=True, timeout=30, check=False).returncode == 0
+  if not up:
+    if os.environ.get('RLJAX_REQUIRE_SLURM') == '1':
+      pytest.fail(f'no SLURM cluster answers at {env["SLURM_CONF"]} (.ci/slurm.sh start)')
+    pytest.skip('no SLURM cluster here: start one with .ci/slurm.sh start')
+  return env

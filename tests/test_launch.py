@@ -4,7 +4,6 @@ import argparse
 import os
 import pathlib
 import shlex
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -232,23 +231,6 @@ def test_slurm_submit_needs_sbatch(tmp_path):
   args = [f'--config={CONFIG}', f'--workdir={tmp_path}/w', '--batches=8,16', '--submit']
   result = run('slurm.py', *args, env={'PATH': str(tmp_path / 'empty')})
   assert result.returncode == 1 and 'sbatch not found' in result.stderr
-
-
-SLURM_DIR = os.environ.get('RLJAX_SLURM_DIR', '/tmp/rljax-slurm')
-
-
-@pytest.fixture(scope='module')
-def slurm_env():
-  """The environment that reaches the one-node cluster of .ci/slurm.sh; a skip where none runs
-  (.ci/run starts one and sets RLJAX_REQUIRE_SLURM=1, which makes a missing cluster a failure)."""
-  env = dict(os.environ, SLURM_CONF=os.path.join(SLURM_DIR, 'slurm.conf'))
-  up = os.path.exists(env['SLURM_CONF']) and shutil.which('sinfo') and subprocess.run(
-      ['sinfo', '-h'], env=env, capture_output=True, timeout=30, check=False).returncode == 0
-  if not up:
-    if os.environ.get('RLJAX_REQUIRE_SLURM') == '1':
-      pytest.fail(f'no SLURM cluster answers at {env["SLURM_CONF"]} (.ci/slurm.sh start)')
-    pytest.skip('no SLURM cluster here: start one with .ci/slurm.sh start')
-  return env
 
 
 def _wait_for_job(job, env, timeout_s=900):

@@ -14,13 +14,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import rljax_cli
 
 from configs import protocol as protocol_config
 from rljax.protocol import driver as protocol
+from rljax.protocol import jobs
 from rljax.protocol import layout
 from rljax.protocol import report as report_lib
 from rljax.protocol import runs
 from rljax import stats
+from rljax.train import metrics
 from rljax.train import warmstart
 from rljax.train import workdir as workdir_lib
 
@@ -175,7 +178,7 @@ def test_micro_batches_must_hold_whole_groups():
 def test_a_given_lr0_skips_the_calibration(tmp_path):
   config = protocol_config.get_config('runlocal,shallow')
   config.protocol.lr0 = 3e-5
-  assert protocol.calibrate(config, str(tmp_path)) == (3e-5, 0.0)
+  assert protocol.calibrate(config, str(tmp_path), jobs.InProcess()) == (3e-5, 0.0)
   assert layout.read(str(tmp_path), 'calibration') == {'lr0': 3e-5, 'source': 'given',
                                                            'target': 0.0}
   assert not (tmp_path / 'calibration').exists()
@@ -209,7 +212,7 @@ def test_calibration_chooses_the_lr_with_the_fewest_samples_to_a_given_target(tm
   _calibration_runs(config, str(tmp_path), {
       lr: [[0.3] * (k or 8) + [0.4] * (2 if k else 0) for k in crossings[i]]
       for i, lr in enumerate(lrs)})
-  lr0, target = protocol.calibrate(config, str(tmp_path))
+  lr0, target = protocol.calibrate(config, str(tmp_path), jobs.InProcess())
   assert (lr0, target) == (lrs[2], 0.37) and lr0 == 5e-5   # 2.x and 3.x evals: the fewest
   assert layout.read(str(tmp_path), 'calibration') == {
       'lr0': 5e-5, 'source': 'calibrated', 'at_edge': False, 'target': 0.37,
@@ -233,7 +236,7 @@ def test_an_lr_at_the_edge_extends_the_bracket_until_the_best_is_interior(tmp_pa
   below = float(f'{lrs[0] * lrs[0] / lrs[1]:.3g}')
   speed = {below: 5, lrs[0]: 3, lrs[1]: 4, lrs[2]: 5, lrs[3]: 6, lrs[4]: 7}   # evals to the top
   _calibration_runs(config, str(tmp_path), {lr: [_rising(k)] * 2 for lr, k in speed.items()})
-  lr0, target = protocol.calibrate(config, str(tmp_path))
+  lr0, target = protocol.calibrate(config, str(tmp_path), jobs.InProcess())
   assert lr0 == lrs[0] and target == pytest.approx(0.30 + 0.45 * 0.15)
   assert layout.read(str(tmp_path), 'calibration')['at_edge'] is False
   assert f'extending to {below:g}' in capsys.readouterr().out
@@ -242,7 +245,7 @@ def test_an_lr_at_the_edge_extends_the_bracket_until_the_best_is_interior(tmp_pa
   config.protocol.calibration_max_lrs = 5   # the bound: no extension, a warning, and it goes on
   other = tmp_path / 'bounded'
   _calibration_runs(config, str(other), {lr: [_rising(speed[lr])] * 2 for lr in lrs})
-  assert protocol.calibrate(config, str(other))[0] == lrs[0]
+  assert protocol.calibrate(config, str(other), jobs.InProcess())[0] == lrs[0]
   assert 'rljax: warning: lr0 = 2.5e-05 is still at the edge' in capsys.readouterr().out
   assert layout.read(str(other), 'calibration')['at_edge'] is True
 
@@ -277,7 +280,7 @@ def test_a_fast_rise_divides_the_later_calibration_runs_and_the_arms_budgets(
     for seed in range(2):
       budget, every = (32768, 2048) if (lr, seed) == (lrs[0], 0) else (later, later_every)
       _saturating_run(layout.run_dir(workdir, 'calibration', name, seed), scale, budget, every)
-  lr0, target = protocol.calibrate(config, workdir)
+  lr0, target = protocol.calibrate(config, workdir, jobs.InProcess())
   calibration = layout.read(workdir, 'calibration')
   assert lr0 == lrs[1] and not calibration['at_edge']
   assert calibration['calibration_budget'] == calibration_budget
@@ -301,7 +304,7 @@ def test_calibration_with_no_lr_at_a_given_target_goes_on_with_the_most_progress
   finals = [0.32, 0.35, 0.40, 0.36, 0.31]
   _calibration_runs(config, str(tmp_path), {lr: [[0.3, 0.31, f, f]] * 2
                                             for lr, f in zip(lrs, finals)})
-  lr0, target = protocol.calibrate(config, str(tmp_path))
+  lr0, target = protocol.calibrate(config, str(tmp_path), jobs.InProcess())
   assert (lr0, target) == (lrs[2], 0.9)
   assert layout.read(str(tmp_path), 'calibration')['method'] == 'most progress at the budget'
   assert 'rljax: warning: no calibration lr reached J = 0.900' in capsys.readouterr().out
@@ -340,7 +343,7 @@ def test_add_seeds_stages_its_budget_to_the_base_and_the_point_fastest_arm(tmp_p
       (Path(run_dir) / 'done.json').write_text('{}')
     return original_run_once(cfg, run_dir, label, stop)
   monkeypatch.setattr(runs, 'run_once', run_once)
-  protocol.add_seeds(config, workdir, arm_list)
+  protocol.add_seeds(config, workdir, arm_list, jobs.InProcess())
   seeds = {a.name: protocol._seeds_of(workdir, a) for a in arm_list}
   assert seeds == dict(P16=[0, 1, 2, 3], P32=[0, 1, 2, 3], P64=[0, 1, 2], P128=[0, 1, 2],
                        P32_fixed_lr=[0, 1, 2])
@@ -510,6 +513,40 @@ def test_sigterm_stops_the_protocol_with_a_checkpoint_and_exit_75(tmp_path, data
   assert 'stopped on request' in stderr
   assert os.listdir(os.path.join(workdir, 'arms', 'P2', 'seed_0', 'checkpoints'))
   assert not os.path.exists(os.path.join(workdir, 'arms', 'P4'))   # nothing after it started
+
+
+@pytest.mark.e2e
+def test_the_protocol_on_slurm_trains_each_run_as_a_job_and_logs_what_it_logs_in_process(
+    resumed, data_dir, slurm_env, tmp_path):
+  """protocol.scheduler='slurm' on the one-node cluster of .ci/slurm.sh: the align runs go out as
+  parallel sbatch jobs (each `python -m rljax.protocol.job RUN_DIR`), the driver waits for them,
+  times the throughput rounds and the confirmation in its own process, and writes the report. Every
+  run logs exactly the rows the in-process protocol logged (timings aside), so rN and every
+  accuracy are the same; a second invocation submits nothing."""
+  workdir = str(tmp_path / 'D')
+  command = _main(workdir, data_dir) + ['--config.protocol.scheduler=slurm']
+  env = dict(slurm_env, PYTHONPATH=REPO)
+  result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.count('submitted as SLURM job') == 3, result.stdout[-3000:]   # 3 arms
+  for arm in ('P2', 'P4', 'P4_fixed_lr'):
+    ours, theirs = (os.path.join(d, 'arms', arm, 'seed_0') for d in (workdir, resumed['workdir']))
+    assert os.path.exists(os.path.join(ours, 'sbatch.sh'))
+    rows = lambda run: [{k: v for k, v in r.items() if k not in rljax_cli.TIMING}
+                        for r in metrics.read_jsonl(os.path.join(run, 'metrics.jsonl'))]
+    assert rows(ours) == rows(theirs), arm
+  ours, theirs = (report_lib.build_report(d) for d in (workdir, resumed['workdir']))
+  assert [(a['name'], a['rN'], a['samples_to_target']) for a in ours['arms']] == [
+      (a['name'], a['rN'], a['samples_to_target']) for a in theirs['arms']]
+  again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert again.returncode == 0 and 'submitted as SLURM job' not in again.stdout, again.stderr
+
+
+def test_an_unknown_scheduler_is_refused_before_anything_trains():
+  config = protocol_config.get_config('runlocal,shallow')
+  config.protocol.scheduler = 'pbs'
+  with pytest.raises(ValueError, match="protocol.scheduler must be ''"):
+    protocol.arms(config, 'D')
 
 
 @pytest.mark.e2e

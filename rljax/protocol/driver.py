@@ -35,6 +35,7 @@ from rljax import stats
 from rljax.protocol import calibration as calibration_lib
 from rljax.protocol import curves
 from rljax.protocol import decision as decision_lib
+from rljax.protocol import jobs
 from rljax.protocol import layout
 from rljax.protocol import report as report_lib
 from rljax.protocol.runs import Arm, arm_config, arms, batch_of, default_lr0, run_arm_seeds, value_of
@@ -74,7 +75,7 @@ def calibration_arm(config, workdir, lr, divisor=1):
 # ------------------------------------------------------------------------------------------------
 
 
-def calibrate(config, workdir, stop=None):
+def calibrate(config, workdir, runner):
   """(lr0, J) at the base batch: lr0 given, or the calibration's choice (rljax.protocol.calibration)
   on a target given or placed on its runs' curves; the bracket moves past an edge while
   protocol.calibration_max_lrs allows. Never fails for want of a target: it says what it chose.
@@ -86,7 +87,8 @@ def calibrate(config, workdir, stop=None):
     return p.lr0, p.target
   lrs = calibration_lrs(config)
   first = calibration_arm(config, workdir, lrs[0])
-  run_arm_seeds(workdir, 'calibration', first, [0], f'calibrate 1/{len(lrs)}', stop)
+  run_arm_seeds(workdir, 'calibration', first, [0], f'calibrate 1/{len(lrs)}', runner)
+  runner.wait()
   divisor = calibration_lib.divisor(_calibration_runs(workdir, lrs[:1])[lrs[0]],
                                     first.config.train.max_samples, p.budget_scales)[0]
   arm_at = lambda lr: calibration_arm(config, workdir, lr, divisor)
@@ -95,7 +97,8 @@ def calibrate(config, workdir, stop=None):
     for i, lr in enumerate(lrs):
       if seed or i:
         run_arm_seeds(workdir, 'calibration', arm_at(lr), [seed], f'calibrate {i + 1}/{len(lrs)}',
-                      stop)
+                      runner)
+  runner.wait()
   while True:
     choice = calibration_choice(config, workdir, lrs, budget)
     lr = calibration_lib.next_lr(lrs, choice['lr0'], p.calibration_max_lrs)
@@ -105,7 +108,8 @@ def calibrate(config, workdir, stop=None):
           flush=True)
     lrs.append(lr)
     run_arm_seeds(workdir, 'calibration', arm_at(lr), range(p.calibration_seeds),
-                  f'calibrate {len(lrs)}', stop)
+                  f'calibrate {len(lrs)}', runner)
+    runner.wait()
   layout.write(workdir, 'calibration', dict(
       lr0=choice['lr0'], source='calibrated', at_edge=choice['at_edge'], target=choice['target'],
       method=choice['method'], **_budgets(config, workdir, choice['lr0'], budget)))
@@ -236,12 +240,13 @@ def _staged(report, counts, max_seeds):
   return [n for n in (names[report['base_batch']], names[best['batch']]) if counts[n] < max_seeds]
 
 
-def add_seeds(config, workdir, arm_list, stop=None):
+def add_seeds(config, workdir, arm_list, runner):
   """Staged seeds: one more at the base and at the point-fastest batch per round (_staged),
   within protocol.max_seeds per arm and protocol.extra_seeds in all."""
   p, by_name = config.protocol, {a.name: a for a in arm_list}
   for arm in arm_list:   # finish any seed a killed run had started, so decisions replay alike
-    run_arm_seeds(workdir, 'arms', arm, _seeds_of(workdir, arm), 'align (resume)', stop)
+    run_arm_seeds(workdir, 'arms', arm, _seeds_of(workdir, arm), 'align (resume)', runner)
+  runner.wait()
   spent = sum(len(_seeds_of(workdir, a)) - p.num_seeds for a in arm_list)
   while spent < p.extra_seeds:
     report = report_lib.write_report(workdir, with_plots=False)
@@ -251,7 +256,8 @@ def add_seeds(config, workdir, arm_list, stop=None):
       break
     for name in chosen:
       seed = max(_seeds_of(workdir, by_name[name])) + 1
-      run_arm_seeds(workdir, 'arms', by_name[name], [seed], 'extra seed', stop)
+      run_arm_seeds(workdir, 'arms', by_name[name], [seed], 'extra seed', runner)
+    runner.wait()
     spent += len(chosen)
 
 
@@ -273,7 +279,8 @@ def confirm(config, workdir, report, lr0, stop=None):
   seeds = (report.get('confirm_plan') or {}).get('seeds', p.confirm_seeds)
   for seed in range(p.max_seeds, p.max_seeds + seeds):
     for arm in arm_list:
-      run_arm_seeds(workdir, 'confirm', arm, [seed], f'confirm at batch {arm.batch}', stop)
+      run_arm_seeds(workdir, 'confirm', arm, [seed], f'confirm at batch {arm.batch}',
+                    jobs.InProcess(stop))   # timed: never beside other jobs
 
 
 def write_protocol_json(config, workdir, base, target):
@@ -306,11 +313,12 @@ def timed(workdir, phase, fn, *args):
   return result
 
 
-def align(config, workdir, arm_list, stop=None):
+def align(config, workdir, arm_list, runner):
   """Every arm x protocol.num_seeds, seed-major: a partial sweep is already a report."""
   for seed in range(config.protocol.num_seeds):
     for i, arm in enumerate(arm_list):
-      run_arm_seeds(workdir, 'arms', arm, [seed], f'align {i + 1}/{len(arm_list)}', stop)
+      run_arm_seeds(workdir, 'arms', arm, [seed], f'align {i + 1}/{len(arm_list)}', runner)
+  runner.wait()
 
 
 def run(config, workdir, stop=None):
@@ -324,16 +332,17 @@ def run(config, workdir, stop=None):
   os.makedirs(workdir, exist_ok=True)
   if p.compilation_cache:
     _compilation_cache(workdir)
-  lr0, target = timed(workdir, 'calibration', calibrate, config, workdir, stop)
+  runner = jobs.runner(config, workdir, stop)
+  lr0, target = timed(workdir, 'calibration', calibrate, config, workdir, runner)
   config = with_budget(config, workdir)
   arm_list = arms(config, workdir, lr0, target)
   base = next(a for a in arm_list if a.value == p.base and not a.control)
   write_protocol_json(config, workdir, base, target)
   if p.quick:   # every batch's rN from the base arm's noise scale instead of its own arm
     arm_list = [base]
-  timed(workdir, 'align', align, config, workdir, arm_list, stop)
+  timed(workdir, 'align', align, config, workdir, arm_list, runner)
   timed(workdir, 'throughput', measure_throughputs, config, workdir, lr0, stop)
-  timed(workdir, 'extra seeds', add_seeds, config, workdir, arm_list, stop)
+  timed(workdir, 'extra seeds', add_seeds, config, workdir, arm_list, runner)
   report = report_lib.write_report(workdir)
   if p.confirm:
     timed(workdir, 'confirm', confirm, config, workdir, report, lr0, stop)

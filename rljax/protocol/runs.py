@@ -144,9 +144,10 @@ def seed_config(arm, seed):
   return cfg
 
 
-def run_arm_seeds(workdir, group, arm, seeds, label, stop=None):
-  """The arm's runs at `seeds`, each in D/<group>/<arm>/seed_<k>/ (arm.json written first)."""
+def run_arm_seeds(workdir, group, arm, seeds, label, runner):
+  """The arm's runs at `seeds`, each in D/<group>/<arm>/seed_<k>/ (arm.json written first), given
+  to `runner` (rljax.protocol.jobs: trained now, or submitted)."""
   layout.write(workdir, 'arm', arm_spec(arm), group=group, arm=arm.name)
   for seed in seeds:
-    run_once(seed_config(arm, seed), layout.run_dir(workdir, group, arm.name, seed),
-             f'{label}: {arm.name} seed {seed}', stop)
+    runner.run(seed_config(arm, seed), layout.run_dir(workdir, group, arm.name, seed),
+               f'{label}: {arm.name} seed {seed}')

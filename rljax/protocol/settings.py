@@ -54,6 +54,9 @@ def check(config):
   if p.lr0 < 0 or (p.lr0 == 0 and (len(p.calibration_factors) < 2 or p.calibration_seeds < 1)):
     raise ValueError('protocol.lr0 must be > 0 (given) or 0 (calibrated, with >= 2 '
                      'calibration_factors and >= 1 calibration_seeds)')
+  if p.scheduler not in ('', 'slurm'):
+    raise ValueError(f"protocol.scheduler must be '' (every run in this process) or 'slurm' (each "
+                     f'run a job), got {p.scheduler!r}')
   mlperf.check_settings(p)
 
 

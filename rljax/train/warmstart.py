@@ -117,13 +117,24 @@ def _save(path, params, info):
   cache.close()
 
 
+def cache_path(config, cache_dir):
+  """Where `config`'s warm start is cached under `cache_dir`."""
+  return os.path.abspath(os.path.join(cache_dir, f'warmstart-{fingerprint(config)}'))
+
+
+def is_cached(config, cache_dir):
+  """Whether a finished warm start of `config` waits under `cache_dir` (a step saved, not read)."""
+  checkpoints = os.path.join(cache_path(config, cache_dir), 'checkpoints')
+  return os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints))
+
+
 def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_dir, prompt_len,
                seq_len, mesh, env=None, demonstration=None):
   """Returns (params, info): restored from the cache, or trained now and cached. `env`: the
   task's, whose observations in demonstrations are not trained on (`supervised_batch`).
   `demonstration`: the task's text to imitate for an answer (rljax.tasks), if not the answer."""
   ws = config.warmstart
-  path = os.path.abspath(os.path.join(cache_dir, f'warmstart-{fingerprint(config)}'))
+  path = cache_path(config, cache_dir)
   cached = _cached(path, init_params)
   if cached:
     logging.info('warm start: reusing %s (accuracy %.3f)', path, cached[1]['accuracy'])
