@@ -120,6 +120,7 @@ def test_the_plan_sizes_from_the_pick_arm_or_the_base_arm_and_only_when_asked():
   assert quick['run_log_sd'][0] == pytest.approx(confirmation.run_log_sd(
       arms[16]['samples_to_target_per_seed'], rounds[64]))
   assert confirmation.plan(report, dict(protocol, confirm_power=0.0)) is None
+  assert confirmation.plan(report, dict(protocol, confirm=False)) is None   # nothing to size
   assert confirmation.plan(report, {k: v for k, v in protocol.items() if k != 'confirm_power'}) \
       is None
   assert confirmation.plan(_report(16), protocol) is None

@@ -77,11 +77,12 @@ def expected(predicted, predicted_ci, base_log_s, pick_log_s, level):
 
 def plan(report, protocol):
   """The confirmation's seeds a side from a report before it (None while protocol.confirm_power is
-  0 or no batch was found faster; the pick: decision.to_confirm): the pick's arm gives its samples' spread, or the base arm's
-  where the pick has none (the quick answer)."""
+  0, without a confirmation, or when no batch was found faster; the pick: decision.to_confirm):
+  the pick's arm gives its samples' spread, or the base arm's where the pick has none (the quick
+  answer)."""
   target, pick, base = (protocol.get('confirm_power', 0.0), decision.to_confirm(report['decision']),
                         report['base_batch'])
-  if not target or pick in (None, base):
+  if not target or not protocol.get('confirm', True) or pick in (None, base):
     return None
   arms = {a['batch']: a for a in report['arms'] if not a['control']}
   rounds = {t['batch']: t['per_round'] for t in report['throughput']}

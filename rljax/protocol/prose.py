@@ -124,8 +124,7 @@ def _quick_sentence(report):
              ": B_simple at the base does not carry over to that batch.")
   elif not agree:
     text += (" Every measured rN's interval overlaps its predicted one, so these logs cannot "
-             "reject the model; the quick answer's interval counts B_simple's sampling noise, "
-             "not the model's error.")
+             "reject the model; the two answers differ within their intervals.")
   return text
 
 
