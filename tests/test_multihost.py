@@ -71,3 +71,45 @@ def test_two_processes_match_one_process(tmp_path):
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
   # process 0 logs both processes' prompts: the global batch, as one process trains it
   assert rows(tmp_path / 'two', 'prompts.jsonl') == rows(tmp_path / 'one', 'prompts.jsonl')
+
+
+def test_p_auto_takes_the_same_decisions_on_two_processes_as_on_one(tmp_path):
+  """P=auto (tests/test_auto_batch.py's tiny schedule: samples/s read from a file, so every run
+  decides alike) on 2 processes x 4 devices: process 0's times reach both, both switch P from 4 to
+  8 at step 7 and check it at step 9, and the rows equal one process's with 8 devices."""
+  throughput = tmp_path / 'throughput.json'
+  throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198],
+                                    '16': [200, 202, 198]}))
+  flags = ['--config=configs/grpo.py:runlocal,P=auto,G=4', f'--config.data.dir={tmp_path}/data',
+           '--config.data.digits=1', '--config.data.num_train=200', '--config.data.num_test=20',
+           '--config.warmstart.enabled=False', '--config.metrics.tensorboard=False',
+           '--config.auto_batch.min=4', '--config.auto_batch.max=16',
+           '--config.auto_batch.every_samples=112', f'--config.auto_batch.throughput_file={throughput}',
+           '--config.auto_batch.compile_s=0.0', '--config.auto_batch.verify_samples=64',
+           '--config.rollout.P=4', '--config.train.max_samples=0', '--config.train.max_steps=9',
+           '--config.train.eval_every=4', '--config.train.eval_size=8', '--config.train.micro_batch=8']
+
+  def start(workdir, devices, extra=()):
+    env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu', XLA_FLAGS=(
+        f'{os.environ["XLA_FLAGS"]} --xla_force_host_platform_device_count={devices}'))
+    return subprocess.Popen([sys.executable, '-m', 'rljax.main', f'--workdir={workdir}', *flags,
+                             *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+  finish(start(tmp_path / 'one', 8))
+  port = free_port()
+  procs = [start(tmp_path / 'two', 4, (f'--coordinator_address=localhost:{port}',
+                                       '--num_processes=2', f'--process_id={i}'))
+           for i in range(2)]
+  for p in procs:
+    finish(p)
+  one, two = rows(tmp_path / 'one'), rows(tmp_path / 'two')
+  steps = [r for r in two if not r.get('eval')]
+  assert [r['batch'] for r in steps] == [16] * 7 + [32] * 2
+  assert (steps[6]['auto_from'], steps[6]['auto_to']) == (4, 8) and 'auto_check_verdict' in steps[8]
+  assert len(one) == len(two)
+  for a, b in zip(one, two):
+    assert a['step'] == b['step'] and a.get('batch') == b.get('batch')
+    for key in COMPARED:
+      if key in a:
+        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
