@@ -15,12 +15,12 @@ import os
 import numpy as np
 
 from rljax.auto_batch import check as auto_check
-from rljax.train import metrics
+from rljax import files
 
 
 def pretend_checks(path, verify_samples):
   """(rho, lo, hi) of the check at each pretend move of one run's training rows."""
-  rows = [r for r in metrics.read_jsonl(path) if 'reward_mean' in r]
+  rows = [r for r in files.read_jsonl(path) if 'reward_mean' in r]
   samples = np.array([r['samples'] for r in rows], float)
   reward = np.array([r['reward_mean'] for r in rows], float)
   weight = np.array([r['retained'] for r in rows], float)

@@ -29,9 +29,9 @@ import time
 
 import numpy as np
 
+from rljax import files
 from rljax import stats
 from rljax.protocol import curves
-from rljax.train import metrics
 
 
 def auto_flags(options, args):
@@ -98,7 +98,7 @@ def run_all(arms, seeds, args):
 def crossing(directory, target, window):
   """(samples at the first crossing of `target` by the eval curve smoothed over `window`
   evaluations, nan when it never crosses; the run's training rows)."""
-  rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
+  rows = files.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
   evals = [r for r in rows if r.get('eval')]
   samples = curves.first_crossing([r['samples'] for r in evals],
                                   curves.smooth([r['eval_accuracy'] for r in evals], window), target)
@@ -150,7 +150,7 @@ def paired_ratio(auto_s, fixed_s):
 
 
 def moves(directory):
-  rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
+  rows = files.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
   return [(r['samples'], r['auto_from'], r['auto_to']) for r in rows
           if 'auto_from' in r and r['auto_from'] != r['auto_to']]
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from rljax.train import metrics
+from rljax import files
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MAX_STEPS = 8
@@ -72,12 +72,12 @@ def log(workdir):
 def rows(workdir):
   """metrics.jsonl without its timing fields."""
   return [{k: v for k, v in row.items() if k not in TIMING}
-          for row in metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
+          for row in files.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
 
 
 def prompt_rows(workdir):
   """prompts.jsonl: the stream indices each step trained or skipped."""
-  return metrics.read_jsonl(os.path.join(workdir, 'prompts.jsonl'))
+  return files.read_jsonl(os.path.join(workdir, 'prompts.jsonl'))
 
 
 def last_step(workdir):

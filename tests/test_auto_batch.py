@@ -17,9 +17,9 @@ from rljax.auto_batch import rule
 from rljax.auto_batch import schedule as auto_schedule
 from rljax.auto_batch import state as auto_state
 from rljax.data import sources
+from rljax import files
 from rljax.train import config_checks
 from rljax.train import loop
-from rljax.train import metrics
 from rljax.train import run as run_lib
 
 Estimate = rule.Estimate
@@ -462,7 +462,7 @@ def without_timing(rows):
 def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identically(tmp_path):
   reference, killed = tmp_path / 'reference', tmp_path / 'killed'
   loop.train(tiny_auto(tmp_path), str(reference))
-  rows = metrics.read_jsonl(reference / 'metrics.jsonl')
+  rows = files.read_jsonl(reference / 'metrics.jsonl')
   steps = [row for row in rows if not row.get('eval')]
   switch = steps[6]
   assert (switch['step'], switch['auto_from'], switch['auto_to']) == (7, 4, 8)
@@ -482,7 +482,7 @@ def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identical
   shutil.copytree(reference, killed)
   shutil.rmtree(killed / 'checkpoints' / '9')
   loop.train(tiny_auto(tmp_path), str(killed))
-  assert without_timing(metrics.read_jsonl(killed / 'metrics.jsonl')) == without_timing(rows)
+  assert without_timing(files.read_jsonl(killed / 'metrics.jsonl')) == without_timing(rows)
   (state, meta), (ref_state, ref_meta) = (rljax_cli.checkpoints(w)[0][9] for w in (killed, reference))
   assert rljax_cli.same_arrays(state, ref_state)
   schedule = lambda m: {k: v for k, v in m['auto_batch'].items()
@@ -502,7 +502,7 @@ def test_the_top_of_the_range_compiles_beside_the_first_step_and_a_look_moves_th
   throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198],
                                     '16': [800, 808, 792]}))
   loop.train(config, str(tmp_path / 'run'))
-  steps = [row for row in metrics.read_jsonl(tmp_path / 'run' / 'metrics.jsonl')
+  steps = [row for row in files.read_jsonl(tmp_path / 'run' / 'metrics.jsonl')
            if not row.get('eval')]
   assert [(row['step'], row['auto_to']) for row in steps if 'auto_to' in row] == [(6, 16)]
   assert [row['batch'] for row in steps] == [16] * 6 + [64]

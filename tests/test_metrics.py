@@ -7,6 +7,7 @@ import re
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
+from rljax import files
 from rljax.train import metrics
 import rljax_cli
 
@@ -29,7 +30,7 @@ def test_tensorboard_events_match_metrics_jsonl(tmp_path):
     writer.train(train_row(step, 0.1 * step), console=False)
   writer.eval(3, 48, 0.75, [True, False], 1.5, 0.25)
   writer.close()
-  rows = metrics.read_jsonl(str(tmp_path / 'metrics.jsonl'))
+  rows = files.read_jsonl(str(tmp_path / 'metrics.jsonl'))
   scalars = read_tensorboard(str(tmp_path / 'tensorboard'))
   assert [v for _, v in scalars['train/reward_mean']] == pytest.approx(
       [r['reward_mean'] for r in rows if 'reward_mean' in r])
@@ -47,7 +48,7 @@ def test_resume_purges_events_after_the_checkpoint(tmp_path):
   resumed.truncate_after(2)
   resumed.train(train_row(3, 0.9), console=False)
   resumed.close()
-  assert [r['step'] for r in metrics.read_jsonl(str(tmp_path / 'metrics.jsonl'))] == [1, 2, 3]
+  assert [r['step'] for r in files.read_jsonl(str(tmp_path / 'metrics.jsonl'))] == [1, 2, 3]
   rewards = read_tensorboard(str(tmp_path / 'tensorboard'))['train/reward_mean']
   assert rewards == [(1, pytest.approx(0.1)), (2, pytest.approx(0.1)), (3, pytest.approx(0.9))]
 
@@ -142,13 +143,13 @@ def _write(path, text):
 
 def test_torn_last_line_is_dropped(tmp_path):
   path = _write(tmp_path / 'm.jsonl', '{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
-  assert metrics.read_jsonl(path) == [{'step': 1}, {'step': 2}]
+  assert files.read_jsonl(path) == [{'step': 1}, {'step': 2}]
 
 
 def test_torn_line_in_the_middle_is_an_error(tmp_path):
   path = _write(tmp_path / 'm.jsonl', '{"step": 1}\n{"step": 2, "rew\n{"step": 3}\n')
   with pytest.raises(json.JSONDecodeError):
-    metrics.read_jsonl(path)
+    files.read_jsonl(path)
 
 
 def test_truncate_after_keeps_rows_up_to_the_checkpoint(tmp_path):
@@ -158,15 +159,15 @@ def test_truncate_after_keeps_rows_up_to_the_checkpoint(tmp_path):
   writer = metrics.MetricsWriter(str(tmp_path))
   writer.truncate_after(2)
   for path in (writer.path, writer.eval_path, writer.prompts_path):
-    assert metrics.read_jsonl(path) == rows[:3]
+    assert files.read_jsonl(path) == rows[:3]
   writer.truncate_after(-1)
-  assert metrics.read_jsonl(writer.path) == [] and not list(tmp_path.glob('*.tmp'))
+  assert files.read_jsonl(writer.path) == [] and not list(tmp_path.glob('*.tmp'))
 
 
 def test_prompts_rows_list_the_trained_indices_then_the_skipped_ones_by_reason(tmp_path):
   writer = metrics.MetricsWriter(str(tmp_path))
   writer.prompts(1, [7, 3], [])
   writer.prompts(2, [5, 9], [(11, 'KeyError'), (2, 'empty'), (4, 'KeyError')])
-  assert metrics.read_jsonl(writer.prompts_path) == [
+  assert files.read_jsonl(writer.prompts_path) == [
       dict(step=1, trained=[7, 3]), dict(step=2, trained=[5, 9]),
       dict(step=2, skipped=[11, 4], reason='KeyError'), dict(step=2, skipped=[2], reason='empty')]

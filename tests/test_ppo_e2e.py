@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from rljax.train import metrics
+from rljax import files
 
 pytestmark = pytest.mark.e2e   # a whole PPO training run
 
@@ -39,7 +39,7 @@ def test_ppo_raises_held_out_accuracy_and_the_critic_learns(tmp_path):
                           text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
 
-  rows = metrics.read_jsonl(f'{workdir}/metrics.jsonl')
+  rows = files.read_jsonl(f'{workdir}/metrics.jsonl')
   evals = [row for row in rows if row.get('eval')]
   steps = [row for row in rows if not row.get('eval')]
   assert [row['step'] for row in evals] == [0, STEPS]

@@ -17,15 +17,14 @@ import pytest
 import rljax_cli
 
 from configs import protocol as protocol_config
+from rljax import files
 from rljax.protocol import driver as protocol
 from rljax.protocol import jobs
 from rljax.protocol import layout
 from rljax.protocol import report as report_lib
 from rljax.protocol import runs
 from rljax import stats
-from rljax.train import metrics
 from rljax.train import warmstart
-from rljax.train import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A tiny model, data set and budget: a few steps per run. Dotted config paths -> values.
@@ -285,7 +284,7 @@ def test_a_fast_rise_divides_the_later_calibration_runs_and_the_arms_budgets(
   assert lr0 == lrs[1] and not calibration['at_edge']
   assert calibration['calibration_budget'] == calibration_budget
   assert calibration['time_scale'] == pytest.approx(400 * stretch, rel=0.02)
-  recorded = lambda lr, seed: workdir_lib.read_json(os.path.join(layout.run_dir(
+  recorded = lambda lr, seed: files.read_json(os.path.join(layout.run_dir(
       workdir, 'calibration', protocol.calibration_name(lr), seed), 'config.json'))['train']
   assert recorded(lrs[0], 0)['max_samples'] == 32768
   assert recorded(lrs[1], 1)['max_samples'] == later
@@ -519,7 +518,7 @@ def test_sigterm_stops_the_protocol_with_a_checkpoint_and_exit_75(tmp_path, data
 def test_the_protocol_on_slurm_trains_each_run_as_a_job_and_logs_what_it_logs_in_process(
     resumed, data_dir, slurm_env, tmp_path):
   """protocol.scheduler='slurm' on the one-node cluster of .ci/slurm.sh: the align runs go out as
-  parallel sbatch jobs (each `python -m rljax.protocol.job RUN_DIR`), the driver waits for them,
+  parallel sbatch jobs (each `python -m rljax.job RUN_DIR`), the driver waits for them,
   times the throughput rounds and the confirmation in its own process, and writes the report. Every
   run logs exactly the rows the in-process protocol logged (timings aside), so rN and every
   accuracy are the same; a second invocation submits nothing."""
@@ -533,7 +532,7 @@ def test_the_protocol_on_slurm_trains_each_run_as_a_job_and_logs_what_it_logs_in
     ours, theirs = (os.path.join(d, 'arms', arm, 'seed_0') for d in (workdir, resumed['workdir']))
     assert os.path.exists(os.path.join(ours, 'sbatch.sh'))
     rows = lambda run: [{k: v for k, v in r.items() if k not in rljax_cli.TIMING}
-                        for r in metrics.read_jsonl(os.path.join(run, 'metrics.jsonl'))]
+                        for r in files.read_jsonl(os.path.join(run, 'metrics.jsonl'))]
     assert rows(ours) == rows(theirs), arm
   ours, theirs = (report_lib.build_report(d) for d in (workdir, resumed['workdir']))
   assert [(a['name'], a['rN'], a['samples_to_target']) for a in ours['arms']] == [

@@ -23,9 +23,9 @@ from rljax.data import rewards
 from rljax.data import sources as data
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.envs import calculator
+from rljax import files
 from rljax import tasks
 from rljax.train import loop as train
-from rljax.train import metrics
 from rljax.train import run as run_lib
 from rljax.train import warmstart
 
@@ -186,7 +186,7 @@ def test_router_replay_trains_on_the_turns_as_the_sampler_routed_them(tmp_path):
   config.model.router_replay = True
   workdir = str(tmp_path / 'run')
   train.train(config, workdir)
-  rows = metrics.read_jsonl(f'{workdir}/metrics.jsonl')
+  rows = files.read_jsonl(f'{workdir}/metrics.jsonl')
   steps = [row for row in rows if not row.get('eval')]
   assert [row['step'] for row in steps] == [1, 2] and any(row.get('eval') for row in rows)
   assert all(row['router_mismatch'] == 0 and row['logprob_mismatch'] < 1e-5 for row in steps)
@@ -202,9 +202,9 @@ def test_rloo_on_the_tool_task_resumes_as_if_never_stopped(tmp_path):
   train.train(tiny(tmp_path, rloo_config), resumed)
   train.train(tiny(tmp_path, rloo_config, max_steps=3), resumed)
   keys = ('reward_mean', 'tool_calls', 'tool_errors', 'turns_mean', 'tokens', 'grad_norm')
-  rows = [[{k: r[k] for k in keys} for r in metrics.read_jsonl(f'{w}/metrics.jsonl')
+  rows = [[{k: r[k] for k in keys} for r in files.read_jsonl(f'{w}/metrics.jsonl')
            if not r.get('eval')] for w in (straight, resumed)]
   assert rows[0] == rows[1] and len(rows[0]) == 3 and rows[0][-1]['tool_calls'] > 0
-  evals = [[r['eval_accuracy'] for r in metrics.read_jsonl(f'{w}/metrics.jsonl') if r.get('eval')]
+  evals = [[r['eval_accuracy'] for r in files.read_jsonl(f'{w}/metrics.jsonl') if r.get('eval')]
            for w in (straight, resumed)]
   assert evals[0][-1] == evals[1][-1]

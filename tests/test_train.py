@@ -11,11 +11,11 @@ import rljax_cli
 from configs import grpo as grpo_config
 from configs import rloo as rloo_config
 from rljax.data import rewards
+from rljax import files
 from rljax.rollout import sampler
 from rljax import sharding
 from rljax.train import evaluation
 from rljax.train import loop as train
-from rljax.train import metrics
 from rljax.train import run as run_lib
 from rljax.train import schedules
 
@@ -60,7 +60,7 @@ def test_train_logs_running_totals_and_resumes_where_it_stopped(tmp_path):
   workdir = str(tmp_path / 'run')
   train.train(tiny(rloo_config, tmp_path), workdir)
   train.train(tiny(rloo_config, tmp_path, max_steps=3), workdir)   # resumes at step 2
-  rows = metrics.read_jsonl(f'{workdir}/metrics.jsonl')
+  rows = files.read_jsonl(f'{workdir}/metrics.jsonl')
   steps = [r for r in rows if not r.get('eval')]
   assert [r['step'] for r in steps] == [1, 2, 3]
   assert all(set(CONTRACT) <= set(r) for r in steps)
@@ -190,7 +190,7 @@ def test_split_mesh_trains_one_step_behind_like_a_serial_loop(tmp_path):
                       restored['algo']['params'], state['params'])
   assert all(jax.tree.leaves(same))
   rows = lambda: [{k: v for k, v in row.items() if not k.endswith('_s')}
-                  for row in metrics.read_jsonl(f'{workdir}/metrics.jsonl')]
+                  for row in files.read_jsonl(f'{workdir}/metrics.jsonl')]
   whole = rows()
   assert [row['reward_mean'] for row in whole if not row.get('eval')] == pytest.approx(
       rewards_logged, abs=1e-6)

@@ -10,11 +10,11 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from configs import grpo
+from rljax import files
 from rljax.hf import architecture
 from rljax.hf import checkpoint as hf
 from rljax import hf_export
 from rljax.train import loop as train
-from rljax.train import metrics
 
 pytestmark = pytest.mark.e2e   # GSM8K-format runs end to end, and the command line
 
@@ -35,7 +35,7 @@ def gsm8k_config(data_dir):
 def test_gsm8k_file_trains_end_to_end_with_the_math_verifier(tmp_path):
   workdir = str(tmp_path / 'run')
   accuracy = train.train(gsm8k_config(tmp_path / 'data'), workdir)
-  rows = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  rows = files.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   train_rows = [r for r in rows if 'reward_mean' in r]
   eval_rows = [r for r in rows if r.get('eval')]
   assert [r['step'] for r in train_rows] == [1, 2, 3]

@@ -29,8 +29,8 @@ from test_schedules import tiny as tiny_config
 from configs import grpo
 from configs import ppo
 from configs import rloo
+from rljax import files
 from rljax.train import loop as train
-from rljax.train import metrics
 from rljax.train import run as run_lib
 from rljax.train import schedules
 from rljax.train import upgrades
@@ -152,7 +152,7 @@ def test_a_warm_start_cache_from_before_manifests_is_reused_and_saved_again(tiny
 
 def rows(path):
   return [{k: v for k, v in row.items() if k not in rljax_cli.TIMING}
-          for row in metrics.read_jsonl(path)]
+          for row in files.read_jsonl(path)]
 
 
 # This fixture's rewards have no variance, so its gradient is the KL term's alone: ~1e-7, a
@@ -201,6 +201,6 @@ def test_a_checkpoint_in_the_flat_layout_resumes_and_goes_on_as_before(tmp_path,
   train.train(config, workdir)
   assert_same_rows(rows(f'{workdir}/metrics.jsonl'),
                    rows(os.path.join(OLD, schedule, 'expected.jsonl')))
-  trained, = [row['trained'] for row in metrics.read_jsonl(f'{workdir}/prompts.jsonl')]
+  trained, = [row['trained'] for row in files.read_jsonl(f'{workdir}/prompts.jsonl')]
   # prompts the old checkpoint held have no stream index recorded: logged as null
   assert (None in trained) == (schedule != 'each_step') and len(trained) == 4

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from configs import grpo
+from rljax import files
 from rljax.train import checkpoint
 from rljax.train import metrics
 from rljax.train import workdir as workdir_lib
@@ -61,7 +62,7 @@ def test_fresh_then_resume_then_refuse_then_overwrite(tmp_path):
   other.train.overwrite = True
   assert workdir_lib.prepare(workdir, other) is None
   assert checkpoint.read_latest_meta(workdir) is None
-  assert not metrics.read_jsonl(f'{workdir}/metrics.jsonl')
+  assert not files.read_jsonl(f'{workdir}/metrics.jsonl')
 
 
 def test_run_killed_before_its_first_checkpoint_is_recognised(tmp_path):
@@ -97,9 +98,9 @@ def test_record_or_check_accepts_a_run_recorded_before_a_field_existed(tmp_path)
   run = str(tmp_path / 'run')
   config = grpo.get_config('runlocal')
   workdir_lib.record_or_check(run, config)
-  recorded = workdir_lib.read_json(os.path.join(run, 'config.json'))
+  recorded = files.read_json(os.path.join(run, 'config.json'))
   del recorded['grpo']['policy_loss']
-  workdir_lib.write_json_atomic(os.path.join(run, 'config.json'), recorded)
+  files.write_json_atomic(os.path.join(run, 'config.json'), recorded)
   workdir_lib.record_or_check(run, config)
   config.grpo.policy_loss = 'cispo'
   with pytest.raises(ValueError, match=r"was started with grpo.policy_loss='<missing>', the "

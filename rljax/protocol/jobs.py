@@ -3,7 +3,7 @@ cluster, each run a job of its own and a phase's jobs in parallel (protocol.sche
 
 A runner's `run(cfg, run_dir, label)` trains one run or submits it; `wait()` returns when every run
 given since the last wait has finished, so a phase reads complete runs. A job is an ordinary
-resumable run (`python -m rljax.protocol.job RUN_DIR`: the config the driver recorded in
+resumable run (`python -m rljax.job RUN_DIR`: the config the driver recorded in
 RUN_DIR/config.json); re-running the driver submits only the runs without RUN_DIR/done.json. The
 timed phases (throughput rounds, confirmation) stay in the driver's process: jobs sharing a node
 would time each other (docs/reference/launch.md, "The protocol on a cluster").
@@ -54,7 +54,7 @@ class Slurm:
     directives = ['--job-name=rljax-' + label.replace(' ', '-').replace(':', ''), '--ntasks=1',
                   f'--chdir={os.getcwd()}', f'--output={run_dir}/slurm-%j.out',
                   *shlex.split(self.sbatch_args)]
-    command = [sys.executable, '-m', 'rljax.protocol.job', run_dir] + (
+    command = [sys.executable, '-m', 'rljax.job', run_dir] + (
         [self.cache_dir] if self.cache_dir else [])
     return '\n'.join(['#!/bin/bash', *(f'#SBATCH {d}' for d in directives),
                       'set -eo pipefail', self.setup, 'exec ' + shlex.join(command), ''])

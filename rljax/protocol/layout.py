@@ -19,8 +19,7 @@ import os
 
 import numpy as np
 
-from rljax.train import metrics
-from rljax.train import workdir as workdir_lib
+from rljax import files
 
 SCHEMA = {
     'protocol': ('protocol.json', (
@@ -58,13 +57,13 @@ def write(workdir, kind, value, **where):
   """Writes one record of the schema, atomically; ValueError if it lacks a declared field."""
   target = path(workdir, kind, **where)
   os.makedirs(os.path.dirname(target), exist_ok=True)
-  workdir_lib.write_json_atomic(target, _checked(kind, jsonable(value), target))
+  files.write_json_atomic(target, _checked(kind, jsonable(value), target))
 
 
 def read(workdir, kind, **where):
   """One record of the schema, or None when there is none; ValueError if it lacks a field."""
   source = path(workdir, kind, **where)
-  value = workdir_lib.read_json(source)
+  value = files.read_json(source)
   return None if value is None else _checked(kind, value, source)
 
 
@@ -113,7 +112,7 @@ def load_run(directory):
 @functools.lru_cache(maxsize=4096)
 def _parsed_run(directory, size, mtime_ns):
   del size, mtime_ns   # the cache key: the log as it is now
-  rows = metrics.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
+  rows = files.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
   run = {
       'dir': directory,
       'train': _columns(_last_per_step([r for r in rows if not r.get('eval')]),

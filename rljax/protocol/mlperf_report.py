@@ -19,12 +19,12 @@ import os
 
 import numpy as np
 
+from rljax import files
 from rljax.protocol import curves
 from rljax.protocol import layout
 from rljax.protocol import mlperf
 from rljax.protocol import prose
 from rljax.protocol import rcp
-from rljax.train import workdir as workdir_lib
 
 num = prose._num  # pylint: disable=protected-access  (report.md's number format)
 
@@ -87,7 +87,7 @@ def submission_score(seconds, runs):
 def _run_config(arm):
   """The first run's config.json (the arm's training config), or {} when not kept."""
   runs = [r for r in arm['runs'] if os.path.isfile(os.path.join(r['dir'], 'config.json'))]
-  return workdir_lib.read_json(os.path.join(runs[0]['dir'], 'config.json')) if runs else {}
+  return files.read_json(os.path.join(runs[0]['dir'], 'config.json')) if runs else {}
 
 
 def _hyperparams(spec, config):
@@ -219,5 +219,5 @@ def markdown(m):
 
 def write_rcps(workdir, m):
   """D/rcps_<benchmark>.json: the records, for mlperf_logging.rcp_checker --custom_rcps."""
-  workdir_lib.write_json_atomic(os.path.join(workdir, f"rcps_{m['benchmark']}.json"),
+  files.write_json_atomic(os.path.join(workdir, f"rcps_{m['benchmark']}.json"),
                                 layout.jsonable(m['rcps']))

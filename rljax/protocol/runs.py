@@ -8,13 +8,13 @@ from typing import NamedTuple
 import ml_collections
 
 from rljax import algos
+from rljax import files
 from rljax import optim
 from rljax.protocol import layout
 from rljax.protocol import mlperf
 from rljax.protocol import settings
 from rljax.train import config_checks
 from rljax.train import loop as train
-from rljax.train import metrics as metrics_lib
 from rljax.train import workdir as workdir_lib
 
 
@@ -120,7 +120,7 @@ def run_once(cfg, run_dir, label, stop=None):
   workdir_lib.record_or_check(run_dir, cfg)
   if os.path.exists(done_path):
     print(f'[protocol] {label}: already done, skipped', flush=True)
-    return workdir_lib.read_json(done_path)
+    return files.read_json(done_path)
   if not _has_checkpoint(run_dir):   # killed before its first checkpoint: logs would duplicate
     for name in ('metrics.jsonl', 'eval_correct.jsonl'):
       if os.path.exists(os.path.join(run_dir, name)):
@@ -128,11 +128,11 @@ def run_once(cfg, run_dir, label, stop=None):
   print(f'[protocol] {label}: training in {run_dir}', flush=True)
   start = time.time()
   final_eval = train.train(cfg, run_dir, stop)
-  rows = [r for r in metrics_lib.read_jsonl(os.path.join(run_dir, 'metrics.jsonl'))
+  rows = [r for r in files.read_jsonl(os.path.join(run_dir, 'metrics.jsonl'))
           if not r.get('eval')]
   done = dict(eval_accuracy=final_eval, steps=rows[-1]['step'] if rows else 0,
               samples=rows[-1]['samples'] if rows else 0, seconds_this_process=time.time() - start)
-  workdir_lib.write_json_atomic(done_path, done)
+  files.write_json_atomic(done_path, done)
   print(f'[protocol] {label}: done, eval {final_eval:.3f} after {done["samples"]} samples',
         flush=True)
   return done

@@ -16,12 +16,12 @@ from rljax import algos
 from rljax.auto_batch import schedule as auto_schedule
 from rljax.auto_batch import state as auto_state
 from rljax.envs import reward as reward_lib
+from rljax import files
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import stats
 from rljax.train import collective
 from rljax.train import evaluation
-from rljax.train import metrics as metrics_lib
 from rljax.train import preemption
 from rljax.train import run as run_lib
 from rljax.train import schedules
@@ -180,7 +180,7 @@ def train(config, workdir, stop=None, shape=None):
   schedule = auto_schedule.BatchSchedule(config, run, meta) if auto_state.enabled(config) else None
   if schedule:
     run = schedule.resume(run, meta)
-  noise = stats.NoiseScaleWindow(metrics_lib.read_jsonl(run.writer.path))   # goes on on resume
+  noise = stats.NoiseScaleWindow(files.read_jsonl(run.writer.path))   # goes on on resume
   if meta['step'] and _done(config.train, meta) and jax.process_index() == 0:
     print(f'rljax: the run in {workdir} is already complete (step {meta["step"]}, '
           f'{meta["samples"]} samples); nothing to do. Raise train.max_steps or '

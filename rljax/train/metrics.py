@@ -20,6 +20,8 @@ import time
 import numpy as np
 import tqdm
 
+from rljax import files
+
 
 def _plain(value):
   """numpy / jax scalars -> JSON-native numbers (in lists too)."""
@@ -28,23 +30,6 @@ def _plain(value):
   if isinstance(value, list):
     return [_plain(item) for item in value]
   return np.asarray(value).item()
-
-
-def read_jsonl(path):
-  """The rows of a JSON-lines file; a torn last line (its writer was killed mid-line) is dropped."""
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    lines = [line for line in f if line.strip()]
-  rows = []
-  for index, line in enumerate(lines):
-    try:
-      rows.append(json.loads(line))
-    except json.JSONDecodeError as error:
-      if index < len(lines) - 1:
-        raise json.JSONDecodeError(f'{path}: line {index + 1} is not JSON: {error.msg}',
-                                   error.doc, error.pos) from None
-  return rows
 
 
 def interactive():
@@ -92,7 +77,7 @@ class MetricsWriter:
     if not self.enabled:
       return
     for path in (self.path, self.eval_path, self.prompts_path):
-      rows = [row for row in read_jsonl(path) if row['step'] <= step]
+      rows = [row for row in files.read_jsonl(path) if row['step'] <= step]
       with open(path + '.tmp', 'w') as f:
         f.writelines(json.dumps(row) + '\n' for row in rows)
       os.replace(path + '.tmp', path)

@@ -16,10 +16,11 @@ import os
 import shutil
 import tempfile
 
+from rljax import files
 from rljax.train import upgrades
 
-# jax, orbax (rljax.train.checkpoint) are imported in the functions that use them: rljax.protocol.layout reads
-# and writes the protocol's JSON through this module in processes that never start jax.
+# jax, orbax (rljax.train.checkpoint) are imported in the functions that use them: comparing two
+# configs (rljax.train.upgrades) needs neither.
 
 RESUMABLE = ('train.max_samples', 'train.max_steps', 'train.target', 'train.log_every',
              'train.checkpoint_every', 'train.keep_checkpoints', 'train.overwrite', 'data.dir',
@@ -66,21 +67,6 @@ def differences(saved, current):
           for key in changed_keys(saved, current)]
 
 
-def read_json(path):
-  """A JSON file's content, or None when there is no such file."""
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
-def write_json_atomic(path, value):
-  """Writes then renames, so a kill leaves the old file or the new one, never half of one."""
-  with open(path + '.tmp', 'w') as f:
-    json.dump(value, f, indent=1, sort_keys=True)
-  os.replace(path + '.tmp', path)
-
-
 def _clear(workdir):
   import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
@@ -121,7 +107,7 @@ def prepare(workdir, config):
   from rljax.train import checkpoint  # pylint: disable=g-import-not-at-top
   current = config_json(config)
   meta = checkpoint.read_latest_meta(workdir)
-  saved = meta.get('config', {'<config>': 'not recorded'}) if meta else read_json(
+  saved = meta.get('config', {'<config>': 'not recorded'}) if meta else files.read_json(
       os.path.join(workdir, 'config.json'))
   changed = differences(saved, current) if saved is not None else []
   if changed:
@@ -140,7 +126,7 @@ def claim(workdir, config):
   """Records the run's config in WORKDIR/config.json once it passed every check and starts."""
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0:
-    write_json_atomic(os.path.join(workdir, 'config.json'), config_json(config))
+    files.write_json_atomic(os.path.join(workdir, 'config.json'), config_json(config))
 
 
 def record_or_check(workdir, config):
@@ -148,10 +134,10 @@ def record_or_check(workdir, config):
   ValueError unless `config` equals the recorded one in every field, budgets included (a field an
   upgrade added counts as equal while it holds its value from before the upgrade)."""
   path = os.path.join(workdir, 'config.json')
-  saved, current = read_json(path), config_json(config)
+  saved, current = files.read_json(path), config_json(config)
   if saved is None:
     os.makedirs(workdir, exist_ok=True)
-    write_json_atomic(path, current)
+    files.write_json_atomic(path, current)
     return
   saved, current = flat(saved), flat(current)
   changed = changed_keys(saved, current, resumable=())

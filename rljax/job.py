@@ -1,6 +1,6 @@
 """One protocol run as a scheduler's job (rljax.protocol.jobs):
 
-  python -m rljax.protocol.job RUN_DIR [COMPILATION_CACHE_DIR]
+  python -m rljax.job RUN_DIR [COMPILATION_CACHE_DIR]
 
 trains the config the protocol's driver recorded in RUN_DIR/config.json, resuming from RUN_DIR's
 checkpoints, and writes RUN_DIR/done.json; the exit codes are rljax.main's.
@@ -11,17 +11,17 @@ import sys
 import ml_collections
 
 from rljax import cli
+from rljax import files
 
 
 def main(argv):
   if len(argv) not in (2, 3):
-    cli.fail('usage: python -m rljax.protocol.job RUN_DIR [COMPILATION_CACHE_DIR]',
+    cli.fail('usage: python -m rljax.job RUN_DIR [COMPILATION_CACHE_DIR]',
              cli.EXIT_BAD_INPUT)
   run_dir = argv[1]
   from rljax import main as rljax_main  # pylint: disable=g-import-not-at-top
   from rljax.protocol import runs  # pylint: disable=g-import-not-at-top
-  from rljax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  recorded = workdir_lib.read_json(os.path.join(run_dir, 'config.json'))
+  recorded = files.read_json(os.path.join(run_dir, 'config.json'))
   if recorded is None:
     cli.fail(f'{run_dir} holds no config.json: the driver records it before it submits a job',
              cli.EXIT_BAD_INPUT)
