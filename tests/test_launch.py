@@ -164,6 +164,7 @@ def test_xm_dry_run_needs_no_xmanager(tmp_path):
     ('xm_launch.py', ['--batches=']),
     ('slurm.py', ['--batches=']),
     ('slurm.py', ['--nodes=0']),
+    ('slurm.py', ['--tasks_per_node=2']),   # with GPUs: one process owns a node's GPUs
     ('slurm.py', ['--workdir=gs://bucket/x']),
     ('tpu_vm.py', ['--batches=1,x', '--tpu=s', '--zone=z']),
     ('tpu_vm.py', ['--tpu=', '--zone=z']),

@@ -541,11 +541,22 @@ def test_the_protocol_on_slurm_trains_each_run_as_a_job_and_logs_what_it_logs_in
   assert again.returncode == 0 and 'submitted as SLURM job' not in again.stdout, again.stderr
 
 
-def test_an_unknown_scheduler_is_refused_before_anything_trains():
+def test_an_unknown_scheduler_or_no_sbatch_is_refused_before_anything_trains(monkeypatch):
   config = protocol_config.get_config('runlocal,shallow')
   config.protocol.scheduler = 'pbs'
   with pytest.raises(ValueError, match="protocol.scheduler must be ''"):
     protocol.arms(config, 'D')
+  config.protocol.scheduler = 'slurm'
+  monkeypatch.setenv('PATH', '/nonexistent')
+  with pytest.raises(ValueError, match='sbatch not found'):
+    jobs.runner(config, 'D')
+
+
+def test_a_job_without_a_recorded_config_fails_with_one_line(tmp_path):
+  result = subprocess.run([sys.executable, '-m', 'rljax.job', str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and result.stderr.count('\n') == 1, result.stderr
+  assert result.stderr.startswith('rljax: error: ') and 'holds no config.json' in result.stderr
 
 
 @pytest.mark.e2e

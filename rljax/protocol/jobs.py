@@ -17,7 +17,6 @@ import time
 
 from rljax.protocol import runs
 from rljax.train import warmstart
-from rljax.train import workdir as workdir_lib
 
 SCHEDULERS = ('', 'slurm')
 POLL_S = 2.0
@@ -60,9 +59,7 @@ class Slurm:
                       'set -eo pipefail', self.setup, 'exec ' + shlex.join(command), ''])
 
   def run(self, cfg, run_dir, label):
-    workdir_lib.record_or_check(run_dir, cfg)   # the job trains what is recorded here
-    if os.path.exists(os.path.join(run_dir, 'done.json')):
-      print(f'[protocol] {label}: already done, skipped', flush=True)
+    if runs.finished(cfg, run_dir, label) is not None:   # else the job trains the recorded cfg
       return
     self._submit(run_dir, label)
     warm = cfg.warmstart

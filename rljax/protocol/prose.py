@@ -138,9 +138,8 @@ def _confirm_plan_sentence(plan):
 
 def _confirm_sentence(c):
   """Measured vs predicted time, split into samples and throughput (seconds = samples / rate)."""
-  samples = np.asarray(c['measured_samples_per_seed'], float)
-  ratio = (_num(float(np.exp(np.mean(np.log(samples)))) / c['predicted_samples'], '.2f')
-           if c.get('predicted_samples') and np.isfinite(samples).all() else 'n/a')
+  ratio = (_num(c['samples_vs_predicted'], '.2f') if np.isfinite(c['samples_vs_predicted'])
+           else 'n/a')
   return (f"Confirmation at batch {c['batch']} ({c['n_seeds']} seeds): measured "
           f"{_num(c['steady_wallclock_s'])} s to J at its steady step time vs predicted "
           f"{_num(c['predicted_wallclock_s'])} s ({_num(c['measured_wallclock_s'])} s with "

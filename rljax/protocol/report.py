@@ -191,13 +191,15 @@ def _confirm(data, decision, targets, settings, throughput):
     predicted_s = rows.get(batch, {}).get('predicted_wallclock_s')
     rounds = throughput.get(batch, {}).get('mean', np.nan)
     own = stats.throughput_interval(_own_throughput(arm['runs'], settings['warmup']))['mean']
+    samples = [curves.to_target(r, t, window) for r in arm['runs']]
+    predicted_samples = predicted_s * rounds if predicted_s else None
     result.append(dict(batch=batch, n_seeds=len(arm['runs']), measured_wallclock_per_seed=measured,
-                       measured_samples_per_seed=[curves.to_target(r, t, window)
-                                                  for r in arm['runs']],
+                       measured_samples_per_seed=samples,
                        measured_wallclock_s=float(np.mean(measured)),
                        steady_wallclock_per_seed=steady, steady_wallclock_s=float(np.mean(steady)),
-                       predicted_wallclock_s=predicted_s,
-                       predicted_samples=predicted_s * rounds if predicted_s else None,
+                       predicted_wallclock_s=predicted_s, predicted_samples=predicted_samples,
+                       samples_vs_predicted=stats.log_mean_interval(samples)['mean'] /
+                       predicted_samples if predicted_samples else np.nan,
                        throughput_vs_rounds=own / rounds))
   return sorted(result, key=lambda c: c['batch'])
 
@@ -221,15 +223,13 @@ def _confirmation_ratio(confirm, decision, base_batch, level):
   e_lo, e_hi, e_df = confirmation.expected(
       row['relative_wallclock'], [lo, hi], np.log(base['steady_wallclock_per_seed']),
       np.log(chosen['steady_wallclock_per_seed']), level)
-  samples = [stats.log_mean_interval(c['measured_samples_per_seed'])['mean'] / c[
-      'predicted_samples'] if c['predicted_samples'] else np.nan for c in (chosen, base)]
   return dict(batch=pick, ratio=ratio['rN'], ci=[ratio['lo'], ratio['hi']], df=ratio['df'],
               predicted=row['relative_wallclock'], predicted_ci=[lo, hi],
               inside_predicted_ci=bool(lo <= ratio['rN'] <= hi),
               expected_ci=[e_lo, e_hi], expected_df=e_df,
               inside_expected_ci=bool(e_lo <= ratio['rN'] <= e_hi),
               gap=dict(total=ratio['rN'] / row['relative_wallclock'],
-                       samples=samples[0] / samples[1],
+                       samples=chosen['samples_vs_predicted'] / base['samples_vs_predicted'],
                        throughput=base['throughput_vs_rounds'] / chosen['throughput_vs_rounds']))
 
 

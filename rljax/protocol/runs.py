@@ -114,13 +114,22 @@ def _has_checkpoint(run_dir):
   return os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir))
 
 
+def finished(cfg, run_dir, label):
+  """done.json's content where the run finished (said in one line), else None; `cfg` is recorded
+  in run_dir, or checked against the record."""
+  workdir_lib.record_or_check(run_dir, cfg)
+  done = files.read_json(os.path.join(run_dir, 'done.json'))
+  if done is not None:
+    print(f'[protocol] {label}: already done, skipped', flush=True)
+  return done
+
+
 def run_once(cfg, run_dir, label, stop=None):
   """Trains `cfg` in run_dir unless done.json says it finished; returns done.json's content."""
   done_path = os.path.join(run_dir, 'done.json')
-  workdir_lib.record_or_check(run_dir, cfg)
-  if os.path.exists(done_path):
-    print(f'[protocol] {label}: already done, skipped', flush=True)
-    return files.read_json(done_path)
+  done = finished(cfg, run_dir, label)
+  if done is not None:
+    return done
   if not _has_checkpoint(run_dir):   # killed before its first checkpoint: logs would duplicate
     for name in ('metrics.jsonl', 'eval_correct.jsonl'):
       if os.path.exists(os.path.join(run_dir, name)):
