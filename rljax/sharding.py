@@ -13,6 +13,7 @@ import math
 
 import flax.linen as nn
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 import numpy as np
 
@@ -202,6 +203,29 @@ def put_batch(tree, mesh):
   """Host arrays holding THIS process's rows -> global arrays split over the batch axes."""
   return jax.tree.map(
       lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(x)), x), tree)
+
+
+def split_rows(tree, mesh):
+  """Arrays on `mesh` -> the same values split over its batch axes, as put_batch lays a batch out
+  (so each process holds its own rows; a scalar stays whole)."""
+  return jax.device_put(tree, jax.tree.map(lambda x: batch_sharding(mesh, x.ndim), tree))
+
+
+def local_rows(x):
+  """The indices of the rows of `x` (a global array split over the batch axes) that this process
+  holds, in order: the rows put_batch took from it. Every row for a host array."""
+  if not isinstance(getattr(x, 'sharding', None), jax.sharding.Sharding):
+    return np.arange(np.shape(x)[0])
+  spans = {index[0].indices(x.shape[0])[:2]
+           for index in x.sharding.addressable_devices_indices_map(x.shape).values()}
+  return np.concatenate([np.arange(start, stop) for start, stop in sorted(spans)])
+
+
+def to_numpy(x):
+  """A global array, whole, as numpy on every process (gathered when it spans processes)."""
+  if getattr(x, 'is_fully_addressable', True):
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def on_mesh(fn, mesh):

@@ -2,11 +2,14 @@
 global 8-device mesh and log the same metrics as one process with 8 devices."""
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 
 import pytest
+
+import rljax_cli as cli
 
 pytestmark = pytest.mark.e2e   # two processes joined by jax.distributed
 
@@ -30,13 +33,26 @@ def free_port():
     return s.getsockname()[1]
 
 
-def launch(workdir, data_dir, warm_dir, devices, extra=()):
-  flags = f'{os.environ["XLA_FLAGS"]} --xla_force_host_platform_device_count={devices}'
-  env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=REPO, JAX_PLATFORMS='cpu')
-  cmd = [sys.executable, '-m', 'rljax.main', f'--workdir={workdir}', *TINY,
-         f'--config.data.dir={data_dir}', f'--config.warmstart.dir={warm_dir}', *extra]
-  return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+def start(workdir, devices, flags):
+  """rljax.main with `flags` on `devices` fake CPU devices."""
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu', XLA_FLAGS=(
+      f'{os.environ["XLA_FLAGS"]} --xla_force_host_platform_device_count={devices}'))
+  return subprocess.Popen([sys.executable, '-m', 'rljax.main', f'--workdir={workdir}', *flags],
+                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
+
+
+def two_processes(workdir, flags):
+  """The two processes of one run, 4 devices each, joined on a free localhost port."""
+  port = free_port()
+  return [start(workdir, 4, (*flags, f'--coordinator_address=localhost:{port}',
+                             '--num_processes=2', f'--process_id={i}'))
+          for i in range(2)]
+
+
+def launch(workdir, data_dir, warm_dir, devices, extra=()):
+  return start(workdir, devices, (*TINY, f'--config.data.dir={data_dir}',
+                                  f'--config.warmstart.dir={warm_dir}', *extra))
 
 
 def finish(process):
@@ -54,12 +70,8 @@ def test_two_processes_match_one_process(tmp_path):
   data_dir, warm_dir = tmp_path / 'data', tmp_path / 'warm'
   # One process, 8 devices; it also builds the dataset and the warm start both runs start from.
   finish(launch(tmp_path / 'one', data_dir, warm_dir, devices=8))
-  port = free_port()
-  procs = [launch(tmp_path / 'two', data_dir, warm_dir, devices=4,
-                  extra=(f'--coordinator_address=localhost:{port}', '--num_processes=2',
-                         f'--process_id={i}'))
-           for i in range(2)]
-  outs = [finish(p) for p in procs]
+  outs = [finish(p) for p in two_processes(tmp_path / 'two', (
+      *TINY, f'--config.data.dir={data_dir}', f'--config.warmstart.dir={warm_dir}'))]
   preflight = 'parameters on 8 cpu device(s)'   # the run's pre-flight line: process 0 prints it
   assert [out.count(preflight) for out in outs] == [1, 0], outs[1][-3000:]
   one, two = rows(tmp_path / 'one'), rows(tmp_path / 'two')
@@ -90,20 +102,8 @@ def test_p_auto_takes_the_same_decisions_on_two_processes_as_on_one(tmp_path):
            '--config.model.head_dim=16', '--config.model.expert_hidden=32',
            '--config.rollout.P=4', '--config.train.max_samples=0', '--config.train.max_steps=9',
            '--config.train.eval_every=4', '--config.train.eval_size=8', '--config.train.micro_batch=8']
-
-  def start(workdir, devices, extra=()):
-    env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu', XLA_FLAGS=(
-        f'{os.environ["XLA_FLAGS"]} --xla_force_host_platform_device_count={devices}'))
-    return subprocess.Popen([sys.executable, '-m', 'rljax.main', f'--workdir={workdir}', *flags,
-                             *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-
-  finish(start(tmp_path / 'one', 8))
-  port = free_port()
-  procs = [start(tmp_path / 'two', 4, (f'--coordinator_address=localhost:{port}',
-                                       '--num_processes=2', f'--process_id={i}'))
-           for i in range(2)]
-  for p in procs:
+  finish(start(tmp_path / 'one', 8, flags))
+  for p in two_processes(tmp_path / 'two', flags):
     finish(p)
   one, two = rows(tmp_path / 'one'), rows(tmp_path / 'two')
   steps = [r for r in two if not r.get('eval')]
@@ -115,3 +115,64 @@ def test_p_auto_takes_the_same_decisions_on_two_processes_as_on_one(tmp_path):
     for key in COMPARED:
       if key in a:
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
+
+
+def test_tool_turns_on_two_processes_match_one_process(tmp_path):
+  """GRPO on the tool task with router replay, 2 processes x 4 devices: each process runs the
+  calls of its own responses and every process appends every observation; the rows (rewards, the
+  environment's counts, the replayed experts' mismatch, losses) equal one process's with 8
+  devices."""
+  flags = ['--config=configs/grpo.py:runlocal,P=8,G=4,task=tools', *TINY[1:],
+           f'--config.data.dir={tmp_path}/data', f'--config.warmstart.dir={tmp_path}/warm',
+           '--config.data.digits=2', '--config.data.demo_frac=0.5',
+           '--config.warmstart.max_steps=400', '--config.warmstart.eval_every=200',
+           '--config.train.max_steps=2', '--config.train.eval_every=2',
+           '--config.tools.workers=2', '--config.rollout.temperature=0.3',
+           '--config.model.router_replay=True']
+  finish(start(tmp_path / 'one', 8, flags))
+  for p in two_processes(tmp_path / 'two', flags):
+    finish(p)
+  one, two = rows(tmp_path / 'one'), rows(tmp_path / 'two')
+  assert len(one) == len(two) == 4   # eval at 0, 2 train rows, eval at 2
+  assert sum(r.get('tool_calls', 0) for r in one) > 0   # the policy called the tool
+  assert one[0]['eval_accuracy'] > 0   # every process's eval rows were scored as its own
+  assert min(r.get('reward_mean', 1) for r in one) > 0   # and its training rows
+  for a, b in zip(one, two):
+    assert a['step'] == b['step']
+    for key in COMPARED + ('tool_calls', 'tool_errors', 'turns_mean', 'turn_chunks',
+                           'router_mismatch', 'logprob_mismatch'):
+      if key in a:
+        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
+
+
+def test_partial_rollouts_on_two_processes_match_one_process_across_a_resume(tmp_path):
+  """rollout.partial, 2 processes x 4 devices: one pool over the global mesh, every process
+  admitting the global batch and holding every group's answer, each scoring its own rows. The
+  rows and prompts.jsonl equal one process's with 8 devices; a copy cut after step 1 (a kill after
+  that checkpoint, the pool holding groups under way) resumes on two processes to the same rows."""
+  flags = ['--config=configs/grpo.py:runlocal,P=8,G=4', *TINY[1:],
+           f'--config.data.dir={tmp_path}/data', f'--config.warmstart.dir={tmp_path}/warm',
+           '--config.data.digits=1', '--config.rollout.partial=True', '--config.rollout.slots=7',
+           '--config.rollout.max_new_tokens=8', '--config.train.max_steps=3',
+           '--config.train.checkpoint_every=1', '--config.train.keep_checkpoints=10']
+  finish(start(tmp_path / 'one', 8, flags))
+  for p in two_processes(tmp_path / 'two', flags):
+    finish(p)
+  one, two = rows(tmp_path / 'one'), rows(tmp_path / 'two')
+  assert [r['step'] for r in one] == [0, 1, 2, 3, 3] and len(two) == len(one)
+  assert max(r.get('staleness_max', 0) for r in one) > 0   # groups were carried across steps
+  assert min(r.get('reward_mean', 1) for r in one) > 0   # answers reached the rows they score
+  for a, b in zip(one, two):
+    assert a['step'] == b['step']
+    for key in COMPARED + ('staleness_mean', 'restarted', 'retained'):
+      if key in a:
+        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
+  assert rows(tmp_path / 'two', 'prompts.jsonl') == rows(tmp_path / 'one', 'prompts.jsonl')
+  resumed = tmp_path / 'resumed'
+  shutil.copytree(tmp_path / 'two', resumed)
+  for step in (2, 3):
+    shutil.rmtree(resumed / 'checkpoints' / str(step))
+  for p in two_processes(resumed, flags):
+    finish(p)
+  assert cli.rows(resumed) == cli.rows(tmp_path / 'two')
+  assert rows(resumed, 'prompts.jsonl') == rows(tmp_path / 'two', 'prompts.jsonl')

@@ -25,6 +25,7 @@ import safetensors.numpy
 
 from rljax.hf import architecture
 from rljax.model import transformer as model_lib
+from rljax import sharding
 
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja',
                    'special_tokens_map.json', 'generation_config.json')
@@ -280,14 +281,6 @@ def _flatten_paths(tree):
 # Export
 
 
-def _host(x):
-  """A (slice of a) param as a host numpy array, gathered across processes when needed."""
-  if getattr(x, 'is_fully_addressable', True):
-    return np.asarray(x)
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
 def _hf_tensors(params, cfg):
   """Yields (HF name, numpy array) one tensor at a time, in checkpoint order."""
   flat = dict(_flatten_paths(params))
@@ -295,7 +288,7 @@ def _hf_tensors(params, cfg):
   for path, m in mappings(cfg).items():
     leaf = flat[path]
     for position in np.ndindex(*[counts[axis] for axis in m.stack]):
-      piece = _host(leaf[position] if position else leaf)
+      piece = sharding.to_numpy(leaf[position] if position else leaf)
       perm = _perm(m, piece.ndim)
       view = np.transpose(piece, np.argsort(perm))
       hf_shape = view.shape if m.groups is None else tuple(math.prod(g) for g in m.groups)

@@ -25,6 +25,7 @@ import time
 from typing import NamedTuple
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
@@ -32,6 +33,7 @@ from rljax.model import router
 from rljax.model import transformer as model_lib
 from rljax.envs import runner
 from rljax.rollout import sampler as sampler_lib
+from rljax import sharding
 
 
 class Turns(NamedTuple):
@@ -216,30 +218,35 @@ def finish(turns):
 def sample(sampler, params, prompt_PxT, valid_PxT, rng, records=None) -> TurnRollout:
   """Responses of P x group rows with their turns: chunks of decoding, each followed by the
   waiting responses' steps on the host, until every response has ended. Response n is an
-  episode reset from records[n // group] (None: from {}, for an environment that reads none)."""
+  episode reset from records[n // group] (None: from {}, for an environment that reads none).
+  Over several processes, `records` are the rows this process holds (rljax.sharding.local_rows):
+  it runs their episodes' steps, and the observations reach every process."""
   cfg, env = sampler.cfg, sampler.env
-  rows = prompt_PxT.shape[0]
-  records = [{}] * rows if records is None else list(records)
-  if len(records) != rows:
-    raise ValueError(f'{len(records)} records for {rows} prompt rows')
-  num = rows * cfg.group
-  episodes = runner.Episodes(env, sampler.limits, [records[n // cfg.group] for n in range(num)],
-                             cfg.max_new_tokens)
-  turns = sampler.empty(num, prompt_PxT.shape[1])
+  rows_P = sharding.local_rows(prompt_PxT)
+  records = [{}] * len(rows_P) if records is None else list(records)
+  if len(records) != len(rows_P):
+    raise ValueError(f'{len(records)} records for {len(rows_P)} prompt rows')
+  mine_N = (rows_P[:, None] * cfg.group + np.arange(cfg.group)).reshape(-1)
+  episodes = runner.Episodes(env, sampler.limits, [records[i // cfg.group]
+                                                   for i in range(len(mine_N))], cfg.max_new_tokens)
+  turns = sampler.empty(prompt_PxT.shape[0] * cfg.group, prompt_PxT.shape[1])
   served = no_observations(turns.waiting_S.shape[0], env.max_observation, cfg.pad_id)
   seconds, chunks = 0.0, 0
   while True:
-    turns = sampler.chunk(params, turns, *served, prompt_PxT, valid_PxT, rng)
+    turns = sampler.chunk(params, turns, *_placed(served, prompt_PxT), prompt_PxT, valid_PxT, rng)
     chunks += 1
-    waiting_S = np.asarray(turns.waiting_S)
+    waiting_S = sharding.to_numpy(turns.waiting_S)
     if not waiting_S.any():
       break
     start = time.perf_counter()
-    served = serve(episodes, turns, waiting_S, env.max_observation, cfg.pad_id)
+    served = serve(episodes, turns, waiting_S, mine_N, env.max_observation, cfg.pad_id)
     seconds += time.perf_counter() - start
   rollout, tool_NxL = sampler.finish(turns)
-  return TurnRollout(rollout, tool_NxL, dict(episodes.stats(seconds), turn_chunks=chunks),
-                     episodes.reward_N)
+  if isinstance(getattr(prompt_PxT, 'sharding', None), jax.sharding.NamedSharding):
+    # as a batch is laid out: each process holds its own rows
+    rollout, tool_NxL = sharding.split_rows((rollout, tool_NxL), prompt_PxT.sharding.mesh)
+  return TurnRollout(rollout, tool_NxL, dict(_every_process(episodes.stats(seconds)),
+                                             turn_chunks=chunks), episodes.reward_N)
 
 
 class Served(NamedTuple):
@@ -255,17 +262,51 @@ def no_observations(slots, room, pad_id):
                 np.zeros(slots, bool))
 
 
-def serve(episodes, turns, waiting_S, room, pad_id):
-  """Runs the waiting slots' steps (rljax.envs.runner.Episodes.step): the observations of the
-  responses that go on, the others end."""
-  response_S, t_S = np.asarray(turns.slots.response_S), np.asarray(turns.slots.t_S)
-  tokens_NxL = np.asarray(turns.tokens_NxL)
-  waiting = np.flatnonzero(waiting_S)
-  outcomes = episodes.step([int(response_S[s]) for s in waiting],
+def serve(episodes, turns, waiting_S, mine_N, room, pad_id):
+  """Runs the steps of the waiting slots whose responses are `mine_N` (episodes' responses, in
+  order; rljax.envs.runner.Episodes.step): the observations of the responses that go on, the
+  others end. Every process's, gathered."""
+  response_S, t_S = sharding.to_numpy(turns.slots.response_S), sharding.to_numpy(turns.slots.t_S)
+  tokens_NxL = sharding.to_numpy(turns.tokens_NxL)
+  episode_of = {int(n): i for i, n in enumerate(mine_N)}
+  mine_S = waiting_S & np.isin(response_S, mine_N)
+  waiting = np.flatnonzero(mine_S)
+  outcomes = episodes.step([episode_of[int(response_S[s])] for s in waiting],
                            [tokens_NxL[response_S[s], :t_S[s]] for s in waiting])
   served = no_observations(len(t_S), room, pad_id)
   for s, outcome in zip(waiting, outcomes):
     if outcome.resume:
       length = len(outcome.ids)
       served.tool_SxK[s, :length], served.length_S[s], served.resume_S[s] = outcome.ids, length, True
-  return served
+  return _from_owners(served, mine_S)
+
+
+def _from_owners(served, mine_S):
+  """Each slot's observation from the process whose response it holds."""
+  if jax.process_count() == 1:
+    return served
+  mine_pxS, *fields = multihost_utils.process_allgather((mine_S, *served))
+  owner_S, slots = np.argmax(np.asarray(mine_pxS), axis=0), np.arange(len(mine_S))
+  return Served(*(np.asarray(field)[owner_S, slots] for field in fields))
+
+
+def _placed(served, prompt_PxT):
+  """Over several processes, the observations as arrays replicated over the prompts' mesh (a jitted
+  call spanning processes takes no host arrays); every process holds the same."""
+  if jax.process_count() == 1:
+    return served
+  return jax.device_put(served, sharding.replicated(prompt_PxT.sharding.mesh))
+
+
+def _every_process(stats):
+  """The environment numbers of every process's episodes (rljax.envs.runner.Episodes.stats): counts
+  summed, the host's seconds the slowest process's, turns_mean averaged (each process runs as
+  many episodes)."""
+  if jax.process_count() == 1:
+    return stats
+  keys = sorted(stats)
+  values_pxK = np.asarray(multihost_utils.process_allgather(
+      np.array([stats[key] for key in keys], np.float32)))
+  combine = dict(tool_time_s=np.max, turns_mean=np.mean)
+  return {key: type(stats[key])(combine.get(key, np.sum)(values_pxK[:, k]))
+          for k, key in enumerate(keys)}

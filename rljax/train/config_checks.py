@@ -29,7 +29,7 @@ def check(config, device_count=None, process_count=None):
   _check_loop(config)
   checkpoint.check(config.train)
   tasks.check_data(config, process_count)
-  _check_tools(config, process_count)
+  _check_tools(config)
   _check_model(config.model)
   _check_lora(config)
   batch, micro = algos.batch_size(config), config.train.micro_batch
@@ -58,7 +58,7 @@ def _check_loop(config):
     raise ValueError(f'optimizer.max_bad_steps must be >= 1, got {config.optimizer.max_bad_steps}')
 
 
-def _check_tools(config, process_count):
+def _check_tools(config):
   """A task whose responses are episodes of an environment (a tool's calls): its settings, and an
   algorithm and a rollout schedule that run its turns (rljax.rollout.turns)."""
   if not hasattr(tasks.get(tasks.name_of(config)), 'env'):
@@ -69,8 +69,6 @@ def _check_tools(config, process_count):
     if value:
       raise ValueError(f'rollout.{field} does not run tool turns; turn it off for the '
                        f'{tasks.name_of(config)} task')
-  if process_count > 1:
-    raise ValueError('tool turns run in one process (the host serves every call)')
   _, _, vocab_size = tasks.lengths(config)
   if vocab_size and config.model.vocab_size != vocab_size:
     raise ValueError(f'model.vocab_size ({config.model.vocab_size}) must equal the '

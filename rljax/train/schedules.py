@@ -26,6 +26,7 @@ from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout import turns
 from rljax import sharding
+from rljax.train import collective
 
 step_key = jax.jit(jax.random.fold_in)
 
@@ -98,9 +99,8 @@ class Partial:
   batch, so the pool holds two batches of groups); decoding under the current policy runs until P
   groups are finished, and those are this step's batch."""
   @staticmethod
-  def check(config, process_count):
-    """Partial rollouts decode whole groups over continuous-batching slots, at one batch, in one
-    process."""
+  def check(config):
+    """Partial rollouts decode whole groups over continuous-batching slots, at one batch."""
     rollout = config.rollout
     if algos.get(config.algo).BATCH_ARG != 'P':
       raise ValueError(f'rollout.partial trains whole groups of G responses (grpo, rloo), not '
@@ -114,8 +114,6 @@ class Partial:
     if config.auto_batch.enabled:
       raise ValueError('rollout.partial needs a fixed batch: its pool holds two batches of '
                        'groups; turn auto_batch off (P=auto) or rollout.partial off')
-    if process_count > 1:
-      raise ValueError('rollout.partial runs in one process (its pool is not split over hosts)')
 
   def __init__(self, sampler, programs, rollout_cfg):
     self.sampler, self.iterator = sampler, None   # the run's prompt iterator, set by setup
@@ -128,26 +126,40 @@ class Partial:
     return self.pool
 
   def draw(self, params, flight, examples, rng, step):
-    admitted = int(flight.admitted)
+    admitted = int(sharding.to_numpy(flight.admitted))
     batches = [examples] + ([next(self.iterator)] if admitted == 0 else [])
-    for i, batch in enumerate(batches):
+    for i, batch in enumerate(map(every_process_batch, batches)):
       prompt_PxT, valid_PxT = data.encode_prompts(batch['prompt'], self.sampler.tokenizer,
                                                   self.sampler.prompt_len)
       caps_N = np.full(len(prompt_PxT) * self.sampler.G, flight.tokens_RxL.shape[1], np.int32)
-      flight = self.admit(flight, prompt_PxT, valid_PxT, step_key(rng, 100 + i), caps_N)
+      flight = self.admit(flight, *sharding.place((prompt_PxT, valid_PxT), self.sampler.mesh),
+                          step_key(rng, 100 + i), sharding.place(caps_N, self.sampler.mesh))
       serials = [str(admitted + i * self.P + p) for p in range(len(prompt_PxT))]
       self.answers.update(zip(serials, map(str, batch['answer'])))
       self.prompt_ids.update(zip(serials, batch['id']))
     version = step - 1
     flight, finished = self.advance(params, flight, version, self.max_staleness)
-    serials = [str(serial) for serial in np.asarray(finished.serial_P)]
-    answers = [self.answers.pop(serial) for serial in serials]
-    answers = per_response(answers, self.sampler.G)
-    stats = dict(partial_lib.staleness_stats(finished.version_BxL, finished.rollout.mask_BxL,
-                                             version, self.max_staleness),
+    rollout, version_BxL, prompt_BxT, valid_BxT = sharding.split_rows(
+        finished[:4], self.sampler.mesh)
+    serials = [str(serial) for serial in sharding.to_numpy(finished.serial_P)]
+    answers = per_response([self.answers.pop(serial) for serial in serials], self.sampler.G)
+    prompt_ids = [self.prompt_ids.pop(serial) for serial in serials]
+    rows_B = sharding.local_rows(rollout.tokens_BxL)   # this process's rows
+    stats = dict(partial_lib.staleness_stats(version_BxL, rollout.mask_BxL, version,
+                                             self.max_staleness),
                  restarted=finished.restarted)
-    return flight, Sampled(finished.rollout, finished.prompt_BxT, finished.valid_BxT, answers,
-                           stats, [self.prompt_ids.pop(serial) for serial in serials])
+    return flight, Sampled(rollout, prompt_BxT, valid_BxT,
+                           [answers[b] for b in rows_B], stats,
+                           [prompt_ids[g] for g in np.unique(rows_B // self.sampler.G)])
+
+
+def every_process_batch(examples):
+  """The prompts, answers and stream indices of every process's `examples`, in process order: the
+  batch one process would read (rljax.data.sources.PromptIterator)."""
+  local = {key: [value.item() if hasattr(value, 'item') else value for value in examples[key]]
+           for key in ('prompt', 'answer', 'id')}
+  parts = collective.from_every_process(local)
+  return {key: [value for part in parts for value in part[key]] for key in local}
 
 
 class DrawnAhead:
@@ -198,8 +210,7 @@ class DrawnAhead:
       examples = next(self.iterator)
     # runs on while this step updates
     drawn, self.answers, self.prompt_ids = self._draw(params, examples, rng)
-    ahead = jax.device_put(ahead, jax.tree.map(
-        lambda x: sharding.batch_sharding(self.mesh, x.ndim), ahead))
+    ahead = sharding.split_rows(ahead, self.mesh)
     answers = per_response(answers, self.sampler.G)
     return drawn, Sampled(ahead['rollout'], ahead['prompt_BxT'], ahead['valid_BxT'], answers, {},
                           prompt_ids)
@@ -254,7 +265,7 @@ def check(config, device_count, process_count):
     raise ValueError(f'rollout.top_k and max_new_tokens must be >= 0 (0: off / from the task), got '
                      f'{rollout.top_k} and {rollout.max_new_tokens}')
   if rollout.partial:
-    Partial.check(config, process_count)
+    Partial.check(config)
   if rollout.devices:
     DrawnAhead.check(config, device_count, process_count)
 
