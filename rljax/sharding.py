@@ -69,22 +69,39 @@ def check_mesh(mesh_cfg, device_count, batches, num_experts):
                      f'mesh.expert = {sizes["expert"]}')
 
 
-def make_mesh(mesh_cfg, devices=None):
+def make_mesh(mesh_cfg, devices=None, physical=True):
+  """The mesh of `mesh_cfg` over `devices`: laid out along the chips' physical links
+  (jax.make_mesh), or with `physical` False in the devices' order."""
   devices = jax.devices() if devices is None else devices
-  sizes = mesh_shape(mesh_cfg, len(devices))
-  return jax.make_mesh(tuple(sizes.values()), MESH_AXES,
-                       axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES), devices=devices)
+  shape = tuple(mesh_shape(mesh_cfg, len(devices)).values())
+  axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+  if not physical:
+    return jax.sharding.Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
+  return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
 
 
 def make_meshes(mesh_cfg, rollout_devices=0, devices=None):
-  """(training mesh, sampler's mesh): one mesh for both, or with `rollout_devices` > 0 the last
-  that many devices for the sampler and the rest for training, each laid out by `mesh_cfg`."""
+  """(training mesh, sampler's mesh): one mesh for both, or with `rollout_devices` > 0 that many
+  devices for the sampler and the rest for training, each laid out by `mesh_cfg`. The sampler's
+  are the last devices; over several processes (not on TPU) the last of each process's in equal
+  numbers, so each process feeds its own rows to both meshes (docs/design/split_sampler.md)."""
   devices = jax.devices() if devices is None else devices
   if not rollout_devices:
     mesh = make_mesh(mesh_cfg, devices)
     return mesh, mesh
-  split = len(devices) - rollout_devices
-  return make_mesh(mesh_cfg, devices[:split]), make_mesh(mesh_cfg, devices[split:])
+  processes = sorted({device.process_index for device in devices})
+  if len(processes) == 1 or devices[0].platform == 'tpu':
+    # A TPU slice's last hosts: a box of its torus, which jax.make_mesh lays out (a share of every
+    # host is none, and XLA:TPU does not compile for it).
+    split = len(devices) - rollout_devices
+    return make_mesh(mesh_cfg, devices[:split]), make_mesh(mesh_cfg, devices[split:])
+  per_process = rollout_devices // len(processes)
+  train, sample = [], []
+  for process in processes:
+    own = [device for device in devices if device.process_index == process]
+    train += own[:len(own) - per_process]
+    sample += own[len(own) - per_process:]
+  return make_mesh(mesh_cfg, train, physical=False), make_mesh(mesh_cfg, sample, physical=False)
 
 
 def data_parallel_size(mesh):
@@ -206,9 +223,22 @@ def put_batch(tree, mesh):
 
 
 def split_rows(tree, mesh):
-  """Arrays on `mesh` -> the same values split over its batch axes, as put_batch lays a batch out
+  """Arrays -> the same values on `mesh`, split over its batch axes as put_batch lays a batch out
   (so each process holds its own rows; a scalar stays whole)."""
-  return jax.device_put(tree, jax.tree.map(lambda x: batch_sharding(mesh, x.ndim), tree))
+  return move(tree, jax.tree.map(lambda x: batch_sharding(mesh, x.ndim), tree))
+
+
+def move(tree, shardings):
+  """`tree` laid out by `shardings`, which may be on other devices (the sampler's mesh). In one
+  process XLA copies device to device. Multi-controller JAX moves an array only between shardings
+  of the same devices, so over several processes each array goes through the hosts: gathered whole
+  on every process, which then places its own shards (docs/design/split_sampler.md)."""
+  if jax.process_count() == 1:
+    return jax.device_put(tree, shardings)
+  def put(x, target):
+    whole = to_numpy(x)
+    return jax.make_array_from_callback(whole.shape, target, lambda index: whole[index])
+  return jax.tree.map(put, tree, shardings)
 
 
 def local_rows(x):

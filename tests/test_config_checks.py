@@ -168,7 +168,7 @@ def test_partial_rollouts_refuse_ppo():
     (dict(devices=8), 1, r'rollout.devices must be an integer in \[0, 8\) \(0: the sampler shares'),
     (dict(devices=-2), 1, r'rollout.devices must be an integer in \[0, 8\)'),
     (dict(devices=4, partial=True, slots=8), 1, r'rollout.partial and rollout.devices cannot be'),
-    (dict(devices=4), 2, r'rollout.devices runs in one process'),
+    (dict(devices=3), 2, r'rollout.devices \(3\) must split evenly over the 2 processes'),
     (dict(devices=6), 1, r"P\*G \(16\) is not divisible by the sampler mesh's data-parallel "
                          r'size 6'),
 ])

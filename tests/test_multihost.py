@@ -145,26 +145,42 @@ def test_tool_turns_on_two_processes_match_one_process(tmp_path):
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
 
 
-def test_partial_rollouts_on_two_processes_match_one_process_across_a_resume(tmp_path):
-  """rollout.partial, 2 processes x 4 devices: one pool over the global mesh, every process
-  admitting the global batch and holding every group's answer, each scoring its own rows. The
-  rows and prompts.jsonl equal one process's with 8 devices; a copy cut after step 1 (a kill after
-  that checkpoint, the pool holding groups under way) resumes on two processes to the same rows."""
+# name: (flags, the row fields compared besides COMPARED)
+SCHEDULES = {
+    # 7 slots: after step 1 the pool holds groups begun but not finished
+    'partial': (['--config.rollout.partial=True', '--config.rollout.slots=7'],
+                ('staleness_mean', 'staleness_max', 'restarted')),
+    # each process gives the sampler 2 of its 4 devices; both meshes span both processes
+    'drawn_ahead': (['--config.rollout.devices=4', '--config.rollout.slots=6',
+                     '--config.mesh.data=-1', '--config.mesh.expert=2'], ()),
+}
+
+
+@pytest.mark.parametrize('name', sorted(SCHEDULES))
+def test_schedules_on_two_processes_match_one_process_across_a_resume(tmp_path, name):
+  """A schedule that carries a batch between steps, on 2 processes x 4 devices: the partial pool is
+  one pool over the global mesh, every process admitting the global batch and holding every
+  group's answer; the sampler on devices of its own gets the policy and hands its batch back
+  through the hosts. Each process scores its own rows. The rows and prompts.jsonl equal one
+  process's with 8 devices; a copy cut after step 1 (a kill after that checkpoint) resumes on two
+  processes to the same rows."""
+  extra, keys = SCHEDULES[name]
   flags = ['--config=configs/grpo.py:runlocal,P=8,G=4', *TINY[1:],
            f'--config.data.dir={tmp_path}/data', f'--config.warmstart.dir={tmp_path}/warm',
-           '--config.data.digits=1', '--config.rollout.partial=True', '--config.rollout.slots=7',
-           '--config.rollout.max_new_tokens=8', '--config.train.max_steps=3',
-           '--config.train.checkpoint_every=1', '--config.train.keep_checkpoints=10']
+           '--config.data.digits=1', '--config.rollout.max_new_tokens=8',
+           '--config.train.max_steps=3', '--config.train.checkpoint_every=1',
+           '--config.train.keep_checkpoints=10', '--config.rollout.temperature=0.3', *extra]
   finish(start(tmp_path / 'one', 8, flags))
   for p in two_processes(tmp_path / 'two', flags):
     finish(p)
   one, two = rows(tmp_path / 'one'), rows(tmp_path / 'two')
   assert [r['step'] for r in one] == [0, 1, 2, 3, 3] and len(two) == len(one)
-  assert max(r.get('staleness_max', 0) for r in one) > 0   # groups were carried across steps
   assert min(r.get('reward_mean', 1) for r in one) > 0   # answers reached the rows they score
+  if name == 'partial':
+    assert max(r['staleness_max'] for r in one if not r.get('eval')) > 0   # groups carried over
   for a, b in zip(one, two):
     assert a['step'] == b['step']
-    for key in COMPARED + ('staleness_mean', 'restarted', 'retained'):
+    for key in COMPARED + keys:
       if key in a:
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
   assert rows(tmp_path / 'two', 'prompts.jsonl') == rows(tmp_path / 'one', 'prompts.jsonl')

@@ -215,7 +215,7 @@ def _schedule(config, s, progs, task):
   sampler = schedules.Sampler(sample, s.sampling, config.rollout.G, task.tokenizer, s.prompt_len,
                               s.rollout_mesh)
   to_sampler = functools.partial(  # once per step: the policy in the sampler's layout
-      jax.device_put, device=jax.tree.map(lambda x: x.sharding, s.sampler_params))
+      sharding.move, shardings=jax.tree.map(lambda x: x.sharding, s.sampler_params))
   return schedules.make(config, s, sampler, progs, to_sampler)
 
 

@@ -72,7 +72,7 @@ def sample_rollout(sampler, params, examples, rng):
              zip(examples['prompt'], examples['answer'])
              for _ in range(G // sampler.sampling.group)]
   rollout = turns.draw(sampler.sample, params, *sampled,
-                       jax.device_put(rng, sharding.replicated(sampler.mesh)), records)
+                       sharding.move(rng, sharding.replicated(sampler.mesh)), records)
   stats, env_rewards = {}, None
   if isinstance(rollout, turns.TurnRollout):   # an environment's turns: their numbers join the row
     rollout, stats, env_rewards = rollout.rollout, rollout.stats, rollout.reward_B
@@ -144,13 +144,18 @@ class Partial:
     serials = [str(serial) for serial in sharding.to_numpy(finished.serial_P)]
     answers = per_response([self.answers.pop(serial) for serial in serials], self.sampler.G)
     prompt_ids = [self.prompt_ids.pop(serial) for serial in serials]
-    rows_B = sharding.local_rows(rollout.tokens_BxL)   # this process's rows
     stats = dict(partial_lib.staleness_stats(version_BxL, rollout.mask_BxL, version,
                                              self.max_staleness),
                  restarted=finished.restarted)
     return flight, Sampled(rollout, prompt_BxT, valid_BxT,
-                           [answers[b] for b in rows_B], stats,
-                           [prompt_ids[g] for g in np.unique(rows_B // self.sampler.G)])
+                           *own_rows(rollout, answers, prompt_ids, self.sampler.G, stats))
+
+
+def own_rows(rollout, answers, prompt_ids, G, stats):
+  """(answers, stats, prompt_ids) of the rows of `rollout` this process holds, of a batch whose
+  `answers` (one per response) and `prompt_ids` (one per group) are every process's."""
+  rows_B = sharding.local_rows(rollout.tokens_BxL)
+  return [answers[b] for b in rows_B], stats, [prompt_ids[g] for g in np.unique(rows_B // G)]
 
 
 def every_process_batch(examples):
@@ -168,7 +173,7 @@ class DrawnAhead:
   earlier: every batch is one policy version old (the first two come from the initial policy)."""
   @staticmethod
   def check(config, device_count, process_count):
-    """The sampler on devices of its own, one step behind, in one process."""
+    """The sampler on devices of its own, one step behind."""
     rollout = config.rollout
     if not (isinstance(rollout.devices, int) and 0 < rollout.devices < device_count):
       raise ValueError(f'rollout.devices must be an integer in [0, {device_count}) (0: the '
@@ -178,9 +183,13 @@ class DrawnAhead:
     if config.auto_batch.enabled:
       raise ValueError('rollout.devices needs a fixed batch: the batch drawn ahead has its size; '
                        'turn auto_batch off (P=auto) or set rollout.devices=0')
-    if process_count > 1:
-      raise ValueError('rollout.devices runs in one process (its two meshes are not split over '
-                       'hosts)')
+    if process_count > 1 and jax.default_backend() == 'tpu':
+      raise ValueError('rollout.devices runs on one TPU host: a share of every host of a slice is '
+                       'no box of its torus, which XLA:TPU does not compile for, and whole hosts '
+                       'would need a transfer between device sets that multi-controller JAX lacks')
+    if rollout.devices % process_count:
+      raise ValueError(f'rollout.devices ({rollout.devices}) must split evenly over the '
+                       f'{process_count} processes (each gives the sampler as many of its devices)')
     sizes = sharding.mesh_shape(config.mesh, rollout.devices)
     data_parallel = math.prod(sizes[axis] for axis in sharding.BATCH_AXES)
     if rollout.P * rollout.G % data_parallel:
@@ -191,7 +200,7 @@ class DrawnAhead:
   def __init__(self, sampler, to_sampler, mesh, empty):
     self.sampler, self.to_sampler, self.mesh = sampler, to_sampler, mesh
     self.iterator, self.empty = None, empty   # the run's prompt iterator, set by setup
-    self.answers = []   # the P answers of the batch drawn ahead
+    self.answers = []   # the P answers of the batch drawn ahead, every process's
     self.prompt_ids = []   # its P prompts' stream indices
 
   def init(self):
@@ -201,7 +210,8 @@ class DrawnAhead:
     sampled = sample_rollout(self.sampler, params, examples, rng)
     ahead = dict(rollout=sampled.rollout, prompt_BxT=sampled.prompt_BxT,
                  valid_BxT=sampled.valid_BxT)
-    return ahead, [str(answer) for answer in examples['answer']], list(examples['id'])
+    batch = every_process_batch(examples)
+    return ahead, list(map(str, batch['answer'])), batch['id']
 
   def draw(self, params, ahead, examples, rng, step):
     params, answers, prompt_ids = self.to_sampler(params), self.answers, self.prompt_ids
@@ -211,9 +221,9 @@ class DrawnAhead:
     # runs on while this step updates
     drawn, self.answers, self.prompt_ids = self._draw(params, examples, rng)
     ahead = sharding.split_rows(ahead, self.mesh)
-    answers = per_response(answers, self.sampler.G)
-    return drawn, Sampled(ahead['rollout'], ahead['prompt_BxT'], ahead['valid_BxT'], answers, {},
-                          prompt_ids)
+    return drawn, Sampled(ahead['rollout'], ahead['prompt_BxT'], ahead['valid_BxT'],
+                          *own_rows(ahead['rollout'], per_response(answers, self.sampler.G),
+                                    prompt_ids, self.sampler.G, {}))
 
 
 def empty_ahead(sampler, params, P):
