@@ -74,7 +74,7 @@ def router_ids_bytes(s):
   per_response = (s.new_tokens * cfg.num_layers * cfg.experts_per_token
                   * _itemsize(router.route_dtype(cfg.num_experts)))
   per_step = s.batch * per_response
-  if s.config.rollout.partial:
+  if schedules.kind(s.config).PROGRAMS == 'pool':
     return dict(per_step=per_step, per_chip=2 * per_step)
   return dict(per_step=per_step, per_chip=per_step // sharding.data_parallel_size(s.mesh))
 

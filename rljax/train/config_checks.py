@@ -63,12 +63,12 @@ def _check_tools(config):
   algorithm and a rollout schedule that run its turns (rljax.rollout.turns)."""
   if not hasattr(tasks.get(tasks.name_of(config)), 'env'):
     return
-  tools, rollout = config.tools, config.rollout
+  tools = config.tools
   _check_tool_bounds(tools)
-  for field, value in (('partial', rollout.partial), ('devices', rollout.devices)):
-    if value:
-      raise ValueError(f'rollout.{field} does not run tool turns; turn it off for the '
-                       f'{tasks.name_of(config)} task')
+  schedule = schedules.kind(config)
+  if not schedule.RUNS_TURNS:
+    raise ValueError(f'{schedule.FIELD} does not run tool turns; turn it off for the '
+                     f'{tasks.name_of(config)} task')
   _, _, vocab_size = tasks.lengths(config)
   if vocab_size and config.model.vocab_size != vocab_size:
     raise ValueError(f'model.vocab_size ({config.model.vocab_size}) must equal the '

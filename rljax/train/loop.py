@@ -200,8 +200,7 @@ def train(config, workdir, stop=None, shape=None):
     done = _done(config.train, meta)   # the evaluation may have reached the target
     # Every process gets the same answer at the same step; a request during the last step is moot.
     stopping = stop is not None and stop.agreed() and not done
-    saved = dict(meta, answers=run.schedule.answers, prompt_ids=run.schedule.prompt_ids,
-                 config=workdir_lib.config_json(config))
+    saved = dict(meta, **run.schedule.state(), config=workdir_lib.config_json(config))
     run.ckpt.save(meta['step'], run_lib.checkpointed(run.algo, carry), saved,
                   force=done or stopping)
     if stopping:

@@ -16,6 +16,7 @@ from rljax.rollout import sampler as sampler_lib
 from rljax.rollout import turns
 from rljax import sharding
 from rljax.train import evaluation
+from rljax.train import schedules
 
 
 class Program(NamedTuple):
@@ -40,8 +41,8 @@ def greedy(sampling):
 
 def programs(s) -> dict:
   """{name: Program} of the run of rljax.train.run.Shape `s`: 'evaluate', 'make_batch', 'update'
-  and the rollout schedule's, 'sample' (its sampler) or, with rollout.partial, 'admit' and
-  'advance' (rljax.rollout.partial)."""
+  and the rollout schedule's (rljax.train.schedules.Schedule.PROGRAMS): 'sample' (its sampler)
+  or 'admit' and 'advance' (the partial pool's, rljax.rollout.partial)."""
   out = dict(evaluate=evaluator(s), **rollout_programs(s))
   out.update(algorithm_programs(s))
   return out
@@ -62,7 +63,7 @@ def rollout_programs(s):
   """The schedule's programs: the sampler at P x G / group prompt rows (with an environment: the
   turn loop), or the partial pool's."""
   rollout = s.config.rollout
-  if rollout.partial:
+  if schedules.kind(s.config).PROGRAMS == 'pool':
     return partial_programs(s)
   num = rollout.P * rollout.G // s.sampling.group
   if s.env:

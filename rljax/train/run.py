@@ -227,7 +227,7 @@ def _restore(ckpt, carry, schedule, algo):
             lambda old, meta: upgrades.from_flat_carry(old, meta, template, schedule))
   restored, meta = ckpt.restore(template, legacy=legacy)
   carry = dict(restored, reference=carry['reference']) if algo.adapts else restored
-  schedule.answers = meta.get('answers', schedule.answers)
-  schedule.prompt_ids = upgrades.held_prompt_ids(meta, schedule.answers)
+  answers = meta.get('answers', schedule.answers)
+  schedule.restore(answers, upgrades.held_prompt_ids(meta, answers))
   logging.info('resumed from step %d (%d samples)', meta['step'], meta['samples'])
   return carry, meta

@@ -81,10 +81,30 @@ def sample_rollout(sampler, params, examples, rng):
                  env_rewards)
 
 
-class EachStep:
+class Schedule:
+  """What every schedule has: the host state a checkpoint's meta keeps (`state`, `restore`) and
+  what the rest of the run asks of its kind: the programs it runs ('sampler': the rollout
+  sampler, or its turn loop; 'pool': rljax.rollout.partial's admit and advance, its pool
+  replicated) and whether it runs an environment's turns."""
+  PROGRAMS = 'sampler'
+  RUNS_TURNS = False
+  FIELD = ''   # the config field that chooses it
+  answers = prompt_ids = iterator = None   # the prompts it holds between steps; the run's stream
+
+  def state(self):
+    """The answers and stream indices of the prompts it holds (a checkpoint's meta keeps them)."""
+    return dict(answers=self.answers, prompt_ids=self.prompt_ids)
+
+  def restore(self, answers, prompt_ids):
+    self.answers, self.prompt_ids = answers, prompt_ids
+
+
+class EachStep(Schedule):
   """Every step samples its own batch under the current policy (the default)."""
+  RUNS_TURNS = True
+
   def __init__(self, sampler):
-    self.sampler, self.answers, self.prompt_ids, self.iterator = sampler, None, None, None
+    self.sampler = sampler
 
   def init(self):
     return None
@@ -94,10 +114,12 @@ class EachStep:
     return state, sample_rollout(self.sampler, params, examples, rng)
 
 
-class Partial:
+class Partial(Schedule):
   """rollout.partial: this step's P prompts join the pool (the first step also admits the next
   batch, so the pool holds two batches of groups); decoding under the current policy runs until P
   groups are finished, and those are this step's batch."""
+  PROGRAMS, FIELD = 'pool', 'rollout.partial'
+
   @staticmethod
   def check(config):
     """Partial rollouts decode whole groups over continuous-batching slots, at one batch."""
@@ -116,7 +138,7 @@ class Partial:
                        'groups; turn auto_batch off (P=auto) or rollout.partial off')
 
   def __init__(self, sampler, programs, rollout_cfg):
-    self.sampler, self.iterator = sampler, None   # the run's prompt iterator, set by setup
+    self.sampler = sampler
     self.admit, self.advance, self.pool = programs   # jitted admit and advance; the empty pool
     self.P, self.max_staleness = rollout_cfg.P, rollout_cfg.max_staleness
     self.answers = {}   # str(serial of a group in the pool) -> its answer
@@ -167,10 +189,12 @@ def every_process_batch(examples):
   return {key: [value for part in parts for value in part[key]] for key in local}
 
 
-class DrawnAhead:
+class DrawnAhead(Schedule):
   """rollout.devices: the sampler's devices draw the next batch (of `examples`) from the policy
   before this step's update, while the training devices update on the batch drawn one step
   earlier: every batch is one policy version old (the first two come from the initial policy)."""
+  FIELD = 'rollout.devices'
+
   @staticmethod
   def check(config, device_count, process_count):
     """The sampler on devices of its own, one step behind."""
@@ -178,8 +202,6 @@ class DrawnAhead:
     if not (isinstance(rollout.devices, int) and 0 < rollout.devices < device_count):
       raise ValueError(f'rollout.devices must be an integer in [0, {device_count}) (0: the '
                        f'sampler shares the training devices), got {rollout.devices!r}')
-    if rollout.partial:
-      raise ValueError('rollout.partial and rollout.devices cannot be combined; choose one')
     if config.auto_batch.enabled:
       raise ValueError('rollout.devices needs a fixed batch: the batch drawn ahead has its size; '
                        'turn auto_batch off (P=auto) or set rollout.devices=0')
@@ -198,8 +220,7 @@ class DrawnAhead:
                        f'{rollout.devices}, mesh {sizes})')
 
   def __init__(self, sampler, to_sampler, mesh, empty):
-    self.sampler, self.to_sampler, self.mesh = sampler, to_sampler, mesh
-    self.iterator, self.empty = None, empty   # the run's prompt iterator, set by setup
+    self.sampler, self.to_sampler, self.mesh, self.empty = sampler, to_sampler, mesh, empty
     self.answers = []   # the P answers of the batch drawn ahead, every process's
     self.prompt_ids = []   # its P prompts' stream indices
 
@@ -274,23 +295,32 @@ def check(config, device_count, process_count):
   if rollout.top_k < 0 or rollout.max_new_tokens < 0:
     raise ValueError(f'rollout.top_k and max_new_tokens must be >= 0 (0: off / from the task), got '
                      f'{rollout.top_k} and {rollout.max_new_tokens}')
+  if rollout.partial and rollout.devices:
+    raise ValueError('rollout.partial and rollout.devices cannot be combined; choose one')
   if rollout.partial:
     Partial.check(config)
   if rollout.devices:
     DrawnAhead.check(config, device_count, process_count)
 
 
-def make(config, s, sampler, programs, to_sampler):
-  """The schedule `config` asks for (rollout.partial, rollout.devices, or every step) for the run
-  of Shape `s`, sampling with `sampler` and, for rollout.partial, `programs`
-  (rljax.train.programs)."""
+def kind(config):
+  """The schedule class `config` asks for: the one place that reads which."""
   if config.rollout.partial:
+    return Partial
+  return DrawnAhead if config.rollout.devices else EachStep
+
+
+def make(config, s, sampler, programs, to_sampler):
+  """The schedule of `config` for the run of Shape `s`, sampling with `sampler` and, for
+  rollout.partial, `programs` (rljax.train.programs)."""
+  schedule = kind(config)
+  if schedule is Partial:
     pool = partial_lib.empty(s.model.cfg, 2 * config.rollout.P, config.rollout.G,
                              config.rollout.slots, s.prompt_len, s.new_tokens,
                              pad_id=s.sampling.pad_id)
     return Partial(sampler, (programs['admit'].fn, programs['advance'].fn,
                              sharding.place(pool, s.mesh)), config.rollout)
-  if config.rollout.devices:
+  if schedule is DrawnAhead:
     return DrawnAhead(sampler, to_sampler, s.mesh,
                       empty_ahead(sampler, s.sampler_params, config.rollout.P))
   return EachStep(sampler)
