@@ -10,8 +10,8 @@ import jax
 from rljax import algos
 from rljax.auto_batch import rule
 from rljax.auto_batch import state as state_lib
+from rljax import collective
 from rljax.data import sources as data
-from rljax.train import collective
 from rljax.train import programs as programs_lib
 from rljax.train import run as run_lib
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from rljax.train import collective
+from rljax import collective
 from rljax.train import upgrades
 
 DELETED = 'deleted'   # under WORKDIR/checkpoints/: steps beyond `keep`, on their way out

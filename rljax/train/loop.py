@@ -15,12 +15,12 @@ import jax.numpy as jnp
 from rljax import algos
 from rljax.auto_batch import schedule as auto_schedule
 from rljax.auto_batch import state as auto_state
+from rljax import collective
 from rljax.envs import reward as reward_lib
 from rljax import files
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import stats
-from rljax.train import collective
 from rljax.train import evaluation
 from rljax.train import preemption
 from rljax.train import run as run_lib

@@ -21,12 +21,12 @@ import jax
 import numpy as np
 
 from rljax import algos
+from rljax import collective
 from rljax.data import sources as data
 from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout import turns
 from rljax import sharding
-from rljax.train import collective
 
 step_key = jax.jit(jax.random.fold_in)
 
