@@ -216,6 +216,17 @@ def batch_sharding(mesh, ndim):
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
 
 
+def abstract_rows(mesh, shape, dtype=np.int32):
+  """An abstract batch of `shape` (a ShapeDtypeStruct) with its rows split over the batch axes of
+  `mesh`: a program's batch argument, lowered without data."""
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh, len(shape)))
+
+
+def abstract_key(mesh):
+  """An abstract PRNG key replicated over `mesh`."""
+  return jax.ShapeDtypeStruct((2,), np.uint32, sharding=replicated(mesh))
+
+
 def put_batch(tree, mesh):
   """Host arrays holding THIS process's rows -> global arrays split over the batch axes."""
   return jax.tree.map(

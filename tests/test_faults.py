@@ -53,17 +53,28 @@ def largest(step_dir, pattern):
 
 @contextlib.contextmanager
 def mounted(*commands):
-  """Runs the mount commands, then undoes them (the last argument of each is its mount point)."""
+  """Runs the mount commands, then undoes them (the last argument of each is its mount point). A
+  mount may be retried for 5 s: remounting read-only is refused (EBUSY) while the run has a file
+  open for writing there. The unmount is lazy, as the run may still hold files in it."""
   done = []
   try:
     for command in commands:
-      if subprocess.run(['mount', *command], capture_output=True, check=False).returncode:
+      if not _mount(command):
         pytest.skip(f'mount {" ".join(command)} is not permitted here')
       done += [command[-1]] if command[-1] not in done else []   # a remount is not a mount
     yield
   finally:
     for point in reversed(done):
-      subprocess.run(['umount', point], check=True)
+      subprocess.run(['umount', '-l', point], check=True)
+
+
+def _mount(command, seconds=5.0):
+  deadline = time.monotonic() + seconds
+  while subprocess.run(['mount', *command], capture_output=True, check=False).returncode:
+    if time.monotonic() > deadline:
+      return False
+    time.sleep(0.05)
+  return True
 
 
 def read_only(folder):

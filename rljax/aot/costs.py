@@ -72,23 +72,18 @@ def optimized_costs(compiled):
   return cost[0] if isinstance(cost, (list, tuple)) else cost
 
 
-def batch_struct(shape, dtype, mesh):
-  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(mesh, len(shape)))
-
-
 def sampler(model, params, mesh, sampling, batch, prompt_len):
   """The sampler with settings `sampling` (a run's, rljax.train.schedules.sampling_config, or
   derived from them: another slot count or group) at `batch` prompt rows of `prompt_len`."""
   sample = sharding.on_mesh(sampler_lib.make_sampler(model, sampling), mesh)
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
-  return compile_lowered(sample.lower(params, batch_struct((batch, prompt_len), jnp.int32, mesh),
-                                      batch_struct((batch, prompt_len), bool, mesh), key),
-                         sampler_lib.GPU_GRAPHS)
+  prompts = lambda dtype: sharding.abstract_rows(mesh, (batch, prompt_len), dtype)
+  return compile_lowered(sample.lower(params, prompts(jnp.int32), prompts(bool),
+                                      sharding.abstract_key(mesh)), sampler_lib.GPU_GRAPHS)
 
 
 def policy_batch(mesh, batch, prompt_len, new_tokens):
   """An abstract rljax.policy_loss.PolicyBatch of `batch` responses."""
-  rows = lambda length, dtype: batch_struct((batch, length), dtype, mesh)
+  rows = lambda length, dtype: sharding.abstract_rows(mesh, (batch, length), dtype)
   return policy_loss.PolicyBatch(
       prompt_BxT=rows(prompt_len, jnp.int32), prompt_valid_BxT=rows(prompt_len, bool),
       response_BxL=rows(new_tokens, jnp.int32), mask_BxL=rows(new_tokens, jnp.float32),
@@ -124,8 +119,9 @@ def decode_step_lowered(cfg, mesh, batch, slots):
 
   scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(mesh))
   return sharding.on_mesh(jax.jit(step, donate_argnums=1), mesh).lower(
-      params, cache, batch_struct((batch,), jnp.int32, mesh),
-      batch_struct((batch, slots), bool, mesh), scalar, batch_struct((batch,), jnp.int32, mesh))
+      params, cache, sharding.abstract_rows(mesh, (batch,)),
+      sharding.abstract_rows(mesh, (batch, slots), bool), scalar,
+      sharding.abstract_rows(mesh, (batch,)))
 
 
 def layer_gradient(cfg, mesh, batch, length):
@@ -153,8 +149,8 @@ def layer_gradient(cfg, mesh, batch, length):
     return jnp.sum(y_BxTxD.astype(jnp.float32)) + aux
 
   grad = sharding.on_mesh(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), mesh)
-  return compile_lowered(grad.lower(params, batch_struct(x.shape, x.dtype, mesh),
-                                    batch_struct(valid.shape, bool, mesh)))
+  return compile_lowered(grad.lower(params, sharding.abstract_rows(mesh, x.shape, x.dtype),
+                                    sharding.abstract_rows(mesh, valid.shape, bool)))
 
 
 def _zeros_like(tree):
@@ -194,7 +190,7 @@ def critic_gradient(cfg, params, mesh, algo_cfg, micro, prompt_len, new_tokens):
   loss_fn = critic_lib.make_critic_loss(critic, algo_cfg.value_clip, algo_cfg.moe_aux_coef, 1)
   critic_params = critic_lib.from_policy(params, jax.random.PRNGKey(0), cfg)
   critic_params['value_head'] = sharding.place(critic_params['value_head'], mesh)
-  rows = lambda length, dtype: batch_struct((micro, length), dtype, mesh)
+  rows = lambda length, dtype: sharding.abstract_rows(mesh, (micro, length), dtype)
   batch = critic_lib.CriticBatch(
       prompt_BxT=rows(prompt_len, jnp.int32), prompt_valid_BxT=rows(prompt_len, bool),
       response_BxL=rows(new_tokens, jnp.int32), mask_BxL=rows(new_tokens, jnp.float32),

@@ -24,16 +24,6 @@ class Program(NamedTuple):
   args: tuple    # abstract arguments: ShapeDtypeStructs carrying their shardings
 
 
-def rows(mesh, num, *dims, dtype=jnp.int32):
-  """An abstract batch of `num` rows split over the data-parallel axes of `mesh`."""
-  return jax.ShapeDtypeStruct((num, *dims), dtype, sharding=sharding.batch_sharding(mesh,
-                                                                                     1 + len(dims)))
-
-
-def key(mesh):
-  return jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
-
-
 def greedy(sampling):
   """The evaluator's sampler settings: the argmax of the raw logits, one response per prompt."""
   return dataclasses.replace(sampling, temperature=1.0, top_k=0, top_p=1.0, greedy=True, group=1)
@@ -55,8 +45,13 @@ def evaluator(s):
   if s.env:
     return turn_program(s, greedy(s.sampling), num, s.mesh, s.params)
   fn = sharding.on_mesh(sampler_lib.make_sampler(s.model, greedy(s.sampling)), s.mesh)
-  return Program(fn, (s.params, rows(s.mesh, num, s.prompt_len),
-                      rows(s.mesh, num, s.prompt_len, dtype=bool), key(s.mesh)))
+  return Program(fn, (s.params, *prompts_and_key(s.mesh, num, s.prompt_len)))
+
+
+def prompts_and_key(mesh, num, prompt_len):
+  """A sampler's abstract arguments after its params: `num` prompt rows, their mask, its key."""
+  return (sharding.abstract_rows(mesh, (num, prompt_len)),
+          sharding.abstract_rows(mesh, (num, prompt_len), bool), sharding.abstract_key(mesh))
 
 
 def rollout_programs(s):
@@ -69,9 +64,8 @@ def rollout_programs(s):
   if s.env:
     return dict(sample=turn_program(s, s.sampling, num, s.rollout_mesh, s.sampler_params))
   fn = sharding.on_mesh(sampler_lib.make_sampler(s.model, s.sampling), s.rollout_mesh)
-  return dict(sample=Program(fn, (s.sampler_params, rows(s.rollout_mesh, num, s.prompt_len),
-                                  rows(s.rollout_mesh, num, s.prompt_len, dtype=bool),
-                                  key(s.rollout_mesh))))
+  return dict(sample=Program(fn, (s.sampler_params,
+                                  *prompts_and_key(s.rollout_mesh, num, s.prompt_len))))
 
 
 def turn_program(s, sampling, num, mesh, params):
@@ -86,9 +80,8 @@ def turn_program(s, sampling, num, mesh, params):
   host = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct(
       shape, dtype, sharding=sharding.replicated(mesh))
   slots = state.waiting_S.shape[0]
-  return Program(sampler, (params, state, host(slots, room), host(slots),
-                           host(slots, dtype=bool), rows(mesh, num, s.prompt_len),
-                           rows(mesh, num, s.prompt_len, dtype=bool), key(mesh)))
+  return Program(sampler, (params, state, host(slots, room), host(slots), host(slots, dtype=bool),
+                           *prompts_and_key(mesh, num, s.prompt_len)))
 
 
 def partial_programs(s):
@@ -104,8 +97,8 @@ def partial_programs(s):
       shape, dtype, sharding=sharding.replicated(s.mesh))
   return dict(
       admit=Program(sharding.on_mesh(admit, s.mesh), (
-          pool, host(P, s.prompt_len), host(P, s.prompt_len, dtype=bool), key(s.mesh),
-          host(P * G))),
+          pool, host(P, s.prompt_len), host(P, s.prompt_len, dtype=bool),
+          sharding.abstract_key(s.mesh), host(P * G))),
       advance=Program(sharding.on_mesh(advance, s.mesh),
                       (s.params, pool, host(), host())))
 
@@ -114,18 +107,17 @@ def algorithm_programs(s):
   """The algorithm's `make_batch` on a rollout batch and its `update` on the batch it makes."""
   batch, length = s.batch, s.new_tokens
   experts = jax.eval_shape(lambda: router.unrecorded(s.model.cfg, batch, length))
+  rows = lambda *shape, dtype=jnp.int32: sharding.abstract_rows(s.mesh, shape, dtype)
   rollout = sampler_lib.Rollout(
-      rows(s.mesh, batch, length), rows(s.mesh, batch, length, dtype=jnp.float32),
-      rows(s.mesh, batch, length, dtype=bool), rows(s.mesh, batch),
-      jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(s.mesh)),
+      rows(batch, length), rows(batch, length, dtype=jnp.float32), rows(batch, length, dtype=bool),
+      rows(batch), jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(s.mesh)),
       jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding.replicated(s.mesh)),
-      jax.tree.map(lambda x: rows(s.mesh, *x.shape, dtype=x.dtype), experts))
+      jax.tree.map(lambda x: rows(*x.shape, dtype=x.dtype), experts))
   state = s.algo.state
   ref = s.params if s.algo.needs_reference else None
-  make_args = (state, rollout, rows(s.mesh, batch, dtype=jnp.float32),
-               rows(s.mesh, batch, s.prompt_len), rows(s.mesh, batch, s.prompt_len, dtype=bool),
-               ref)
+  make_args = (state, rollout, rows(batch, dtype=jnp.float32), rows(batch, s.prompt_len),
+               rows(batch, s.prompt_len, dtype=bool), ref)
   made = s.algo.make_batch.trace(*make_args).out_info[0]
-  made = jax.tree.map(lambda x: rows(s.mesh, x.shape[0], *x.shape[1:], dtype=x.dtype), made)
+  made = jax.tree.map(lambda x: rows(*x.shape, dtype=x.dtype), made)
   return dict(make_batch=Program(s.algo.make_batch, make_args),
-              update=Program(s.algo.update, (state, made, ref, key(s.mesh))))
+              update=Program(s.algo.update, (state, made, ref, sharding.abstract_key(s.mesh))))
