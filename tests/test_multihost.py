@@ -68,10 +68,25 @@ def rows(workdir, name='metrics.jsonl'):
     return [json.loads(line) for line in f]
 
 
+def assert_resumes_alike(workdir, point, flags):
+  """A copy of `workdir` cut after step `point` (what a kill after that step's checkpoint leaves)
+  resumes on two processes to its rows and prompts.jsonl."""
+  resumed = workdir.parent / f'{workdir.name}_from{point}'
+  shutil.copytree(workdir, resumed)
+  for step in os.listdir(workdir / 'checkpoints'):
+    if step.isdigit() and int(step) > point:
+      shutil.rmtree(resumed / 'checkpoints' / step)
+  for p in two_processes(resumed, flags):
+    finish(p)
+  assert cli.rows(resumed) == cli.rows(workdir)
+  assert rows(resumed, 'prompts.jsonl') == rows(workdir, 'prompts.jsonl')
+
+
 def test_p_auto_takes_the_same_decisions_on_two_processes_as_on_one(tmp_path):
   """P=auto (tests/test_auto_batch.py's tiny schedule: samples/s read from a file, so every run
   decides alike) on 2 processes x 4 devices: process 0's times reach both, both switch P from 4 to
-  8 at step 7 and check it at step 9, and the rows equal one process's with 8 devices."""
+  8 at step 7 and check it at step 9, and the rows equal one process's with 8 devices. Cut right
+  after the switch, the run resumes on two processes at the new batch to the same rows."""
   throughput = tmp_path / 'throughput.json'
   throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198],
                                     '16': [200, 202, 198]}))
@@ -84,7 +99,8 @@ def test_p_auto_takes_the_same_decisions_on_two_processes_as_on_one(tmp_path):
            '--config.model.d_model=32', '--config.model.num_heads=2', '--config.model.num_kv_heads=2',
            '--config.model.head_dim=16', '--config.model.expert_hidden=32',
            '--config.rollout.P=4', '--config.train.max_samples=0', '--config.train.max_steps=9',
-           '--config.train.eval_every=4', '--config.train.eval_size=8', '--config.train.micro_batch=8']
+           '--config.train.eval_every=4', '--config.train.eval_size=8', '--config.train.micro_batch=8',
+           '--config.train.checkpoint_every=1', '--config.train.keep_checkpoints=20']
   finish(start(tmp_path / 'one', 8, flags))
   for p in two_processes(tmp_path / 'two', flags):
     finish(p)
@@ -98,6 +114,7 @@ def test_p_auto_takes_the_same_decisions_on_two_processes_as_on_one(tmp_path):
     for key in COMPARED:
       if key in a:
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
+  assert_resumes_alike(tmp_path / 'two', 7, flags)
 
 
 def test_tool_turns_on_two_processes_match_one_process(tmp_path):
@@ -167,11 +184,4 @@ def test_schedules_on_two_processes_match_one_process_across_a_resume(tmp_path, 
       if key in a:
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
   assert rows(tmp_path / 'two', 'prompts.jsonl') == rows(tmp_path / 'one', 'prompts.jsonl')
-  resumed = tmp_path / 'resumed'
-  shutil.copytree(tmp_path / 'two', resumed)
-  for step in (2, 3):
-    shutil.rmtree(resumed / 'checkpoints' / str(step))
-  for p in two_processes(resumed, flags):
-    finish(p)
-  assert cli.rows(resumed) == cli.rows(tmp_path / 'two')
-  assert rows(resumed, 'prompts.jsonl') == rows(tmp_path / 'two', 'prompts.jsonl')
+  assert_resumes_alike(tmp_path / 'two', 1, flags)
