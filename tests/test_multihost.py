@@ -85,8 +85,7 @@ def assert_resumes_alike(workdir, point, flags):
 def test_p_auto_takes_the_same_decisions_on_two_processes_as_on_one(tmp_path):
   """P=auto (tests/test_auto_batch.py's tiny schedule: samples/s read from a file, so every run
   decides alike) on 2 processes x 4 devices: process 0's times reach both, both switch P from 4 to
-  8 at step 7 and check it at step 9, and the rows equal one process's with 8 devices. Cut right
-  after the switch, the run resumes on two processes at the new batch to the same rows."""
+  8 at step 7 and check it at step 9, and the rows equal one process's with 8 devices."""
   throughput = tmp_path / 'throughput.json'
   throughput.write_text(json.dumps({'4': [100, 101, 99], '8': [200, 202, 198],
                                     '16': [200, 202, 198]}))
@@ -99,8 +98,7 @@ def test_p_auto_takes_the_same_decisions_on_two_processes_as_on_one(tmp_path):
            '--config.model.d_model=32', '--config.model.num_heads=2', '--config.model.num_kv_heads=2',
            '--config.model.head_dim=16', '--config.model.expert_hidden=32',
            '--config.rollout.P=4', '--config.train.max_samples=0', '--config.train.max_steps=9',
-           '--config.train.eval_every=4', '--config.train.eval_size=8', '--config.train.micro_batch=8',
-           '--config.train.checkpoint_every=1', '--config.train.keep_checkpoints=20']
+           '--config.train.eval_every=4', '--config.train.eval_size=8', '--config.train.micro_batch=8']
   finish(start(tmp_path / 'one', 8, flags))
   for p in two_processes(tmp_path / 'two', flags):
     finish(p)
@@ -114,7 +112,6 @@ def test_p_auto_takes_the_same_decisions_on_two_processes_as_on_one(tmp_path):
     for key in COMPARED:
       if key in a:
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a['step'], key)
-  assert_resumes_alike(tmp_path / 'two', 7, flags)
 
 
 def test_tool_turns_on_two_processes_match_one_process(tmp_path):
@@ -168,13 +165,13 @@ def test_schedules_on_two_processes_match_one_process_across_a_resume(tmp_path, 
   flags = ['--config=configs/grpo.py:runlocal,P=8,G=4', *TINY[1:],
            f'--config.data.dir={tmp_path}/data', f'--config.warmstart.dir={tmp_path}/warm',
            '--config.data.digits=1', '--config.rollout.max_new_tokens=8',
-           '--config.train.max_steps=3', '--config.train.checkpoint_every=1',
+           '--config.train.max_steps=2', '--config.train.checkpoint_every=1',
            '--config.train.keep_checkpoints=10', '--config.rollout.temperature=0.3', *extra]
   finish(start(tmp_path / 'one', 8, flags))
   for p in two_processes(tmp_path / 'two', flags):
     finish(p)
   one, two = rows(tmp_path / 'one'), rows(tmp_path / 'two')
-  assert [r['step'] for r in one] == [0, 1, 2, 3, 3] and len(two) == len(one)
+  assert [r['step'] for r in one] == [0, 1, 2, 2] and len(two) == len(one)
   assert min(r.get('reward_mean', 1) for r in one) > 0   # answers reached the rows they score
   if name == 'partial':
     assert max(r['staleness_max'] for r in one if not r.get('eval')) > 0   # groups carried over
