@@ -29,6 +29,7 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
+from rljax import collective
 from rljax.model import router
 from rljax.model import transformer as model_lib
 from rljax.envs import runner
@@ -295,18 +296,13 @@ def _placed(served, prompt_PxT):
   call spanning processes takes no host arrays); every process holds the same."""
   if jax.process_count() == 1:
     return served
-  return jax.device_put(served, sharding.replicated(prompt_PxT.sharding.mesh))
+  return sharding.place(served, prompt_PxT.sharding.mesh)
 
 
 def _every_process(stats):
   """The environment numbers of every process's episodes (rljax.envs.runner.Episodes.stats): counts
   summed, the host's seconds the slowest process's, turns_mean averaged (each process runs as
   many episodes)."""
-  if jax.process_count() == 1:
-    return stats
-  keys = sorted(stats)
-  values_pxK = np.asarray(multihost_utils.process_allgather(
-      np.array([stats[key] for key in keys], np.float32)))
-  combine = dict(tool_time_s=np.max, turns_mean=np.mean)
-  return {key: type(stats[key])(combine.get(key, np.sum)(values_pxK[:, k]))
-          for k, key in enumerate(keys)}
+  parts = collective.from_every_process(stats)
+  combine = dict(tool_time_s=max, turns_mean=lambda values: sum(values) / len(values))
+  return {key: combine.get(key, sum)([part[key] for part in parts]) for key in stats}

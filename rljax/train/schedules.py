@@ -169,15 +169,15 @@ class Partial(Schedule):
     stats = dict(partial_lib.staleness_stats(version_BxL, rollout.mask_BxL, version,
                                              self.max_staleness),
                  restarted=finished.restarted)
-    return flight, Sampled(rollout, prompt_BxT, valid_BxT,
-                           *own_rows(rollout, answers, prompt_ids, self.sampler.G, stats))
+    answers, prompt_ids = own_rows(rollout, answers, prompt_ids, self.sampler.G)
+    return flight, Sampled(rollout, prompt_BxT, valid_BxT, answers, stats, prompt_ids)
 
 
-def own_rows(rollout, answers, prompt_ids, G, stats):
-  """(answers, stats, prompt_ids) of the rows of `rollout` this process holds, of a batch whose
-  `answers` (one per response) and `prompt_ids` (one per group) are every process's."""
+def own_rows(rollout, answers, prompt_ids, G):
+  """(answers, prompt_ids) of the rows of `rollout` this process holds, of a batch whose `answers`
+  (one per response) and `prompt_ids` (one per group) are every process's."""
   rows_B = sharding.local_rows(rollout.tokens_BxL)
-  return [answers[b] for b in rows_B], stats, [prompt_ids[g] for g in np.unique(rows_B // G)]
+  return [answers[b] for b in rows_B], [prompt_ids[g] for g in np.unique(rows_B // G)]
 
 
 def every_process_batch(examples):
@@ -242,9 +242,10 @@ class DrawnAhead(Schedule):
     # runs on while this step updates
     drawn, self.answers, self.prompt_ids = self._draw(params, examples, rng)
     ahead = sharding.split_rows(ahead, self.mesh)
-    return drawn, Sampled(ahead['rollout'], ahead['prompt_BxT'], ahead['valid_BxT'],
-                          *own_rows(ahead['rollout'], per_response(answers, self.sampler.G),
-                                    prompt_ids, self.sampler.G, {}))
+    answers, prompt_ids = own_rows(ahead['rollout'], per_response(answers, self.sampler.G),
+                                   prompt_ids, self.sampler.G)
+    return drawn, Sampled(ahead['rollout'], ahead['prompt_BxT'], ahead['valid_BxT'], answers, {},
+                          prompt_ids)
 
 
 def empty_ahead(sampler, params, P):
