@@ -131,15 +131,15 @@ def test_an_lr_that_levels_off_below_the_ceiling_is_not_lr0():
 # Portability: the deep preset's calibration and target placement under two CPU numerics paths.
 # ------------------------------------------------------------------------------------------------
 
-# The deep preset (quick, one seed) shrunk to minutes: calibration runs of 4096 samples evaluated
+# The deep preset (quick, one seed) shrunk to minutes: calibration runs of 3072 samples evaluated
 # every 512 on 512 held-out prompts, a first bracket 4x apart each way (the preset's is 2x: at
 # this budget the runs' spread needs the wider step to order three lrs), one base-arm seed, one
 # throughput round, no confirmation. Nothing in it is an accuracy.
 SHRUNK = ['--config=configs/protocol.py:runlocal,quick,seeds=1',
           '--config.protocol.calibration_factors=(0.25,1.0,4.0)',
-          '--config.protocol.calibration_max_samples=4096',
+          '--config.protocol.calibration_max_samples=3072',
           '--config.protocol.calibration_eval_every_samples=512',
-          '--config.protocol.max_samples=4096', '--config.protocol.eval_every_samples=512',
+          '--config.protocol.max_samples=3072', '--config.protocol.eval_every_samples=512',
           '--config.protocol.eval_first_samples=0', '--config.protocol.budget_scales=0',
           '--config.protocol.sweep=(2,)', '--config.protocol.throughput_rounds=1',
           '--config.protocol.throughput_steps=2', '--config.protocol.confirm=False',
