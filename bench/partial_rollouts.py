@@ -1,4 +1,4 @@
-"""Partial rollouts (rollout.partial) vs continuous batching within the step, on the sums task.
+"""Partial rollouts (rollout.schedule=partial) vs continuous batching within the step, on the sums task.
 
   PYTHONPATH=. python bench/partial_rollouts.py --P=64 --G=8 --slots=64 --rounds=41 --processes=10
 

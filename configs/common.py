@@ -114,11 +114,12 @@ def base_config(P, G, runlocal, seed, model=''):
 
   # Rollouts: P prompts x G responses = the batch unit of the lr rule. max_new_tokens=0: from the task.
   # slots: continuous-batching decode slots (0: static batching; docs/guide/rollouts.md).
-  # partial: unfinished responses carry over to the next step (needs slots); a response holding a
-  # token more than max_staleness policy versions old is resampled. devices: the last that many
-  # devices sample, one policy version behind, while the others train (0: one mesh for both).
+  # schedule (rljax/train/schedules.py): 'each_step' samples every batch under the current
+  # policy; 'partial' carries unfinished responses over to the next step (needs slots), resampling
+  # a response that holds a token more than max_staleness policy versions old; 'drawn_ahead' has
+  # the last `devices` devices sample, one policy version behind, while the others train.
   config.rollout = dict(P=P, G=G, max_new_tokens=0, temperature=1.0, top_k=0, top_p=1.0, slots=0,
-                        partial=False, max_staleness=1, devices=0)
+                        schedule='each_step', max_staleness=1, devices=0)
 
   # Tool calls, for a task whose responses may make them (tool_sums; docs/guide/tools.md): each
   # call gets timeout_s seconds, a response max_calls calls; enabled=False gives every call the

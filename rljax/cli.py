@@ -69,12 +69,16 @@ def _unknown_field(error, argv):
   return message
 
 
-def flag_error_message(error, argv):
+def flag_error_message(error, argv, renamed=None):
   """One line naming the bad flag, config file or config field, from whatever absl / ml_collections
-  raised while parsing `argv`."""
+  raised while parsing `argv`; a field an earlier rljax had says what replaced it (`renamed`:
+  old dotted name -> the new setting)."""
   config_file = _config_file(argv)
   if config_file is not None and not os.path.isfile(config_file):
     return f'no config file {config_file}'
+  old = [name for name in renamed or {} if any(arg.startswith(f'--config.{name}=') for arg in argv)]
+  if old:
+    return f'config field {old[0]} is gone: {renamed[old[0]]}'
   if isinstance(error, flags.UnrecognizedFlagError) and error.flagname.startswith('config.'):
     return f'unknown config field {error.flagname[len("config."):]}'
   if isinstance(error, (AttributeError, KeyError)):  # a --config.a.b=... that names no field
@@ -86,7 +90,7 @@ def flag_error_message(error, argv):
   return lines[-1] if lines else str(error).splitlines()[0]
 
 
-def parse_flags(argv, flag_values=None):
+def parse_flags(argv, flag_values=None, renamed=None):
   """absl flag parsing where every failure is one `rljax: error:` line and exit code 2."""
   flag_values = flags.FLAGS if flag_values is None else flag_values
   try:
@@ -94,4 +98,4 @@ def parse_flags(argv, flag_values=None):
     flag_values.config.keys()   # a config file that failed to load raises only when first read
     return remaining
   except Exception as error:  # pylint: disable=broad-except
-    fail(flag_error_message(error, argv), EXIT_BAD_INPUT)
+    fail(flag_error_message(error, argv, renamed), EXIT_BAD_INPUT)

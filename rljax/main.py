@@ -11,6 +11,7 @@ Multi-host: one process per host. On a multi-worker Cloud TPU VM or under SLURM 
 finds the coordinator itself; elsewhere pass --coordinator_address, --num_processes and
 --process_id (or RLJAX_COORDINATOR_ADDRESS, RLJAX_NUM_PROCESSES, RLJAX_PROCESS_ID).
 """
+import functools
 import os
 import sys
 
@@ -20,8 +21,11 @@ from absl import logging
 from ml_collections import config_flags
 
 from rljax import cli
+from rljax.train import upgrades
 
 FLAGS = flags.FLAGS
+# cli.parse_flags, naming what replaced a field an earlier rljax had
+parse_flags = functools.partial(cli.parse_flags, renamed=upgrades.RENAMED_FLAGS)
 
 def define_flags(flag_values):
   """rljax.main's command line, on `flag_values` (flags.FLAGS when run; tests use their own)."""
@@ -127,4 +131,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags(FLAGS)
-  app.run(main, flags_parser=cli.parse_flags)
+  app.run(main, flags_parser=parse_flags)

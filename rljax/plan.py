@@ -4,6 +4,7 @@
 
 The command line of rljax.aot.planner (what it compiles and reports is said there).
 """
+import functools
 import json
 import os
 
@@ -18,6 +19,7 @@ from rljax.aot import planner  # pylint: disable=g-import-not-at-top,wrong-impor
 from rljax.aot import table  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rljax.aot import targets  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rljax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+from rljax.train import upgrades  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Defined at import: this module is the command, nothing else imports it.
 config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/grpo.py:model=qwen3-8b',
@@ -72,4 +74,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.parse_flags)
+  app.run(main, flags_parser=functools.partial(cli.parse_flags, renamed=upgrades.RENAMED_FLAGS))

@@ -142,45 +142,52 @@ def test_bad_off_policy_bounds(mode, low, high, message):
 
 
 @pytest.mark.parametrize('edit, message', [
-    (dict(slots=0), r'rollout.partial needs rollout.slots >= 2 \(continuous batching\), got 0'),
+    (dict(slots=0), r'the partial schedule needs rollout.slots >= 2 \(continuous batching\), got 0'),
     (dict(slots=8, max_staleness=-1), r'rollout.max_staleness must be an integer >= 0, got -1'),
 ])
 def test_bad_partial_rollouts(edit, message):
   config = _tiny()
-  config.rollout.update(partial=True, **edit)
+  config.rollout.update(schedule='partial', **edit)
   with pytest.raises(ValueError, match=message):
     config_checks.check(config, device_count=1, process_count=1)
   config.rollout.update(slots=8, max_staleness=2)
   config_checks.check(config, device_count=1, process_count=1)
   config.auto_batch.enabled = True
-  with pytest.raises(ValueError, match=r'rollout.partial needs a fixed batch'):
+  with pytest.raises(ValueError, match=r'the partial schedule needs a fixed batch'):
     config_checks.check(config, device_count=1, process_count=1)
 
 
 def test_partial_rollouts_refuse_ppo():
   config = ppo.get_config('runlocal,B=8')
-  config.rollout.update(partial=True, slots=8)
-  with pytest.raises(ValueError, match=r'rollout.partial trains whole groups of G responses'):
+  config.rollout.update(schedule='partial', slots=8)
+  with pytest.raises(ValueError, match=r'the partial schedule trains whole groups of G responses'):
     config_checks.check(config, device_count=1, process_count=1)
 
 
 @pytest.mark.parametrize('edit, processes, message', [
-    (dict(devices=8), 1, r'rollout.devices must be an integer in \[0, 8\) \(0: the sampler shares'),
-    (dict(devices=-2), 1, r'rollout.devices must be an integer in \[0, 8\)'),
-    (dict(devices=4, partial=True, slots=8), 1, r'rollout.partial and rollout.devices cannot be'),
+    (dict(devices=8), 1, r"the drawn_ahead schedule needs rollout.devices, the sampler's devices, "
+                         r'an integer in \[1, 8\), got 8'),
+    (dict(devices=0), 1, r'the drawn_ahead schedule needs rollout.devices, .* got 0'),
+    (dict(devices=-2), 1, r'an integer in \[1, 8\), got -2'),
+    (dict(devices=4, schedule='partial', slots=8), 1,
+     r"rollout.devices \(4\) gives the drawn_ahead schedule's sampler its devices; set "
+     r'rollout.schedule=drawn_ahead or rollout.devices=0'),
+    (dict(devices=4, schedule='each_step'), 1, r"rollout.devices \(4\) gives the drawn_ahead"),
+    (dict(schedule='drawn'), 1, r"rollout.schedule must be one of \['drawn_ahead', 'each_step', "
+                                r"'partial'\], got 'drawn'"),
     (dict(devices=3), 2, r'rollout.devices \(3\) must split evenly over the 2 processes'),
     (dict(devices=6), 1, r"P\*G \(16\) is not divisible by the sampler mesh's data-parallel "
                          r'size 6'),
 ])
 def test_bad_sampler_devices(edit, processes, message):
   config = _tiny()   # P x G = 16, micro-batches of 8, on 8 devices: 4 train and 4 sample
-  config.rollout.update(**edit)
+  config.rollout.update({'schedule': 'drawn_ahead', **edit})
   with pytest.raises(ValueError, match=message):
     config_checks.check(config, device_count=8, process_count=processes)
-  config.rollout.update(devices=4, partial=False)
+  config.rollout.update(schedule='drawn_ahead', devices=4)
   config_checks.check(config, device_count=8, process_count=1)
   config.auto_batch.enabled = True
-  with pytest.raises(ValueError, match=r'rollout.devices needs a fixed batch'):
+  with pytest.raises(ValueError, match=r'the drawn_ahead schedule needs a fixed batch'):
     config_checks.check(config, device_count=8, process_count=1)
 
 
@@ -216,8 +223,10 @@ def test_bad_config_arg(arg, message):
     (dict(tools=dict(memory_mb=8)), r'tools.memory_mb must be an integer in \[16, 1048576\], got 8'),
     (dict(model=dict(vocab_size=32)), r"model.vocab_size \(32\) must equal the tool_sums "
                                       r"tokenizer's 23 ids"),
-    (dict(rollout=dict(partial=True, slots=8)), r'rollout.partial does not run tool turns'),
-    (dict(rollout=dict(devices=4)), r'rollout.devices does not run tool turns'),
+    (dict(rollout=dict(schedule='partial', slots=8)),
+     r'rollout.schedule=partial does not run tool turns; use each_step for the tool_sums task'),
+    (dict(rollout=dict(schedule='drawn_ahead', devices=4)),
+     r'rollout.schedule=drawn_ahead does not run tool turns'),
 ])
 def test_bad_tool_settings(edit, message):
   config = grpo.get_config('runlocal,P=4,G=4,task=tools')

@@ -21,7 +21,7 @@ def parse(monkeypatch, *args):
   monkeypatch.setattr(sys, 'argv', argv)
   flag_values = flags.FlagValues()
   main.define_flags(flag_values)
-  return cli.parse_flags(argv, flag_values), flag_values
+  return main.parse_flags(argv, flag_values), flag_values
 
 
 def error_line(capsys, call, *args):
@@ -48,6 +48,9 @@ FLAG_CASES = [
     ('unknown-field', [CONFIG, WORKDIR, '--config.foo=1'], r'unknown config field foo'),
     ('unknown-nested-field', [CONFIG, WORKDIR, '--config.rollout.PP=4'],
      r'unknown config field rollout\.PP'),
+    ('renamed-field', [CONFIG, WORKDIR, '--config.rollout.partial=True'],
+     r'config field rollout\.partial is gone: pass --config\.rollout\.schedule=partial '
+     r'\(or each_step\)'),
     ('unknown-config-arg', ['--config=configs/grpo.py:runlocal,Q=3', WORKDIR],
      r"unknown config arg 'Q'; known args: G, P, lora, loss, model, runlocal, seed, task"),
     ('config-arg-type', ['--config=configs/grpo.py:runlocal,P=four', WORKDIR],

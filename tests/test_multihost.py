@@ -145,11 +145,12 @@ def test_tool_turns_on_two_processes_match_one_process(tmp_path):
 # name: (flags, the row fields compared besides COMPARED)
 SCHEDULES = {
     # 7 slots: after step 1 the pool holds groups begun but not finished
-    'partial': (['--config.rollout.partial=True', '--config.rollout.slots=7'],
+    'partial': (['--config.rollout.schedule=partial', '--config.rollout.slots=7'],
                 ('staleness_mean', 'staleness_max', 'restarted')),
     # each process gives the sampler 2 of its 4 devices; both meshes span both processes
-    'drawn_ahead': (['--config.rollout.devices=4', '--config.rollout.slots=6',
-                     '--config.mesh.data=-1', '--config.mesh.expert=2'], ()),
+    'drawn_ahead': (['--config.rollout.schedule=drawn_ahead', '--config.rollout.devices=4',
+                     '--config.rollout.slots=6', '--config.mesh.data=-1', '--config.mesh.expert=2'],
+                    ()),
 }
 
 

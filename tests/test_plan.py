@@ -323,8 +323,8 @@ def test_a_ppo_plan_bounds_its_critic_update():
 
 
 @pytest.mark.parametrize('edit, target', [
-    (dict(slots=8, partial=True), 'tpu:v5e-4'),   # the partial pool's admit and advance
-    (dict(slots=8, devices=4), 'tpu:v5e-8'),      # a sampler on chips of its own
+    (dict(slots=8, schedule='partial'), 'tpu:v5e-4'),   # the partial pool's admit and advance
+    (dict(slots=8, schedule='drawn_ahead', devices=4), 'tpu:v5e-8'),   # a sampler's own chips
 ])
 def test_partial_rollouts_and_a_split_mesh_plan_what_they_run(edit, target, tmp_path):
   """Their programs compile on the target as they run (the roofline is the sampler's decode step
@@ -338,7 +338,7 @@ def test_partial_rollouts_and_a_split_mesh_plan_what_they_run(edit, target, tmp_
   s = run_lib.abstract_setup(config, sharding.make_mesh(dict(fsdp=4),
                                                         targets.parse_target(target).devices()[:4]))
   names = set(programs_lib.programs(s))
-  assert names == ({'admit', 'advance'} if 'partial' in edit else {'sample'}) | {
+  assert names == ({'admit', 'advance'} if edit['schedule'] == 'partial' else {'sample'}) | {
       'update', 'make_batch', 'evaluate'}
 
 
@@ -490,7 +490,7 @@ def test_the_plan_states_the_recorded_experts_of_qwen3_30b_a3b(partial):
   config = grpo_config.get_config('P=1024,G=8,model=qwen3-30b-a3b')
   config.data.name = 'gsm8k'   # its lengths: 256 prompt + 512 response tokens
   if partial:
-    config.rollout.update(partial=True, slots=1024)
+    config.rollout.update(schedule='partial', slots=1024)
   report = planner.plan(config, targets.parse_target('tpu:v5p-128'), {},
                         compile_programs_too=False)
   per_step = 8192 * 512 * 48 * 8
@@ -513,7 +513,7 @@ def test_a_sampler_on_chips_of_its_own_is_planned_on_them():
   (weights + rollout) and the update, not by their sum."""
   target = targets.parse_target('tpu:v5e-8')
   config = grpo_config.get_config('runlocal,P=32')
-  config.rollout.devices = 4
+  config.rollout.update(schedule='drawn_ahead', devices=4)
   report = planner.plan(config, target, {}, compile_programs_too=False)
   assert report['mesh']['fsdp'] == report['sampler_mesh']['fsdp'] == 4
   memory = report['memory']

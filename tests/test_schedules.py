@@ -19,9 +19,9 @@ def tiny(schedule, data_dir):
   if schedule == 'each_step':
     config.grpo.kl_coef = 0.01
   elif schedule == 'partial':
-    config.rollout.update(slots=6, partial=True, max_staleness=1, max_new_tokens=8)
+    config.rollout.update(slots=6, schedule='partial', max_staleness=1, max_new_tokens=8)
   else:
-    config.rollout.update(devices=4, slots=6, max_new_tokens=8)
+    config.rollout.update(schedule='drawn_ahead', devices=4, slots=6, max_new_tokens=8)
   return config
 
 

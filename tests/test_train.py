@@ -120,7 +120,7 @@ def test_partial_rollouts_resume_mid_flight_identically(tmp_path):
   removed and the run resumes from step 2 with responses in flight (the pool restored: tokens,
   KV cache, versions, recorded experts): it logs step 3 and its evaluation exactly as before."""
   config = tiny(grpo_config, tmp_path, max_steps=3, eval_every=10, keep_checkpoints=3)
-  config.rollout.update(slots=6, partial=True, max_staleness=1, max_new_tokens=8)
+  config.rollout.update(slots=6, schedule='partial', max_staleness=1, max_new_tokens=8)
   config.model.router_replay = True
   config.optimizer.decay = 'constant'
   config.grpo.off_policy = 'tis'
@@ -152,7 +152,7 @@ def test_split_mesh_trains_one_step_behind_like_a_serial_loop(tmp_path):
   from step 2, with a batch drawn ahead in its checkpoint (its experts recorded, replayed by the
   update), logs step 3 exactly as before."""
   config = tiny(grpo_config, tmp_path, max_steps=3, eval_every=10, keep_checkpoints=3)
-  config.rollout.update(devices=4, slots=6, max_new_tokens=8)
+  config.rollout.update(schedule='drawn_ahead', devices=4, slots=6, max_new_tokens=8)
   config.model.router_replay = True
   config.optimizer.decay = 'constant'
   workdir = str(tmp_path / 'run')

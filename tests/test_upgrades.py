@@ -82,6 +82,23 @@ def test_fields_added_since_a_workdir_was_written_are_unchanged_at_their_old_val
       saved, workdir_lib.config_json(adapted))
 
 
+@pytest.mark.parametrize('old, schedule', [(dict(partial=True), 'partial'),
+                                           (dict(partial=False, devices=4), 'drawn_ahead'),
+                                           (dict(devices=4), 'drawn_ahead'),
+                                           (dict(partial=False), 'each_step')])
+def test_a_record_that_chose_its_schedule_by_two_fields_reads_as_rollout_schedule(old, schedule):
+  """Before rollout.schedule, rollout.partial and rollout.devices chose the schedule."""
+  config = _config()
+  config.rollout.update(schedule=schedule, devices=old.get('devices', 0))
+  saved = workdir_lib.config_json(config)
+  del saved['rollout']['schedule']
+  saved['rollout'].update(old)
+  assert workdir_lib.differences(saved, workdir_lib.config_json(config)) == []
+  config.rollout.schedule = 'each_step' if schedule != 'each_step' else 'partial'
+  assert workdir_lib.differences(saved, workdir_lib.config_json(config))[0].startswith(
+      f"rollout.schedule: '{schedule}' -> ")
+
+
 def test_data_fields_added_since_warm_starts_were_cached_leave_their_fingerprint_at_default():
   """A warm start cached before the reasoning_gym fields existed is found by today's config."""
   config = _config()

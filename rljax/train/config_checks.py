@@ -67,8 +67,8 @@ def _check_tools(config):
   _check_tool_bounds(tools)
   schedule = schedules.kind(config)
   if not schedule.RUNS_TURNS:
-    raise ValueError(f'{schedule.FIELD} does not run tool turns; turn it off for the '
-                     f'{tasks.name_of(config)} task')
+    raise ValueError(f'rollout.schedule={schedule.NAME} does not run tool turns; use '
+                     f'{schedules.EachStep.NAME} for the {tasks.name_of(config)} task')
   _, _, vocab_size = tasks.lengths(config)
   if vocab_size and config.model.vocab_size != vocab_size:
     raise ValueError(f'model.vocab_size ({config.model.vocab_size}) must equal the '

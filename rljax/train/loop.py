@@ -57,9 +57,6 @@ def rl_step(run, carry, examples, step):
   rewards_B = sharding.put_batch(rewards_B, run.mesh)
   batch, batch_stats = run.algo.make_batch(state, rollout, rewards_B, sampled.prompt_BxT,
                                            sampled.valid_BxT, ref_params)
-  if step in run.nan_steps:   # fault injection: every float NaN, as a diverged step's batch is
-    batch = jax.tree.map(lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                         batch)
   times['reward_time_s'] = time.perf_counter() - reward_start
 
   update_start = time.perf_counter()
@@ -73,6 +70,21 @@ def rl_step(run, carry, examples, step):
   row.update(reward_failures=reward_failures, data_skipped=run.iterator.skipped)
   _log_prompts(run, step, sampled.prompt_ids)
   return dict(carry, algo=state, rollout=rollout_state), row
+
+
+def injected_faults(run, step):
+  """`run`, or at a step of debug.nan_steps the run whose algorithm makes every float of the
+  training batch NaN, as a diverged step's batch is (fault injection: the non-finite guards')."""
+  if step not in run.nan_steps:
+    return run
+  make_batch = run.algo.make_batch
+
+  def nan_batch(*args):
+    batch, batch_stats = make_batch(*args)
+    nan = lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x
+    return jax.tree.map(nan, batch), batch_stats
+
+  return run._replace(algo=run.algo._replace(make_batch=nan_batch))
 
 
 def _log_prompts(run, step, trained):
@@ -188,7 +200,8 @@ def train(config, workdir, stop=None, shape=None):
   if meta['step'] == 0:
     _evaluate(run, carry, meta, step=0, wallclock_s=0.0)
   while not _done(config.train, meta):
-    carry, row = rl_step(run, carry, next(run.iterator), meta['step'] + 1)
+    step = meta['step'] + 1
+    carry, row = rl_step(injected_faults(run, step), carry, next(run.iterator), step)
     samples_before, meta = meta['samples'], _advance(meta, row, run.iterator)
     noise.update(row)
     if schedule:

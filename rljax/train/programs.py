@@ -85,7 +85,7 @@ def turn_program(s, sampling, num, mesh, params):
 
 
 def partial_programs(s):
-  """rollout.partial's `admit` and `advance`, on the pool of two batches of groups."""
+  """The partial schedule's `admit` and `advance`, on the pool of two batches of groups."""
   P, G, pad_id = s.config.rollout.P, s.config.rollout.G, s.sampling.pad_id
   pool = jax.eval_shape(lambda: partial_lib.empty(
       s.model.cfg, 2 * P, G, s.config.rollout.slots, s.prompt_len, s.new_tokens, pad_id=pad_id))

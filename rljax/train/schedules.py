@@ -1,11 +1,14 @@
 """Rollout schedules: where a step's batch comes from. `setup` picks one from the config (`make`)
 and `rljax.train.loop.rl_step` calls its `draw` without asking which it is:
 
-  EachStep    every step samples G responses to each of its P prompts under the current policy;
-  Partial     rollout.partial: a pool of 2P groups decoded over continuous-batching slots, whose
+  EachStep    'each_step': every step samples G responses to each of its P prompts under the
+              current policy;
+  Partial     'partial': a pool of 2P groups decoded over continuous-batching slots, whose
               unfinished responses go on decoding at the next step (rljax.rollout.partial);
-  DrawnAhead  rollout.devices: the sampler, on devices of its own, draws the next step's batch
-              while the training devices update on the batch drawn one step before.
+  DrawnAhead  'drawn_ahead': the sampler, on rollout.devices devices of its own, draws the next
+              step's batch while the training devices update on the batch drawn one step before.
+
+`rollout.schedule` names the one a run uses (`kind`).
 
 Each has `init()` (its state in the carry's `rollout` slot, checkpointed; None for EachStep) and
 `draw(params, state, examples, rng, step) -> (state, Sampled)`. Answers stay on the host: a
@@ -88,8 +91,13 @@ class Schedule:
   replicated) and whether it runs an environment's turns."""
   PROGRAMS = 'sampler'
   RUNS_TURNS = False
-  FIELD = ''   # the config field that chooses it
+  NAME = ''   # its rollout.schedule
   answers = prompt_ids = iterator = None   # the prompts it holds between steps; the run's stream
+
+  @staticmethod
+  def check(config, device_count, process_count):
+    """ValueError naming the first field of `config` this schedule cannot run with."""
+    del config, device_count, process_count
 
   def state(self):
     """The answers and stream indices of the prompts it holds (a checkpoint's meta keeps them)."""
@@ -101,7 +109,7 @@ class Schedule:
 
 class EachStep(Schedule):
   """Every step samples its own batch under the current policy (the default)."""
-  RUNS_TURNS = True
+  NAME, RUNS_TURNS = 'each_step', True
 
   def __init__(self, sampler):
     self.sampler = sampler
@@ -115,27 +123,28 @@ class EachStep(Schedule):
 
 
 class Partial(Schedule):
-  """rollout.partial: this step's P prompts join the pool (the first step also admits the next
+  """'partial': this step's P prompts join the pool (the first step also admits the next
   batch, so the pool holds two batches of groups); decoding under the current policy runs until P
   groups are finished, and those are this step's batch."""
-  PROGRAMS, FIELD = 'pool', 'rollout.partial'
+  NAME, PROGRAMS = 'partial', 'pool'
 
   @staticmethod
-  def check(config):
+  def check(config, device_count, process_count):
     """Partial rollouts decode whole groups over continuous-batching slots, at one batch."""
+    del device_count, process_count
     rollout = config.rollout
     if algos.get(config.algo).BATCH_ARG != 'P':
-      raise ValueError(f'rollout.partial trains whole groups of G responses (grpo, rloo), not '
+      raise ValueError(f'the partial schedule trains whole groups of G responses (grpo, rloo), not '
                        f'{config.algo}')
     if rollout.slots < 2:
-      raise ValueError(f'rollout.partial needs rollout.slots >= 2 (continuous batching), got '
+      raise ValueError(f'the partial schedule needs rollout.slots >= 2 (continuous batching), got '
                        f'{rollout.slots}')
     if not (isinstance(rollout.max_staleness, int) and rollout.max_staleness >= 0):
       raise ValueError(f'rollout.max_staleness must be an integer >= 0, got '
                        f'{rollout.max_staleness!r}')
     if config.auto_batch.enabled:
-      raise ValueError('rollout.partial needs a fixed batch: its pool holds two batches of '
-                       'groups; turn auto_batch off (P=auto) or rollout.partial off')
+      raise ValueError('the partial schedule needs a fixed batch: its pool holds two batches of '
+                       'groups; turn auto_batch off (P=auto) or choose another rollout.schedule')
 
   def __init__(self, sampler, programs, rollout_cfg):
     self.sampler = sampler
@@ -190,23 +199,23 @@ def every_process_batch(examples):
 
 
 class DrawnAhead(Schedule):
-  """rollout.devices: the sampler's devices draw the next batch (of `examples`) from the policy
-  before this step's update, while the training devices update on the batch drawn one step
-  earlier: every batch is one policy version old (the first two come from the initial policy)."""
-  FIELD = 'rollout.devices'
+  """'drawn_ahead': the sampler's devices (rollout.devices) draw the next batch (of `examples`)
+  from the policy before this step's update, while the training devices update on the batch drawn
+  one step earlier: every batch is one policy version old (the first two from the initial one)."""
+  NAME = 'drawn_ahead'
 
   @staticmethod
   def check(config, device_count, process_count):
     """The sampler on devices of its own, one step behind."""
     rollout = config.rollout
     if not (isinstance(rollout.devices, int) and 0 < rollout.devices < device_count):
-      raise ValueError(f'rollout.devices must be an integer in [0, {device_count}) (0: the '
-                       f'sampler shares the training devices), got {rollout.devices!r}')
+      raise ValueError(f'the drawn_ahead schedule needs rollout.devices, the sampler\'s devices, '
+                       f'an integer in [1, {device_count}), got {rollout.devices!r}')
     if config.auto_batch.enabled:
-      raise ValueError('rollout.devices needs a fixed batch: the batch drawn ahead has its size; '
-                       'turn auto_batch off (P=auto) or set rollout.devices=0')
+      raise ValueError('the drawn_ahead schedule needs a fixed batch: the batch drawn ahead has '
+                       'its size; turn auto_batch off (P=auto) or choose another rollout.schedule')
     if process_count > 1 and jax.default_backend() == 'tpu':
-      raise ValueError('rollout.devices runs on one TPU host: a share of every host of a slice is '
+      raise ValueError('the drawn_ahead schedule runs on one TPU host: a share of every host of a slice is '
                        'no box of its torus, which XLA:TPU does not compile for, and whole hosts '
                        'would need a transfer between device sets that multi-controller JAX lacks')
     if rollout.devices % process_count:
@@ -249,7 +258,7 @@ class DrawnAhead(Schedule):
 
 
 def empty_ahead(sampler, params, P):
-  """rollout.devices: the batch drawn ahead as zeros laid out where the sampler leaves it: what a
+  """'drawn_ahead': the batch drawn ahead as zeros laid out where the sampler leaves it: what a
   checkpoint restores it into."""
   rows = P * sampler.G
   prompt = jax.ShapeDtypeStruct((rows // sampler.sampling.group, sampler.prompt_len), np.int32)
@@ -285,7 +294,7 @@ def sampling_config(config, new_tokens, group, eos_id=1, pad_id=0):
 
 def check(config, device_count, process_count):
   """ValueError naming the first bad field of the rollout section: the sampler's settings, then
-  rollout.partial's and rollout.devices'."""
+  the schedule's."""
   rollout, t = config.rollout, config.rollout.temperature
   if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
     raise ValueError(f'rollout.temperature must be a positive number, got {t!r}')
@@ -296,24 +305,26 @@ def check(config, device_count, process_count):
   if rollout.top_k < 0 or rollout.max_new_tokens < 0:
     raise ValueError(f'rollout.top_k and max_new_tokens must be >= 0 (0: off / from the task), got '
                      f'{rollout.top_k} and {rollout.max_new_tokens}')
-  if rollout.partial and rollout.devices:
-    raise ValueError('rollout.partial and rollout.devices cannot be combined; choose one')
-  if rollout.partial:
-    Partial.check(config)
-  if rollout.devices:
-    DrawnAhead.check(config, device_count, process_count)
+  if rollout.schedule not in SCHEDULES:
+    raise ValueError(f'rollout.schedule must be one of {sorted(SCHEDULES)}, got '
+                     f'{rollout.schedule!r}')
+  if rollout.devices and rollout.schedule != DrawnAhead.NAME:
+    raise ValueError(f'rollout.devices ({rollout.devices}) gives the drawn_ahead schedule\'s '
+                     f'sampler its devices; set rollout.schedule=drawn_ahead or rollout.devices=0')
+  kind(config).check(config, device_count, process_count)
+
+
+SCHEDULES = {schedule.NAME: schedule for schedule in (EachStep, Partial, DrawnAhead)}
 
 
 def kind(config):
   """The schedule class `config` asks for: the one place that reads which."""
-  if config.rollout.partial:
-    return Partial
-  return DrawnAhead if config.rollout.devices else EachStep
+  return SCHEDULES[config.rollout.schedule]
 
 
 def make(config, s, sampler, programs, to_sampler):
   """The schedule of `config` for the run of Shape `s`, sampling with `sampler` and, for
-  rollout.partial, `programs` (rljax.train.programs)."""
+  'partial', `programs` (rljax.train.programs)."""
   schedule = kind(config)
   if schedule is Partial:
     pool = partial_lib.empty(s.model.cfg, 2 * config.rollout.P, config.rollout.G,

@@ -7,7 +7,9 @@ must be finished (or restarted) first; none may go earlier, and nothing else may
 format.
 
   config records   fields added since a workdir recorded its config hold their old value
-                   (INTRODUCED, `as_before`): each field from the commit that added it
+                   (INTRODUCED, `as_before`): each field from the commit that added it;
+                   rollout.partial and rollout.devices read as rollout.schedule (before the
+                   commit that added it, 2026-12-07): `renamed`
   manifests        checkpoints and warm-start caches without a manifest (before b699319 and
                    2c3fcb5, 2026-12-04): `before_manifests`, `unmanifested_cache`
   flat carries     the carry without named slots, a schedule's answers as byte rows on device
@@ -36,7 +38,7 @@ _LOSSES = ('grpo', 'ppo', 'rloo')
 # auto_batch.*: any value while auto_batch is off; model.lora.*: any value while its rank is 0.
 INTRODUCED = {
     'mode': 'train', 'warmstart.seed': -1, 'optimizer.decay': 'constant',
-    'train.logits_chunk': 0, 'rollout.slots': 0, 'rollout.partial': False,
+    'train.logits_chunk': 0, 'rollout.slots': 0, 'rollout.schedule': 'each_step',
     'rollout.max_staleness': 1, 'rollout.devices': 0, 'auto_batch.enabled': False,
     'grpo.adv_eps': 1e-6, 'model.router_replay': False, 'data.extra_test': 0,
     'model.lora.rank': 0, 'optimizer.clip_rule': 'constant',
@@ -64,6 +66,23 @@ def as_before(key, present):
   if key.startswith('model.lora.') and present.get('model.lora.rank') == 0:
     return True
   return key in INTRODUCED and present[key] == INTRODUCED[key]
+
+
+# Command-line fields an earlier rljax had: what sets the same now.
+RENAMED_FLAGS = {'rollout.partial': "pass --config.rollout.schedule=partial (or each_step)"}
+
+
+def renamed(flat_config):
+  """A recorded flat config in today's names: the schedule an old record chose by two fields
+  (rollout.partial, rollout.devices) named by rollout.schedule."""
+  if 'rollout.schedule' in flat_config or not ('rollout.partial' in flat_config or
+                                               flat_config.get('rollout.devices')):
+    return flat_config
+  new = dict(flat_config)
+  partial = new.pop('rollout.partial', False)
+  new['rollout.schedule'] = ('partial' if partial else
+                             'drawn_ahead' if new.get('rollout.devices') else 'each_step')
+  return new
 
 
 def data_fingerprint(data):

@@ -62,7 +62,7 @@ def changed_keys(saved, current, resumable=RESUMABLE):
 
 def differences(saved, current):
   """'key: saved -> current' for each dotted key that differs and may not differ on resume."""
-  saved, current = flat(saved), flat(current)
+  saved, current = upgrades.renamed(flat(saved)), flat(current)
   return [f'{key}: {saved.get(key, _MISSING)!r} -> {current.get(key, _MISSING)!r}'
           for key in changed_keys(saved, current)]
 
@@ -139,7 +139,7 @@ def record_or_check(workdir, config):
     os.makedirs(workdir, exist_ok=True)
     files.write_json_atomic(path, current)
     return
-  saved, current = flat(saved), flat(current)
+  saved, current = upgrades.renamed(flat(saved)), flat(current)
   changed = changed_keys(saved, current, resumable=())
   if changed:
     k = changed[0]
