@@ -528,7 +528,7 @@ def compiled_in_step(run, carry, step):
   logger.addHandler(log)
   try:
     with jax.log_compiles():
-      carry, _ = loop.rl_step(run, carry, next(run.iterator), step)
+      carry, _ = loop.rl_step(run, carry, [next(run.iterator)], step)
   finally:
     logger.removeHandler(log)
   return log.names, carry

@@ -154,9 +154,9 @@ def test_the_sampler_runs_the_adapted_policy(tmp_path):
       lambda path, x: x + (rng.normal(0, 0.5, x.shape).astype(np.float32)
                            if path[-1].key == 'b' else 0), carry['algo']['adapters'])
   examples = next(run.iterator)
-  _, row = loop.rl_step(run, jax.tree.map(jnp.copy, carry), examples, 1)
+  _, row = loop.rl_step(run, jax.tree.map(jnp.copy, carry), [examples], 1)
   base_run = run._replace(algo=run.algo._replace(policy=lambda state, base: base))
-  _, base_row = loop.rl_step(base_run, carry, examples, 1)
+  _, base_row = loop.rl_step(base_run, carry, [examples], 1)
   run.ckpt.close()
   assert row['logprob_mismatch'] < 1e-4, row['logprob_mismatch']
   assert base_row['logprob_mismatch'] > 0.05, base_row['logprob_mismatch']

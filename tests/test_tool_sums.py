@@ -156,7 +156,7 @@ def test_ppo_steps_over_the_results_to_the_next_turn(tmp_path):
   assert before_a_result.sum() > 0   # some responses called the tool and went on
   np.testing.assert_allclose(returns_BxL, np.where(mask_BxL, rewards_B[:, None], 0.0), atol=1e-5)
   assert not np.asarray(batch.policy.advantages_BxL)[tool_BxL].any()
-  carry, row = train.rl_step(run, carry, examples, 1)
+  carry, row = train.rl_step(run, carry, [examples], 1)
   assert row['tool_calls'] > 0 and np.isfinite(row['grad_norm']) and np.isfinite(row['value_loss'])
   run.ckpt.close()
 
@@ -168,7 +168,7 @@ def test_a_hanging_tool_does_not_stop_the_step_and_the_row_counts_it(tmp_path):
   sample = run.schedule.sampler.sample
   hanging = sample._replace(env=sample.env._replace(fn=sample_tools.hang))
   run.schedule.sampler = run.schedule.sampler._replace(sample=hanging)
-  carry, row = train.rl_step(run, carry, next(run.iterator), 1)
+  carry, row = train.rl_step(run, carry, [next(run.iterator)], 1)
   assert row['tool_calls'] > 0 and row['tool_errors'] == row['tool_calls']
   assert row['tool_timeout'] + row['tool_malformed'] == row['tool_calls'] and row['tool_timeout']
   rounds = -(-16 // config.tools.workers)   # of each chunk's up to 16 calls on the workers

@@ -42,7 +42,7 @@ def test_rl_step_samples_scores_and_updates(tmp_path):
   assert set(carry['algo']) == {'params', 'opt_state'}
   assert carry['rollout'] is None and carry['reference'] is None   # every step; no KL
   before = jax.tree.map(np.asarray, carry['algo']['params'])
-  carry, row = train.rl_step(run, carry, next(run.iterator), 1)
+  carry, row = train.rl_step(run, carry, [next(run.iterator)], 1)
   assert row['step'] == 1 and row['retained'] == 16 and row['skipped_updates'] == 0
   assert set(CONTRACT) - {'samples', 'tokens'} <= set(row)   # the loop adds the running totals
   assert 1 <= row['tokens_step'] <= 16 * 3 and np.isfinite(row['grad_norm'])

@@ -38,14 +38,15 @@ def rollout_stats(rewards_B, rollout):
 step_key = schedules.step_key
 
 
-def rl_step(run, carry, examples, step):
-  """One rollout batch of `examples` (P prompts): the schedule draws G responses each, which are
-  scored, turned into the algorithm's batch and trained on. Returns the new carry and the step's
+def rl_step(run, carry, batches, step):
+  """One rollout batch from `batches` of P prompts (as many as the schedule takes at `step`): the
+  schedule draws G responses to each prompt, which are scored, turned into the algorithm's batch
+  and trained on. Returns the new carry and the step's
   training row (the loop adds the running totals)."""
   state, ref_params, rng = carry['algo'], carry['reference'], step_key(carry['rng'], step)
   start = time.perf_counter()
   rollout_state, sampled = run.schedule.draw(run.algo.policy(state, ref_params), carry['rollout'],
-                                             examples, rng, step)
+                                             batches, rng, step)
   rollout = sampled.rollout
   response_tokens = evaluation.to_host(rollout.tokens_BxL, run.mesh)   # the verifier needs text
   times = dict(rollout_time_s=time.perf_counter() - start)
@@ -201,7 +202,8 @@ def train(config, workdir, stop=None, shape=None):
     _evaluate(run, carry, meta, step=0, wallclock_s=0.0)
   while not _done(config.train, meta):
     step = meta['step'] + 1
-    carry, row = rl_step(injected_faults(run, step), carry, next(run.iterator), step)
+    batches = [next(run.iterator) for _ in range(run.schedule.batches(step))]
+    carry, row = rl_step(injected_faults(run, step), carry, batches, step)
     samples_before, meta = meta['samples'], _advance(meta, row, run.iterator)
     noise.update(row)
     if schedule:

@@ -174,7 +174,6 @@ def setup(config, workdir, shape=None):
   workdir_lib.claim(workdir, config)
   # config.auto_batch may have left the run at another batch (rljax.auto_batch.schedule)
   iterator = make_iterator(config, task, meta['data'], meta.get('auto_batch', {}).get('P'))
-  schedule.iterator = iterator   # the schedules that start with two batches take one more
   nan_steps = config_checks.step_set(config.debug.nan_steps)
   run = Run(config, shape.mesh, algo, schedule, evaluate, task, iterator, writer, ckpt,
             frozenset(nan_steps))

@@ -10,8 +10,10 @@ and `rljax.train.loop.rl_step` calls its `draw` without asking which it is:
 
 `rollout.schedule` names the one a run uses (`kind`).
 
-Each has `init()` (its state in the carry's `rollout` slot, checkpointed; None for EachStep) and
-`draw(params, state, examples, rng, step) -> (state, Sampled)`. Answers stay on the host: a
+Each has `init()` (its state in the carry's `rollout` slot, checkpointed; None for EachStep),
+`batches(step)` (how many batches of prompts the step takes from the run's stream: a schedule
+that holds a batch ahead takes two at the first step) and `draw(params, state, batches, rng, step)
+-> (state, Sampled)`. Answers stay on the host: a
 schedule that carries a batch between steps keeps them in `answers` (saved in the checkpoint's
 meta), keyed by the serial of their group, so no answer length depends on the schedule; the
 prompts' stream indices ride beside them in `prompt_ids`, so each step logs which prompts it
@@ -92,12 +94,17 @@ class Schedule:
   PROGRAMS = 'sampler'
   RUNS_TURNS = False
   NAME = ''   # its rollout.schedule
-  answers = prompt_ids = iterator = None   # the prompts it holds between steps; the run's stream
+  FIRST_BATCHES = 1   # batches of prompts it takes at the first step (then one a step)
+  answers = prompt_ids = None   # the prompts it holds between steps
 
   @staticmethod
   def check(config, device_count, process_count):
     """ValueError naming the first field of `config` this schedule cannot run with."""
     del config, device_count, process_count
+
+  def batches(self, step):
+    """How many batches of prompts `draw` takes at `step`."""
+    return self.FIRST_BATCHES if step == 1 else 1
 
   def state(self):
     """The answers and stream indices of the prompts it holds (a checkpoint's meta keeps them)."""
@@ -117,16 +124,17 @@ class EachStep(Schedule):
   def init(self):
     return None
 
-  def draw(self, params, state, examples, rng, step):
+  def draw(self, params, state, batches, rng, step):
     del step
+    examples, = batches
     return state, sample_rollout(self.sampler, params, examples, rng)
 
 
 class Partial(Schedule):
   """'partial': this step's P prompts join the pool (the first step also admits the next
-  batch, so the pool holds two batches of groups); decoding under the current policy runs until P
+  batch, so the pool holds two batches of groups: it takes two); decoding under the current policy runs until P
   groups are finished, and those are this step's batch."""
-  NAME, PROGRAMS = 'partial', 'pool'
+  NAME, PROGRAMS, FIRST_BATCHES = 'partial', 'pool', 2
 
   @staticmethod
   def check(config, device_count, process_count):
@@ -156,9 +164,8 @@ class Partial(Schedule):
   def init(self):
     return self.pool
 
-  def draw(self, params, flight, examples, rng, step):
+  def draw(self, params, flight, batches, rng, step):
     admitted = int(sharding.to_numpy(flight.admitted))
-    batches = [examples] + ([next(self.iterator)] if admitted == 0 else [])
     for i, batch in enumerate(map(every_process_batch, batches)):
       prompt_PxT, valid_PxT = data.encode_prompts(batch['prompt'], self.sampler.tokenizer,
                                                   self.sampler.prompt_len)
@@ -199,10 +206,11 @@ def every_process_batch(examples):
 
 
 class DrawnAhead(Schedule):
-  """'drawn_ahead': the sampler's devices (rollout.devices) draw the next batch (of `examples`)
-  from the policy before this step's update, while the training devices update on the batch drawn
-  one step earlier: every batch is one policy version old (the first two from the initial one)."""
-  NAME = 'drawn_ahead'
+  """'drawn_ahead': the sampler's devices (rollout.devices) draw the next batch from the policy
+  before this step's update, while the training devices update on the batch drawn one step
+  earlier: every batch is one policy version old (the first two from the initial one, so the
+  first step takes two batches)."""
+  NAME, FIRST_BATCHES = 'drawn_ahead', 2
 
   @staticmethod
   def check(config, device_count, process_count):
@@ -243,11 +251,12 @@ class DrawnAhead(Schedule):
     batch = every_process_batch(examples)
     return ahead, list(map(str, batch['answer'])), batch['id']
 
-  def draw(self, params, ahead, examples, rng, step):
+  def draw(self, params, ahead, batches, rng, step):
+    del step
     params, answers, prompt_ids = self.to_sampler(params), self.answers, self.prompt_ids
-    if step == 1:   # nothing drawn ahead yet: the first batch is drawn now, from the same policy
-      ahead, answers, prompt_ids = self._draw(params, examples, step_key(rng, 100))
-      examples = next(self.iterator)
+    *first, examples = batches
+    if first:   # nothing drawn ahead yet: the first batch is drawn now, from the same policy
+      ahead, answers, prompt_ids = self._draw(params, first[0], step_key(rng, 100))
     # runs on while this step updates
     drawn, self.answers, self.prompt_ids = self._draw(params, examples, rng)
     ahead = sharding.split_rows(ahead, self.mesh)
