@@ -1,6 +1,6 @@
 """P=auto's state in a run: what the rule (rljax.auto_batch.rule) reads, kept in the checkpoint's
 meta so a resumed run goes on with the same schedule on every process, the decision points and the
-looks between them. Pure functions of plain JSON.
+looks between them; the settings' check (`check`). Pure functions of plain JSON.
 
 The state: the current batch `P` (the algorithm's unit: GRPO's prompts, PPO's B), the sample count
 of the next decision, the batch the last move left, the sample count at which the run reached the
@@ -12,9 +12,11 @@ unit of the noise scale.
 """
 import json
 import math
+import os
 
 import numpy as np
 
+from rljax import algos
 from rljax import stats
 from rljax.auto_batch import check as check_lib
 from rljax.auto_batch import rule
@@ -24,6 +26,34 @@ NOISE_BLOCK = 5   # steps per bootstrap block of the noise-scale interval
 
 def enabled(config):
   return 'auto_batch' in config and bool(config.auto_batch.enabled)
+
+
+def check(config):
+  """ValueError naming the first bad auto_batch setting of `config`; else the batches (rollout.P
+  values) the run may reach, each of which the caller checks as a config of its own."""
+  auto, arg = config.auto_batch, algos.get(config.algo).BATCH_ARG
+  unit = f'auto_batch bounds are in rollout.P ({arg} of {config.algo})'
+  if not (rule.is_power_of_two(auto.min) and rule.is_power_of_two(auto.max)):
+    raise ValueError(f'auto_batch.min ({auto.min}) and max ({auto.max}) must be powers of two; '
+                     f'{unit}')
+  if auto.min > auto.max:
+    raise ValueError(f'auto_batch.min ({auto.min}) is larger than auto_batch.max ({auto.max})')
+  batches = rule.allowed_batches(auto.min, auto.max)
+  if config.rollout.P not in batches:
+    raise ValueError(f'rollout.P ({config.rollout.P}) must be a power of two in [auto_batch.min, '
+                     f'auto_batch.max] = [{auto.min}, {auto.max}]: the batch auto_batch starts at')
+  if (auto.every_samples < 1 or auto.probe_steps < 2 or auto.window < auto.probe_steps
+      or not auto.margin >= 0 or auto.verify_samples < 1):
+    raise ValueError(f'auto_batch needs every_samples >= 1, probe_steps >= 2, window >= '
+                     f'probe_steps, margin >= 0 and verify_samples >= 1; got {auto.every_samples}, '
+                     f'{auto.probe_steps}, {auto.window}, {auto.margin}, {auto.verify_samples}')
+  if auto.throughput_file and not os.path.isfile(auto.throughput_file):
+    raise ValueError(f'auto_batch.throughput_file {auto.throughput_file} is not a file')
+  for section in ('optimizer', 'critic_optimizer'):
+    if section in config and config[section].decay != 'constant':
+      raise ValueError(f"auto_batch needs {section}.decay='constant' (a decay's horizon is in "
+                       f'updates, which a changing batch moves), got {config[section].decay!r}')
+  return batches
 
 
 def initial_state(config):

@@ -4,14 +4,13 @@ message per problem (raised as ValueError; the main turns it into a non-zero exi
 Each part checks its own fields beside its code (the rollout: rljax.train.schedules; the
 algorithm and its batch: rljax.algos, with the optimizer's rljax.optim; checkpoints:
 rljax.train.checkpoint; the data: rljax.tasks; the mesh: rljax.sharding); `check` calls them in
-turn, with what only the loop, the model and P=auto read checked here.
+turn (P=auto's settings: rljax.auto_batch.state), with what only the loop and the model read
+checked here, and every batch P=auto may reach checked as a config of its own.
 """
-import os
-
 import jax
 
 from rljax import algos
-from rljax.auto_batch import rule as auto_rule
+from rljax.auto_batch import state as auto_state
 from rljax.model import lora
 from rljax.model import moe
 from rljax import sharding
@@ -61,19 +60,20 @@ def _check_loop(config):
 def _check_tools(config):
   """A task whose responses are episodes of an environment (a tool's calls): its settings, and an
   algorithm and a rollout schedule that run its turns (rljax.rollout.turns)."""
-  if not hasattr(tasks.get(tasks.name_of(config)), 'env'):
+  name = tasks.name_of(config)
+  if not hasattr(tasks.get(name), 'env'):
     return
   tools = config.tools
   _check_tool_bounds(tools)
   schedule = schedules.kind(config)
   if not schedule.RUNS_TURNS:
     raise ValueError(f'rollout.schedule={schedule.NAME} does not run tool turns; use '
-                     f'{schedules.EachStep.NAME} for the {tasks.name_of(config)} task')
+                     f'{schedules.EachStep.NAME} for the {name} task')
   _, _, vocab_size = tasks.lengths(config)
   if vocab_size and config.model.vocab_size != vocab_size:
-    raise ValueError(f'model.vocab_size ({config.model.vocab_size}) must equal the '
-                     f'{tasks.name_of(config)} tokenizer\'s {vocab_size} ids: the sampler would '
-                     f'write ids the tool\'s calls and the reward cannot decode')
+    raise ValueError(f'model.vocab_size ({config.model.vocab_size}) must equal the {name} '
+                     f'tokenizer\'s {vocab_size} ids: the sampler would write ids the tool\'s '
+                     f'calls and the reward cannot decode')
 
 
 # tools.<field>: (type, lowest, highest), each bound included. timeout_s: from 10 ms, below which
@@ -131,30 +131,10 @@ def step_set(spec):
 
 
 def _check_auto_batch(config, device_count, process_count):
-  """The bounds, the settings, and every batch the run may reach checked as a config of its own."""
-  auto, arg = config.auto_batch, algos.get(config.algo).BATCH_ARG
-  unit = f'auto_batch bounds are in rollout.P ({arg} of {config.algo})'
-  if not (auto_rule.is_power_of_two(auto.min) and auto_rule.is_power_of_two(auto.max)):
-    raise ValueError(f'auto_batch.min ({auto.min}) and max ({auto.max}) must be powers of two; '
-                     f'{unit}')
-  if auto.min > auto.max:
-    raise ValueError(f'auto_batch.min ({auto.min}) is larger than auto_batch.max ({auto.max})')
-  if config.rollout.P not in auto_rule.allowed_batches(auto.min, auto.max):
-    raise ValueError(f'rollout.P ({config.rollout.P}) must be a power of two in [auto_batch.min, '
-                     f'auto_batch.max] = [{auto.min}, {auto.max}]: the batch auto_batch starts at')
-  if (auto.every_samples < 1 or auto.probe_steps < 2 or auto.window < auto.probe_steps
-      or not auto.margin >= 0 or auto.verify_samples < 1):
-    raise ValueError(f'auto_batch needs every_samples >= 1, probe_steps >= 2, window >= '
-                     f'probe_steps, margin >= 0 and verify_samples >= 1; got {auto.every_samples}, '
-                     f'{auto.probe_steps}, {auto.window}, {auto.margin}, {auto.verify_samples}')
-  if auto.throughput_file and not os.path.isfile(auto.throughput_file):
-    raise ValueError(f'auto_batch.throughput_file {auto.throughput_file} is not a file')
-  for section in ('optimizer', 'critic_optimizer'):
-    if section in config and config[section].decay != 'constant':
-      raise ValueError(f"auto_batch needs {section}.decay='constant' (a decay's horizon is in "
-                       f'updates, which a changing batch moves), got {config[section].decay!r}')
+  """auto_batch's settings (rljax.auto_batch.state.check), then every batch the run may reach
+  checked as a config of its own."""
   micro_batches = algos.micro_batches(config)   # kept at every batch
-  for P in auto_rule.allowed_batches(auto.min, auto.max):
+  for P in auto_state.check(config):
     _check_batch(algos.with_batch(config, P, micro_batches), P, device_count, process_count)
 
 
