@@ -32,9 +32,8 @@ def check(name, opt_cfg, batch):
     value = opt_cfg[key]
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
       raise ValueError(f'{name}.{key} must be a positive number, got {value!r}')
-  scaled_lr(opt_cfg.lr, batch, opt_cfg.base_batch, opt_cfg.lr_rule)   # raises on a bad rule
   try:
-    scaled_clip(opt_cfg.max_grad_norm, batch, opt_cfg.base_batch, opt_cfg.clip_rule)
+    at_batch(opt_cfg, batch)
   except ValueError as error:
     raise ValueError(f'{name}.{error}') from None
 
@@ -42,7 +41,7 @@ def check(name, opt_cfg, batch):
 def scaled_lr(lr0, batch, base_batch, rule):
   """The peak learning rate for a global batch of `batch` responses."""
   if rule not in LR_RULES:
-    raise ValueError(f'unknown lr_rule {rule!r}; choose one of {sorted(LR_RULES)}')
+    raise ValueError(f'lr_rule {rule!r} is unknown; choose one of {sorted(LR_RULES)}')
   if lr0 <= 0 or batch <= 0 or base_batch <= 0:
     raise ValueError(f'lr ({lr0}), batch ({batch}) and base_batch ({base_batch}) must be positive')
   return lr0 * LR_RULES[rule](batch / base_batch)
@@ -56,6 +55,13 @@ def scaled_clip(max_grad_norm, batch, base_batch, rule):
           max_grad_norm >= 0):
     raise ValueError(f'max_grad_norm must be a number >= 0 (0: no clipping), got {max_grad_norm!r}')
   return max_grad_norm * CLIP_RULES[rule](batch / base_batch)
+
+
+def at_batch(opt_cfg, batch):
+  """(peak lr, global-norm clip) that the optimizer section `opt_cfg` gives a batch of `batch`
+  responses: its lr and clip rules from its base batch."""
+  return (scaled_lr(opt_cfg.lr, batch, opt_cfg.base_batch, opt_cfg.lr_rule),
+          scaled_clip(opt_cfg.max_grad_norm, batch, opt_cfg.base_batch, opt_cfg.clip_rule))
 
 
 DECAYS = {
@@ -93,9 +99,8 @@ def schedule_for(opt_cfg, peak, total_updates):
 
 def _adam(opt_cfg, batch, total_updates):
   """(clipped Adam(W) with the lr rule, its schedule); no non-finite guard."""
-  peak = scaled_lr(opt_cfg.lr, batch, opt_cfg.base_batch, opt_cfg.lr_rule)
+  peak, clip = at_batch(opt_cfg, batch)
   schedule = schedule_for(opt_cfg, peak, total_updates)
-  clip = scaled_clip(opt_cfg.max_grad_norm, batch, opt_cfg.base_batch, opt_cfg.clip_rule)
   chain = [optax.clip_by_global_norm(clip)] if clip else []
   chain.append(optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
                            weight_decay=opt_cfg.weight_decay))

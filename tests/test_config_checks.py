@@ -88,7 +88,7 @@ def _tiny():
 @pytest.mark.parametrize('field, value, message', [
     ('optimizer.lr', -1e-4, r'optimizer.lr must be a positive number, got -0.0001'),
     ('optimizer.lr', float('inf'), r'optimizer.lr must be a positive number, got inf'),
-    ('optimizer.lr_rule', 'cubic', r"unknown lr_rule 'cubic'"),
+    ('optimizer.lr_rule', 'cubic', r"optimizer.lr_rule 'cubic' is unknown"),
     ('optimizer.max_bad_steps', 0, r'optimizer.max_bad_steps must be >= 1'),
     ('rollout.top_p', 1.5, r'rollout.top_p must be in \(0, 1\], got 1.5'),
     ('rollout.temperature', float('nan'), r'rollout.temperature must be a positive number'),

@@ -60,6 +60,13 @@ def test_scaled_clip_matches_the_numpy_rule(rule, batch):
   assert optim.scaled_clip(0.0, batch, 256, rule) == 0.0   # no clipping at any batch
 
 
+def test_an_optimizer_section_at_a_batch_is_its_lr_and_clip_rules():
+  opt = opt_cfg(lr=1e-3, base_batch=128, max_grad_norm=0.5, clip_rule='inverse_sqrt')
+  lr, clip = optim.at_batch(opt, 512)
+  assert lr == pytest.approx(1e-3 * np.sqrt(512 / 128), rel=1e-12)
+  assert clip == pytest.approx(reference_clip(0.5, 512, 128, 'inverse_sqrt'), rel=1e-12)
+
+
 def test_mlperf_clip_values():
   """The clip norms of MLPerf's reference convergence points (rcps_qwen35_397b_grpo.json)."""
   got = [optim.scaled_clip(0.125, b, 256, 'inverse_sqrt') for b in (256, 512, 1024)]

@@ -47,8 +47,7 @@ def check(config):
     raise ValueError(f'ppo.vf_coef must be > 0 with a shared trunk, got {cfg.vf_coef}')
   copt = config.critic_optimizer
   try:
-    optim.scaled_lr(copt.lr, rollout.P, copt.base_batch, copt.lr_rule)
-    optim.scaled_clip(copt.max_grad_norm, rollout.P, copt.base_batch, copt.clip_rule)
+    optim.at_batch(copt, rollout.P)
   except ValueError as error:
     raise ValueError(f'critic_optimizer: {error}') from None
   algos.check_decay('critic_optimizer', copt, config, rollout.P)

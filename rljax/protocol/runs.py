@@ -43,9 +43,8 @@ def value_of(batch, arm_config):
 
 def default_lr0(config):
   """The lr that config.arm gives the base batch: the centre of the calibration sweep."""
-  opt = config.arm.optimizer
-  return optim.scaled_lr(opt.lr, batch_of(config.protocol.base, config.arm),
-                         opt.base_batch, opt.lr_rule)
+  lr, _ = optim.at_batch(config.arm.optimizer, batch_of(config.protocol.base, config.arm))
+  return lr
 
 
 def arm_config(config, workdir, value, lr0, control=False, target=None):
@@ -55,11 +54,11 @@ def arm_config(config, workdir, value, lr0, control=False, target=None):
   Evals every eval_every_samples // batch steps: the same sample grid for every arm (checked in
   `arms` to divide), so smoothing and crossings resolve every curve alike.
   """
-  p, opt = config.protocol, config.arm.optimizer
+  p = config.protocol
   arm = algos.with_batch(config.arm, value)
   batch, base_batch = batch_of(value, arm), batch_of(p.base, config.arm)
-  arm.optimizer.update(lr=lr0, base_batch=base_batch, max_grad_norm=optim.scaled_clip(
-      opt.max_grad_norm, base_batch, opt.base_batch, opt.clip_rule))   # the clip at the base
+  _, base_clip = optim.at_batch(config.arm.optimizer, base_batch)
+  arm.optimizer.update(lr=lr0, base_batch=base_batch, max_grad_norm=base_clip)
   # B_simple needs >= 2 micro-batches a step (rljax/update.py); quick mode reads the base's.
   arm.train.micro_batch = min(arm.train.micro_batch or batch, batch // p.min_micro_batches)
   if control:   # the paper's failure case: a larger batch at the base arm's lr
@@ -97,11 +96,10 @@ def arms(config, workdir, lr0=None, target=None):
 def arm_spec(arm):
   """arm.json: what the report reads about an arm."""
   opt, groups = arm.config.optimizer, arm.config.rollout.G > 1
+  lr, clip = optim.at_batch(opt, arm.batch)
   return dict(name=arm.name, batch=arm.batch, value=arm.value, P=arm.value if groups else None,
-              G=arm.config.rollout.G if groups else None, lr=optim.scaled_lr(
-                  opt.lr, arm.batch, opt.base_batch, opt.lr_rule), lr_rule=opt.lr_rule,
-              control=arm.control, clip=optim.scaled_clip(opt.max_grad_norm, arm.batch,
-                                                         opt.base_batch, opt.clip_rule))
+              G=arm.config.rollout.G if groups else None, lr=lr, lr_rule=opt.lr_rule,
+              control=arm.control, clip=clip)
 
 
 # ------------------------------------------------------------------------------------------------
