@@ -38,7 +38,8 @@ from rljax.protocol import decision as decision_lib
 from rljax.protocol import jobs
 from rljax.protocol import layout
 from rljax.protocol import report as report_lib
-from rljax.protocol.runs import Arm, arm_config, arms, batch_of, default_lr0, run_arm_seeds, value_of
+from rljax.protocol.runs import (Arm, arm_config, arms, batch_of, default_lr0, make_arm,
+                                 run_arm_seeds, value_of)
 from rljax.train import config_checks
 from rljax.train import loop as train
 from rljax.train import run as run_lib
@@ -270,12 +271,10 @@ def confirm(config, workdir, report, lr0, stop=None):
   if pick is None:
     print('[protocol] no decision (see report.md): nothing to confirm', flush=True)
     return
-  key, arm_list = algos.get(config.algo).BATCH_ARG, []
-  for batch in sorted({report['base_batch'], pick}):
-    value = value_of(batch, config.arm)
-    cfg = arm_config(config, workdir, value, lr0)
-    cfg.train.target = min(report['primary'] + p.stop_margin, 1.0)   # the decision's target
-    arm_list.append(Arm(f'{key}{value}', value, batch, False, cfg))
+  arm_list = [make_arm(config, workdir, value_of(batch, config.arm), lr0)
+              for batch in sorted({report['base_batch'], pick})]
+  for arm in arm_list:
+    arm.config.train.target = min(report['primary'] + p.stop_margin, 1.0)   # the decision's
   seeds = (report.get('confirm_plan') or {}).get('seeds', p.confirm_seeds)
   for seed in range(p.max_seeds, p.max_seeds + seeds):
     for arm in arm_list:

@@ -81,16 +81,19 @@ def arms(config, workdir, lr0=None, target=None):
   """The align arms: the sqrt sweep, then the fixed-lr controls. Validates the protocol first."""
   settings.check(config)
   lr0 = lr0 or config.protocol.lr0 or default_lr0(config)
-  key = algos.get(config.algo).BATCH_ARG
-  result = []
-  for value, control in ([(v, False) for v in config.protocol.sweep] +
-                         [(v, True) for v in config.protocol.control]):
-    cfg = arm_config(config, workdir, value, lr0, control, target)
-    config_checks.check(cfg)
-    name = f'{key}{value}' + ('_fixed_lr' if control else '')
-    result.append(Arm(name, value, batch_of(value, cfg), control, cfg))
+  result = [make_arm(config, workdir, value, lr0, control, target)
+            for value, control in ([(v, False) for v in config.protocol.sweep] +
+                                   [(v, True) for v in config.protocol.control])]
   settings.check_arms(config, result)   # one sample grid; MLPerf's closed rules
   return result
+
+
+def make_arm(config, workdir, value, lr0, control=False, target=None):
+  """The arm at batch argument `value` (`arm_config`, checked), named by it: P16, P32_fixed_lr."""
+  cfg = arm_config(config, workdir, value, lr0, control, target)
+  config_checks.check(cfg)
+  name = f'{algos.get(config.algo).BATCH_ARG}{value}' + ('_fixed_lr' if control else '')
+  return Arm(name, value, batch_of(value, cfg), control, cfg)
 
 
 def arm_spec(arm):
