@@ -14,7 +14,7 @@ import rljax_cli
 
 from configs import grpo as grpo_config
 from rljax.auto_batch import rule
-from rljax.auto_batch import schedule as auto_schedule
+from rljax.auto_batch import hook as auto_hook
 from rljax.auto_batch import state as auto_state
 from rljax.data import sources
 from rljax import files
@@ -183,11 +183,11 @@ def test_a_point_lost_in_the_noise_is_an_unbounded_noise_scale_with_its_lower_en
 def test_the_switch_line_names_an_unbounded_noise_scale_with_its_interval():
   row = dict(step=128, auto_from=2, auto_to=32, lr=1e-5, auto_lr=4e-5, auto_noise_scale=None,
              auto_noise_lo=422.4, auto_noise_hi=None, auto_gain=15.7, auto_reason='try')
-  assert '| B_noise unbounded [422, inf] | predicted gain 15.70 | try' in auto_schedule._switch_line(row, 'P')
+  assert '| B_noise unbounded [422, inf] | predicted gain 15.70 | try' in auto_hook._switch_line(row, 'P')
   row.update(auto_noise_scale=709.2, auto_noise_hi=928.0)
-  assert '| B_noise 709 [422, 928] |' in auto_schedule._switch_line(row, 'P')
+  assert '| B_noise 709 [422, 928] |' in auto_hook._switch_line(row, 'P')
   row.update(auto_noise_scale=None, auto_noise_lo=None)   # not estimable: no move made on it
-  assert 'B_noise' not in auto_schedule._switch_line(row, 'P')
+  assert 'B_noise' not in auto_hook._switch_line(row, 'P')
 
 
 def test_best_batch_is_numpys_argmax_of_throughput_times_efficiency():
@@ -349,7 +349,7 @@ def test_a_checkpoint_state_without_the_compile_fields_resumes_with_them_afresh(
   saved = {k: v for k, v in auto_state.initial_state(config).items()
            if k not in ('arrived', 'compile_s')}
   meta = dict(auto_batch=dict(saved, P=4, next_decision=4096))
-  auto_schedule.BatchSchedule(config, types.SimpleNamespace(config=config, algo=None), meta)
+  auto_hook.Hook(config, types.SimpleNamespace(config=config, algo=None), meta)
   assert meta['auto_batch'] == dict(auto_state.initial_state(config), P=4, next_decision=4096)
 
 def drive(rewards_after, tmp_path, steps=400, seed=0, ready=()):
@@ -535,7 +535,7 @@ def compiled_in_step(run, carry, step):
 
 
 def test_a_batch_compiled_ahead_on_a_thread_takes_its_first_step_without_compiling(tmp_path):
-  """auto_schedule.compiled_programs, run on a thread as a look ahead runs it: the first step at its
+  """auto_hook.compiled_programs, run on a thread as a look ahead runs it: the first step at its
   batch finds the sampler ('<lambda>'), make_batch and update compiled, as the first step at the
   starting batch does not (the control)."""
   config = tiny_auto(tmp_path)
@@ -543,7 +543,7 @@ def test_a_batch_compiled_ahead_on_a_thread_takes_its_first_step_without_compili
   compiled, carry = compiled_in_step(run, carry, 1)
   assert {'<lambda>', 'make_batch', 'update'} <= compiled
   with futures.ThreadPoolExecutor(1) as pool:
-    programs = {8: pool.submit(auto_schedule.compiled_programs, run, config, 8)}
-    at_8 = auto_schedule.at_batch(run, config, 8, programs, run.iterator.state())
+    programs = {8: pool.submit(auto_hook.compiled_programs, run, config, 8)}
+    at_8 = auto_hook.at_batch(run, config, 8, programs, run.iterator.state())
   compiled, _ = compiled_in_step(at_8, carry, 2)
   assert compiled <= {'rollout_stats'}   # the step's own statistics, milliseconds to compile

@@ -470,7 +470,7 @@ def test_a_p_auto_plan_sizes_the_top_batch_the_run_compiles_beside_its_first_ste
   auto, G = config.auto_batch, config.rollout.G
   target = targets.parse_target('tpu:v5e-4')
   report = planner.plan(config, target, {}, compile_programs_too=False)
-  # as the run compiles it (auto_batch.schedule): as many micro-batches as at the start
+  # as the run compiles it (auto_batch.hook): as many micro-batches as at the start
   micro = auto.max * G // algos.micro_batches(config)
   fixed = module.get_config(f'runlocal,{algos.get(name).BATCH_ARG}={auto.max}')
   fixed.train.micro_batch = micro

@@ -27,6 +27,7 @@ import numpy as np
 
 from rljax import algos
 from rljax import optim
+from rljax.auto_batch import state as auto_state
 from rljax.aot import costs as compiled
 from rljax.aot import table
 from rljax.aot import targets
@@ -363,7 +364,7 @@ def at_top_batch(config):
   run compiles that batch beside its first step; any other config as it is."""
   if not config.auto_batch.enabled:
     return config
-  return algos.with_batch(config, config.auto_batch.max, algos.micro_batches(config))
+  return auto_state.config_at(config, config.auto_batch.max)
 
 
 def plan(config, target, mesh_cfg=None, costs=True, compile_programs_too=True,

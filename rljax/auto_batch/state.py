@@ -56,6 +56,12 @@ def check(config):
   return batches
 
 
+def config_at(config, P):
+  """`config` at batch P as P=auto runs it: the micro-batches per minibatch kept, so the noise
+  scale's two micro-batch sizes scale with the batch."""
+  return algos.with_batch(config, P, algos.micro_batches(config))
+
+
 def initial_state(config):
   return dict(P=config.rollout.P, next_decision=config.auto_batch.every_samples, left=None,
               arrived=0, throughput={}, compile_s=0.0, noise_terms=[], trail=[], check=None,

@@ -125,7 +125,7 @@ class PromptIterator:
   record's stream index, epoch x records in the split + its position in the
   split, unique over the stream (what WORKDIR/prompts.jsonl logs).
 
-  The batch size can change between batches (rljax.auto_batch.schedule): the
+  The batch size can change between batches (rljax.auto_batch.hook): the
   state's 'offset' is where in the epoch's order the current layout of
   batches starts, and `continue_with_batch` moves it past the batches drawn
   so far, so the next iterator, of any batch size, reads on from there.

@@ -33,6 +33,25 @@ def limits(tools):
   return Limits(tools.timeout_s, tools.workers, tools.memory_mb)
 
 
+# tools.<field>: (type, lowest, highest), each bound included. timeout_s: from 10 ms, below which
+# a call's round trip to its worker is most of it, to an hour; workers: processes at once;
+# memory_mb: MiB a worker may allocate above its loaded tool; max_calls: a response's tool calls.
+BOUNDS = {'timeout_s': (float, 0.01, 3600.0), 'max_calls': (int, 1, 1024),
+          'workers': (int, 1, 64), 'memory_mb': (int, 16, 1 << 20)}
+
+
+def check_limits(tools):
+  """Each bounded field of the config's `tools` section a finite number of its type in its range
+  (inf, nan and 1e-9 too)."""
+  for field, (kind, low, high) in BOUNDS.items():
+    value = tools[field]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and (kind is float or isinstance(value, int)) and low <= value <= high):
+      noun, bounds = ('a number', f'{low:g}, {high:g}') if kind is float else (
+          'an integer', f'{low}, {high}')
+      raise ValueError(f'tools.{field} must be {noun} in [{bounds}], got {value!r}')
+
+
 def check(env):
   """ValueError, one line, for an environment that breaks the contract where it can be seen
   before any step: its attributes and its error observation."""

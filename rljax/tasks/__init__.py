@@ -57,14 +57,9 @@ def name_of(config):
   return config.data.name
 
 
-def check(config):
-  """The named task's own check: what it needs to be trained on (its name, first)."""
-  get(name_of(config)).check(config)
-
-
-def check_data(config, process_count):
-  """ValueError naming the first bad field that every task reads: the data section, the reward,
-  and the prompts each of `process_count` processes reads."""
+def check(config, process_count):
+  """ValueError naming the first bad field that every task reads (the data section, the reward,
+  and the prompts each of `process_count` processes reads), then the named task's own."""
   data, P = config.data, config.rollout.P
   if data.on_bad_record not in ('skip', 'raise'):
     raise ValueError(f"data.on_bad_record must be 'skip' or 'raise', got {data.on_bad_record!r}")
@@ -85,6 +80,7 @@ def check_data(config, process_count):
   if P % process_count:
     raise ValueError(f'rollout.P ({P}) is not divisible by the {process_count} processes (each '
                      'reads its own slice of the prompts)')
+  get(name_of(config)).check(config)
 
 
 def lengths(config):

@@ -3,9 +3,10 @@ message per problem (raised as ValueError; the main turns it into a non-zero exi
 
 Each part checks its own fields beside its code (the rollout: rljax.train.schedules; the
 algorithm and its batch: rljax.algos, with the optimizer's rljax.optim; checkpoints:
-rljax.train.checkpoint; the data: rljax.tasks; the mesh: rljax.sharding); `check` calls them in
-turn (P=auto's settings: rljax.auto_batch.state), with what only the loop and the model read
-checked here, and every batch P=auto may reach checked as a config of its own.
+rljax.train.checkpoint; the data and the task's own, a tool's limits included: rljax.tasks; the
+mesh: rljax.sharding); `check` calls them in turn (P=auto's settings: rljax.auto_batch.state),
+with what only the loop and the model read checked here, and every batch P=auto may reach checked
+as a config of its own.
 """
 import jax
 
@@ -27,8 +28,7 @@ def check(config, device_count=None, process_count=None):
   algos.check(config)
   _check_loop(config)
   checkpoint.check(config.train)
-  tasks.check_data(config, process_count)
-  _check_tools(config)
+  tasks.check(config, process_count)
   _check_model(config.model)
   _check_lora(config)
   batch, micro = algos.batch_size(config), config.train.micro_batch
@@ -55,43 +55,6 @@ def _check_loop(config):
       raise ValueError(f'train.{key} must be >= 0 (0: {meaning}), got {train[key]}')
   if config.optimizer.max_bad_steps < 1:
     raise ValueError(f'optimizer.max_bad_steps must be >= 1, got {config.optimizer.max_bad_steps}')
-
-
-def _check_tools(config):
-  """A task whose responses are episodes of an environment (a tool's calls): its settings, and an
-  algorithm and a rollout schedule that run its turns (rljax.rollout.turns)."""
-  name = tasks.name_of(config)
-  if not hasattr(tasks.get(name), 'env'):
-    return
-  tools = config.tools
-  _check_tool_bounds(tools)
-  schedule = schedules.kind(config)
-  if not schedule.RUNS_TURNS:
-    raise ValueError(f'rollout.schedule={schedule.NAME} does not run tool turns; use '
-                     f'{schedules.EachStep.NAME} for the {name} task')
-  _, _, vocab_size = tasks.lengths(config)
-  if vocab_size and config.model.vocab_size != vocab_size:
-    raise ValueError(f'model.vocab_size ({config.model.vocab_size}) must equal the {name} '
-                     f'tokenizer\'s {vocab_size} ids: the sampler would write ids the tool\'s '
-                     f'calls and the reward cannot decode')
-
-
-# tools.<field>: (type, lowest, highest), each bound included. timeout_s: from 10 ms, below which
-# a call's round trip to its worker is most of it, to an hour; workers: processes at once;
-# memory_mb: MiB a worker may allocate above its loaded tool.
-TOOL_BOUNDS = {'timeout_s': (float, 0.01, 3600.0), 'max_calls': (int, 1, 1024),
-               'workers': (int, 1, 64), 'memory_mb': (int, 16, 1 << 20)}
-
-
-def _check_tool_bounds(tools):
-  """Each bounded tools field a finite number of its type in its range (inf, nan and 1e-9 too)."""
-  for field, (kind, low, high) in TOOL_BOUNDS.items():
-    value = tools[field]
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (number and (kind is float or isinstance(value, int)) and low <= value <= high):
-      noun, bounds = ('a number', f'{low:g}, {high:g}') if kind is float else (
-          'an integer', f'{low}, {high}')
-      raise ValueError(f'tools.{field} must be {noun} in [{bounds}], got {value!r}')
 
 
 def _check_model(model):
@@ -133,9 +96,8 @@ def step_set(spec):
 def _check_auto_batch(config, device_count, process_count):
   """auto_batch's settings (rljax.auto_batch.state.check), then every batch the run may reach
   checked as a config of its own."""
-  micro_batches = algos.micro_batches(config)   # kept at every batch
   for P in auto_state.check(config):
-    _check_batch(algos.with_batch(config, P, micro_batches), P, device_count, process_count)
+    _check_batch(auto_state.config_at(config, P), P, device_count, process_count)
 
 
 def _check_batch(config, P, device_count, process_count):

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax import algos
-from rljax.auto_batch import schedule as auto_schedule
+from rljax.auto_batch import hook as auto_hook
 from rljax.auto_batch import state as auto_state
 from rljax import collective
 from rljax.envs import reward as reward_lib
@@ -190,9 +190,7 @@ def train(config, workdir, stop=None, shape=None):
   the config checked and set up abstractly (run.checked_shape), when the caller has it.
   """
   run, carry, meta = run_lib.setup(config, workdir, shape)
-  schedule = auto_schedule.BatchSchedule(config, run, meta) if auto_state.enabled(config) else None
-  if schedule:
-    run = schedule.resume(run, meta)
+  auto_batch, run = auto_hook.start(config, run, meta)
   noise = stats.NoiseScaleWindow(files.read_jsonl(run.writer.path))   # goes on on resume
   if meta['step'] and _done(config.train, meta) and jax.process_index() == 0:
     print(f'rljax: the run in {workdir} is already complete (step {meta["step"]}, '
@@ -206,8 +204,8 @@ def train(config, workdir, stop=None, shape=None):
     carry, row = rl_step(injected_faults(run, step), carry, batches, step)
     samples_before, meta = meta['samples'], _advance(meta, row, run.iterator)
     noise.update(row)
-    if schedule:
-      run, meta = schedule.after_step(run, meta, row)
+    if auto_batch:
+      run, meta = auto_batch.after_step(run, meta, row)
     run.writer.train(row, console=row['step'] % config.train.log_every == 0)
     _check_updates(run, carry, row, workdir)
     if eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 from rljax import algos
 from rljax.data import sources as data
 from rljax.hf import checkpoint as hf
-from rljax.model import lora
 from rljax.model import transformer as model_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
@@ -45,12 +44,6 @@ class Run(NamedTuple):
   writer: metrics_lib.MetricsWriter
   ckpt: checkpoint.Checkpointer
   nan_steps: frozenset  # fault injection (debug.nan_steps): steps whose batch is made NaN
-
-
-def check(config):
-  """ValueError naming the first bad field of a config about to be trained."""
-  config_checks.check(config)
-  tasks.check(config)
 
 
 class Shape(NamedTuple):
@@ -131,7 +124,7 @@ def make_iterator(config, task, state, P=None):
 def checked_shape(config, devices=None):
   """`config` checked (ValueError naming the first bad field), then its `abstract_setup` on the
   meshes it asks for over `devices` (default: all): what the pre-flight sizes and `setup` builds."""
-  check(config)
+  config_checks.check(config)
   return abstract_setup(config, *sharding.make_meshes(config.mesh, config.rollout.devices,
                                                       devices))
 
@@ -172,7 +165,7 @@ def setup(config, workdir, shape=None):
     carry, meta = _restore(ckpt, carry, schedule, algo)
     writer.truncate_after(meta['step'])
   workdir_lib.claim(workdir, config)
-  # config.auto_batch may have left the run at another batch (rljax.auto_batch.schedule)
+  # config.auto_batch may have left the run at another batch (rljax.auto_batch.hook)
   iterator = make_iterator(config, task, meta['data'], meta.get('auto_batch', {}).get('P'))
   nan_steps = config_checks.step_set(config.debug.nan_steps)
   run = Run(config, shape.mesh, algo, schedule, evaluate, task, iterator, writer, ckpt,
@@ -185,10 +178,9 @@ def _initial_carry(config, s, progs, task, evaluate, workdir, meta):
   base is built as a fresh run builds it (HF import, or init and the cached warm start) on resume
   too: checkpoints hold only the adapters."""
   init_rng, rollout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  adapts = lora.config_of(config.model) is not None
   params = (_initial_params(config, s.model, task, evaluate, init_rng, s.mesh, workdir,
                             (s.prompt_len, s.prompt_len + s.new_tokens))
-            if meta is None or adapts else
+            if meta is None or s.algo.adapts else
             sharding.init_params(functools.partial(model_lib.init_params, s.model.cfg), init_rng,
                                  s.mesh)[0])   # a template: the checkpoint's values replace it
   algo = algos.get(config.algo).make(config, s.model, params, s.mesh,

@@ -16,7 +16,16 @@ from rljax.train import programs as programs_lib
 from rljax.train import run as run_lib
 
 
-class BatchSchedule:
+def start(config, run, meta):
+  """(P=auto's hook, `run` at the batch its checkpoint left it at), the top of the range compiling
+  beside the first step; (None, `run`) when config.auto_batch is off."""
+  if not state_lib.enabled(config):
+    return None, run
+  hook = Hook(config, run, meta)
+  return hook, hook.resume(run, meta)
+
+
+class Hook:
   """config.auto_batch in the loop: measures, decides at the decision points and looks, and
   switches `run` to the batch decided (rljax.auto_batch.state; its state rides in the checkpoint's
   meta). Each batch's programs compile once per process, on a thread beside the steps: the top of
@@ -132,9 +141,9 @@ def at_batch(run, base_config, P, programs, data_state):
 def compiled_programs(run, base_config, P):
   """(config, algorithm) of `run` at batch P, with the programs its steps call compiled: the
   sampler's at P, `make_batch`, `update` and the schedules. Compiled here rather than at their
-  first call, so that it can be done ahead of a move (BatchSchedule._ahead); a call then
+  first call, so that it can be done ahead of a move (Hook._ahead); a call then
   finds them in jit's caches."""
-  config = algos.with_batch(base_config, P, algos.micro_batches(base_config))
+  config = state_lib.config_at(base_config, P)
   sampler = run.schedule.sampler   # the run's, its settings (rows per prompt) fixed at setup
   shape = run_lib.abstract_setup(config, run.mesh, sampler.mesh)._replace(
       sampling=sampler.sampling)
