@@ -90,7 +90,7 @@ def run(config, workdir):
     from rljax.aot import planner as plan  # pylint: disable=g-import-not-at-top
     from rljax.train import run as run_lib  # pylint: disable=g-import-not-at-top
     shape = run_lib.checked_shape(config)   # checked and set up abstractly once
-    line = plan.preflight(config, shape=shape)   # every process refuses what cannot fit
+    line = plan.preflight(shape)   # every process refuses what cannot fit
     if jax.process_index() == 0:   # one line per run, not one per process
       print(line, flush=True)
     train.train(config, workdir, stop, shape)

@@ -344,11 +344,11 @@ def test_partial_rollouts_and_a_split_mesh_plan_what_they_run(edit, target, tmp_
 
 def test_preflight_states_the_run_and_refuses_what_cannot_fit():
   config = grpo_config.get_config('runlocal')
-  line = planner.preflight(config, jax.devices())
+  line = planner.preflight(run_lib.checked_shape(config), jax.devices())
   assert line.startswith('rljax: 0.') and f'on {jax.device_count()} cpu device(s)' in line
   big = grpo_config.get_config('model=qwen3-235b-a22b')
   with pytest.raises(ValueError, match=r'does not fit: .* parameters on'):
-    planner.preflight(big, jax.devices())
+    planner.preflight(run_lib.checked_shape(big), jax.devices())
 
 
 @pytest.mark.parametrize('args, message', [

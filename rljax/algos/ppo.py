@@ -22,6 +22,7 @@ import optax
 from rljax import algos
 from rljax import losses
 from rljax.model import critic as critic_lib
+from rljax.model import lora
 from rljax import optim
 from rljax import policy_loss
 from rljax import sharding
@@ -34,6 +35,9 @@ def check(config):
   rollout, cfg = config.rollout, config.ppo
   if rollout.G != 1:
     raise ValueError(f'rollout.G must be 1 for PPO (B prompts, one response each), got {rollout.G}')
+  if lora.config_of(config.model):
+    raise ValueError('model.lora trains adapters with grpo or rloo; ppo trains the policy and its '
+                     'critic as full weights: set model.lora.rank=0 for ppo')
   algos.check_policy_loss('ppo', cfg)
   if cfg.kl_reward_estimator not in losses.KL_KINDS:
     raise ValueError(f'ppo.kl_reward_estimator {cfg.kl_reward_estimator!r} is not one of '

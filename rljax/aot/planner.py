@@ -399,15 +399,14 @@ def _plan(config, target, mesh_cfg, costs, compile_programs_too, decode_batches)
   raise ValueError(f'no mesh fits {target.name}; the first tried: {(fit or failures)[0]}')
 
 
-def preflight(config, devices=None, shape=None):
-  """What `python -m rljax.main` is about to run, from the config alone (nothing is allocated or
-  compiled): model size, devices, and per device the parameters, optimizer state and KV cache.
-  ValueError on a bad config, or ('does not fit') when those alone exceed a device's memory.
-  `shape`: run.checked_shape(config, devices), when the caller has it."""
+def preflight(s, devices=None):
+  """What `python -m rljax.main` is about to run, from the run's checked Shape `s`
+  (run.checked_shape; nothing is allocated or compiled): model size, devices, and per device the
+  parameters, optimizer state and KV cache. ValueError ('does not fit') when those alone exceed a
+  device's memory."""
   devices = jax.devices() if devices is None else devices
-  s = shape or run_lib.checked_shape(config, devices)
-  if config.auto_batch.enabled:   # sized at the largest batch it may run
-    s = run_lib.abstract_setup(at_top_batch(config), s.mesh, s.rollout_mesh)
+  if s.config.auto_batch.enabled:   # sized at the largest batch it may run
+    s = run_lib.abstract_setup(at_top_batch(s.config), s.mesh, s.rollout_mesh)
   memory = resident_bytes(s)
   if sampler_apart(s):   # the larger of a training and a sampler device's
     memory = max(memory, sampler_resident_bytes(s), key=lambda m: sum(m.values()))

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from rljax.data import rewards
+from rljax.envs import runner
 from rljax import registry
 
 
@@ -59,7 +60,8 @@ def name_of(config):
 
 def check(config, process_count):
   """ValueError naming the first bad field that every task reads (the data section, the reward,
-  and the prompts each of `process_count` processes reads), then the named task's own."""
+  and the prompts each of `process_count` processes reads); for a task whose responses are
+  episodes of an environment, the `tools` limits and a model vocabulary of exactly its ids."""
   data, P = config.data, config.rollout.P
   if data.on_bad_record not in ('skip', 'raise'):
     raise ValueError(f"data.on_bad_record must be 'skip' or 'raise', got {data.on_bad_record!r}")
@@ -80,7 +82,20 @@ def check(config, process_count):
   if P % process_count:
     raise ValueError(f'rollout.P ({P}) is not divisible by the {process_count} processes (each '
                      'reads its own slice of the prompts)')
-  get(name_of(config)).check(config)
+  task = get(name_of(config))
+  if hasattr(task, 'env'):
+    _check_environment(config, task)
+
+
+def _check_environment(config, task):
+  """An environment's limits, and a vocabulary the sampler cannot leave: an id the environment's
+  calls and the verifier cannot decode would be sampled otherwise."""
+  runner.check_limits(config.tools)
+  _, _, vocab_size = task.lengths(config)
+  if vocab_size and config.model.vocab_size != vocab_size:
+    raise ValueError(f'model.vocab_size ({config.model.vocab_size}) must equal the '
+                     f'{config.data.name} tokenizer\'s {vocab_size} ids: the sampler would write '
+                     'ids the environment\'s calls and the reward cannot decode')
 
 
 def lengths(config):
@@ -92,6 +107,12 @@ def env(config):
   """The named task's environment, or None: its responses are single turns."""
   task = get(name_of(config))
   return task.env(config) if hasattr(task, 'env') else None
+
+
+def check_needs(config):
+  """The named task's own check: what it needs to be built (a tokenizer, a library, its dataset's
+  settings). Apart from `check`: a plan of the config needs none of it."""
+  get(name_of(config)).check(config)
 
 
 def make_task(config) -> Task:

@@ -6,7 +6,6 @@ symbols (rljax.data.tokenizer.ToolTokenizer)."""
 from rljax.data.builders import tool_sums
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.envs import calculator
-from rljax.envs import runner
 from rljax.envs import tools
 from rljax.tasks import _characters
 
@@ -14,15 +13,7 @@ REWARD = 'final_answer'
 MARKERS = ('[', ']', '{', '}')   # call open, call close (the stop), result open, result close
 
 
-def check(config):
-  """The tool's limits, and a model vocabulary of exactly the tokenizer's ids: the sampler must
-  not write an id the calls and the verifier cannot decode."""
-  runner.check_limits(config.tools)
-  vocab_size = tokenizer_lib.ToolTokenizer.vocab_size
-  if config.model.vocab_size != vocab_size:
-    raise ValueError(f'model.vocab_size ({config.model.vocab_size}) must equal the tool_sums '
-                     f'tokenizer\'s {vocab_size} ids: the sampler would write ids the tool\'s '
-                     'calls and the reward cannot decode')
+check = _characters.check
 
 
 def lengths(config):

@@ -25,12 +25,11 @@ def check(config, device_count=None, process_count=None):
   device_count = jax.device_count() if device_count is None else device_count
   process_count = jax.process_count() if process_count is None else process_count
   schedules.check(config, device_count, process_count)
+  _check_model(config.model)
   algos.check(config)
   _check_loop(config)
   checkpoint.check(config.train)
   tasks.check(config, process_count)
-  _check_model(config.model)
-  _check_lora(config)
   batch, micro = algos.batch_size(config), config.train.micro_batch
   batches = [('the batch P*G', batch), ('the minibatch', batch // config.train.num_minibatches)]
   sharding.check_mesh(config.mesh, device_count - config.rollout.devices,
@@ -58,6 +57,7 @@ def _check_loop(config):
 
 
 def _check_model(model):
+  lora.check(model.get('lora'))
   if model.moe_impl not in moe.EXPERT_IMPLS:
     raise ValueError(f'model.moe_impl must be one of {sorted(moe.EXPERT_IMPLS)}, got '
                      f'{model.moe_impl!r}')
@@ -70,15 +70,6 @@ def _check_model(model):
   if model.num_heads % model.num_kv_heads:
     raise ValueError(f'model.num_heads ({model.num_heads}) must be a multiple of '
                      f'num_kv_heads ({model.num_kv_heads})')
-
-
-def _check_lora(config):
-  """model.lora's fields, and an algorithm that trains adapters: GRPO and RLOO (rljax.algos._lora);
-  PPO's update (actor and critic, whose trunk may be the policy's) trains full weights."""
-  lora.check(config.model.get('lora'))
-  if lora.config_of(config.model) and config.algo == 'ppo':
-    raise ValueError('model.lora trains adapters with grpo or rloo; ppo trains the policy and its '
-                     'critic as full weights: set model.lora.rank=0 for ppo')
 
 
 def step_set(spec):

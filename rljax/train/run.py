@@ -125,6 +125,7 @@ def checked_shape(config, devices=None):
   """`config` checked (ValueError naming the first bad field), then its `abstract_setup` on the
   meshes it asks for over `devices` (default: all): what the pre-flight sizes and `setup` builds."""
   config_checks.check(config)
+  tasks.check_needs(config)
   return abstract_setup(config, *sharding.make_meshes(config.mesh, config.rollout.devices,
                                                       devices))
 
