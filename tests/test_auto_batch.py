@@ -349,7 +349,7 @@ def test_a_checkpoint_state_without_the_compile_fields_resumes_with_them_afresh(
   saved = {k: v for k, v in auto_state.initial_state(config).items()
            if k not in ('arrived', 'compile_s')}
   meta = dict(auto_batch=dict(saved, P=4, next_decision=4096))
-  auto_hook.Hook(config, types.SimpleNamespace(config=config, algo=None), meta)
+  auto_hook.Hook(config, types.SimpleNamespace(config=config, algo=None, batch=None), meta)
   assert meta['auto_batch'] == dict(auto_state.initial_state(config), P=4, next_decision=4096)
 
 def drive(rewards_after, tmp_path, steps=400, seed=0, ready=()):

@@ -47,7 +47,7 @@ GiB = targets.GiB
 
 def decode_rows(s):
   """Rows the sampler decodes at once: P x G, or its decode slots with continuous batching."""
-  return sampler.cache_rows(s.batch, s.config.rollout.slots)
+  return sampler.cache_rows(s.batch, s.sampling.slots)
 
 
 def kv_cache_bytes(s, group):
@@ -58,7 +58,7 @@ def kv_cache_bytes(s, group):
   kv_heads = cfg.num_kv_heads // (mesh.shape['tensor'] if cfg.num_kv_heads % mesh.shape[
       'tensor'] == 0 else 1)
   rows, prompts = (n // sharding.data_parallel_size(mesh) for n in (
-      decode_rows(s), sampler.prompt_cache_rows(s.batch // group, group, s.config.rollout.slots)))
+      decode_rows(s), sampler.prompt_cache_rows(s.batch // group, group, s.sampling.slots)))
   return (2 * cfg.num_layers * kv_heads * cfg.head_dim * _itemsize(cfg.dtype)
           * (rows * (s.prompt_len + s.new_tokens) + prompts * (s.prompt_len - 1)))
 
@@ -120,7 +120,7 @@ def lora_saving(s):
 
 
 def sampler_kv_bytes(s):
-  return kv_cache_bytes(s, schedules.sampler_group(s.config, s.rollout_mesh))
+  return kv_cache_bytes(s, s.sampling.group)
 
 
 def sampler_resident_bytes(s):

@@ -34,7 +34,7 @@ class Hook:
 
   def __init__(self, config, run, meta):
     self.config, self.settings = config, config.auto_batch
-    self.programs = {config.rollout.P: _done((run.config, run.algo))}   # {P: future (config, algo)}
+    self.programs = {config.rollout.P: _done((run.config, run.algo, run.batch))}   # {P: future}
     self.ready = {config.rollout.P}   # batches whose programs are at hand: a look may move there
     self.compiled = set()   # batches that ran in this process: their next steps do not compile
     self.pool = futures.ThreadPoolExecutor(1, thread_name_prefix='rljax-compile-ahead')
@@ -60,7 +60,7 @@ class Hook:
     # the same decision (a collective, every step, everywhere).
     seconds, per_s, alone = collective.from_process_0(
         [row['step_time_s'], row['samples_per_s'], float(alone)])
-    row['batch'] = algos.batch_size(run.config)
+    row['batch'] = run.batch
     state, fields, wanted = state_lib.advance(
         state, dict(row, step_time_s=seconds, samples_per_s=per_s), meta['samples'],
         meta['step'], row['batch'], P in self.compiled and bool(alone), self.config,
@@ -127,19 +127,19 @@ def _check_line(row):
 
 
 def at_batch(run, base_config, P, programs, data_state):
-  """`run` at batch P (config.auto_batch): its config, algorithm and prompt iterator. The
+  """`run` at batch P (config.auto_batch): its config, algorithm, batch and prompt iterator. The
   programs of each batch are compiled once and kept in `programs` ({P: future of (config,
-  algo)}, waited for here); its optimizer has the lr rule at the new batch, and the state it
+  algo, batch)}, waited for here); its optimizer has the lr rule at the new batch, and the state it
   updates (the carry, Adam's moments included) goes on unchanged."""
   if P not in programs:
     programs[P] = _done(compiled_programs(run, base_config, P))
-  config, algo = programs[P].result()
-  return run._replace(config=config, algo=algo,
+  config, algo, batch = programs[P].result()
+  return run._replace(config=config, algo=algo, batch=batch,
                       iterator=run_lib.make_iterator(config, run.task, data_state))
 
 
 def compiled_programs(run, base_config, P):
-  """(config, algorithm) of `run` at batch P, with the programs its steps call compiled: the
+  """(config, algorithm, responses per batch) of `run` at batch P, with the programs its steps call compiled: the
   sampler's at P, `make_batch`, `update` and the schedules. Compiled here rather than at their
   first call, so that it can be done ahead of a move (Hook._ahead); a call then
   finds them in jit's caches."""
@@ -156,4 +156,4 @@ def compiled_programs(run, base_config, P):
       program.fn.lower(*program.args).compile()
   for schedule in algo.schedules.values():
     schedule.lower(0).compile()
-  return config, algo
+  return config, algo, shape.batch

@@ -99,10 +99,9 @@ def _log_prompts(run, step, trained):
 
 def training_row(step, run, times, rollout_numbers, batch_stats, update_metrics):
   """The step's metrics.jsonl row, less the running totals (samples, tokens, wallclock_s)."""
-  batch_size = algos.batch_size(run.config)
   row = dict(step=step, tokens_step=int(rollout_numbers.pop('tokens')),
              **{key: float(value) for key, value in rollout_numbers.items()}, **times,
-             samples_per_s=batch_size / times['step_time_s'],
+             samples_per_s=run.batch / times['step_time_s'],
              retained=int(batch_stats.pop('retained')),
              skipped_updates=int(update_metrics.pop('skipped')))
   first_update = run.algo.updates_per_batch * (step - 1)

@@ -37,6 +37,7 @@ class Run(NamedTuple):
   config: Any
   mesh: jax.sharding.Mesh
   algo: algos.Algorithm
+  batch: int            # responses per rollout batch (P x G): P=auto moves it with config and algo
   schedule: Any         # the rollout schedule (rljax.train.schedules): its `draw` makes a batch
   evaluate: Callable    # params -> (accuracy, correct_M)
   task: tasks.Task
@@ -169,7 +170,7 @@ def setup(config, workdir, shape=None):
   # config.auto_batch may have left the run at another batch (rljax.auto_batch.hook)
   iterator = make_iterator(config, task, meta['data'], meta.get('auto_batch', {}).get('P'))
   nan_steps = config_checks.step_set(config.debug.nan_steps)
-  run = Run(config, shape.mesh, algo, schedule, evaluate, task, iterator, writer, ckpt,
+  run = Run(config, shape.mesh, algo, shape.batch, schedule, evaluate, task, iterator, writer, ckpt,
             frozenset(nan_steps))
   return run, carry, meta
 
