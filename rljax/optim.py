@@ -26,14 +26,15 @@ CLIP_RULES = {
 }
 
 
-def check(name, opt_cfg, batch):
-  """ValueError naming the first bad field of the optimizer section `name` at `batch` responses."""
+def check(name, opt_cfg, batch, total_updates=1 << 30):
+  """ValueError naming the first bad field of the optimizer section `name` at `batch` responses,
+  its schedule over a run of `total_updates` included."""
   for key in ('lr', 'base_batch'):
     value = opt_cfg[key]
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
       raise ValueError(f'{name}.{key} must be a positive number, got {value!r}')
   try:
-    at_batch(opt_cfg, batch)
+    schedule_for(opt_cfg, at_batch(opt_cfg, batch)[0], total_updates)
   except ValueError as error:
     raise ValueError(f'{name}.{error}') from None
 

@@ -87,8 +87,7 @@ def check(config):
     raise ValueError(f'rollout.P (PPO: B) must be >= 1, got {config.rollout.P}')
   batch = batch_size(config)
   module.check(config)
-  optim.check('optimizer', config.optimizer, batch)
-  check_decay('optimizer', config.optimizer, config, batch)
+  check_optimizer('optimizer', config.optimizer, config, batch)
   if train.num_minibatches < 1 or batch % train.num_minibatches:
     raise ValueError(f'train.num_minibatches ({train.num_minibatches}) must divide the batch '
                      f'P*G = {batch}')
@@ -137,9 +136,9 @@ def check_policy_loss(name, cfg):
     raise ValueError(f'{name}.adv_eps must be >= 0, got {cfg.adv_eps}')
 
 
-def check_decay(name, opt, config, batch):
-  """A decaying lr ends at the run's last planned update, which must be known and after warmup
-  (optim.schedule_for checks the name and the warmup; this adds what only the config knows)."""
+def check_optimizer(name, opt, config, batch):
+  """The optimizer section `name` at `batch` (optim.check), its decay over the run's planned
+  updates: a decaying lr ends at the last one, which must be known."""
   decay, train = opt.decay, config.train
   filters_rows = config[config.algo].get('filter_zero_variance', False)
   if decay != 'constant' and filters_rows and not train.max_steps:
@@ -148,7 +147,5 @@ def check_decay(name, opt, config, batch):
                      'train.max_steps')
   budget = (train.max_samples > 0 or train.max_steps > 0) and min(train.num_minibatches,
                                                                     train.num_epochs) >= 1
-  try:   # without a budget or with bad loop settings: reported by check() itself
-    optim.schedule_for(opt, 1.0, optim.planned_updates(train, batch) if budget else 1 << 30)
-  except ValueError as error:
-    raise ValueError(f'{name}.{error}') from None
+  # without a budget or with bad loop settings: reported by check() itself
+  optim.check(name, opt, batch, optim.planned_updates(train, batch) if budget else 1 << 30)

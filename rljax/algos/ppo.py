@@ -49,12 +49,7 @@ def check(config):
       raise ValueError(f'ppo.{key} must be in [0, 1], got {cfg[key]}')
   if cfg.share_trunk and cfg.vf_coef <= 0:
     raise ValueError(f'ppo.vf_coef must be > 0 with a shared trunk, got {cfg.vf_coef}')
-  copt = config.critic_optimizer
-  try:
-    optim.at_batch(copt, rollout.P)
-  except ValueError as error:
-    raise ValueError(f'critic_optimizer: {error}') from None
-  algos.check_decay('critic_optimizer', copt, config, rollout.P)
+  algos.check_optimizer('critic_optimizer', config.critic_optimizer, config, rollout.P)
 
 
 class PPOBatch(NamedTuple):
