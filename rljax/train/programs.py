@@ -87,8 +87,7 @@ def turn_program(s, sampling, num, mesh, params):
 def partial_programs(s):
   """The partial schedule's `admit` and `advance`, on the pool of two batches of groups."""
   P, G, pad_id = s.config.rollout.P, s.config.rollout.G, s.sampling.pad_id
-  pool = jax.eval_shape(lambda: partial_lib.empty(
-      s.model.cfg, 2 * P, G, s.config.rollout.slots, s.prompt_len, s.new_tokens, pad_id=pad_id))
+  pool = jax.eval_shape(lambda: schedules.Partial.empty_pool(s))
   pool = sharding.abstract(pool, jax.tree.map(lambda _: sharding.replicated(s.mesh), pool))
   admit = jax.jit(functools.partial(partial_lib.admit, pad_id=pad_id), donate_argnums=0)
   advance = jax.jit(functools.partial(partial_lib.advance, s.model, cfg=s.sampling,

@@ -155,6 +155,13 @@ class Partial(Schedule):
       raise ValueError('the partial schedule needs a fixed batch: its pool holds two batches of '
                        'groups; turn auto_batch off (P=auto) or choose another rollout.schedule')
 
+  @staticmethod
+  def empty_pool(s):
+    """The pool of the run of Shape `s` with nothing in it: two batches of free groups."""
+    rollout = s.config.rollout
+    return partial_lib.empty(s.model.cfg, 2 * rollout.P, rollout.G, s.sampling.slots,
+                             s.prompt_len, s.new_tokens, pad_id=s.sampling.pad_id)
+
   def __init__(self, sampler, programs, rollout_cfg):
     self.sampler = sampler
     self.admit, self.advance, self.pool = programs   # jitted admit and advance; the empty pool
@@ -341,11 +348,8 @@ def make(config, s, sampler, programs, to_sampler):
   'partial', `programs` (rljax.train.programs)."""
   schedule = kind(config)
   if schedule is Partial:
-    pool = partial_lib.empty(s.model.cfg, 2 * config.rollout.P, config.rollout.G,
-                             config.rollout.slots, s.prompt_len, s.new_tokens,
-                             pad_id=s.sampling.pad_id)
     return Partial(sampler, (programs['admit'].fn, programs['advance'].fn,
-                             sharding.place(pool, s.mesh)), config.rollout)
+                             sharding.place(Partial.empty_pool(s), s.mesh)), config.rollout)
   if schedule is DrawnAhead:
     return DrawnAhead(sampler, to_sampler, s.mesh,
                       empty_ahead(sampler, s.sampler_params, config.rollout.P))
