@@ -41,10 +41,14 @@ def value_of(batch, arm_config):
   return batch // arm_config.rollout.G
 
 
+def at_base(config):
+  """(lr, clip) that config.arm's optimizer gives the base batch; its lr is the centre of the
+  calibration sweep (`default_lr0`)."""
+  return optim.at_batch(config.arm.optimizer, batch_of(config.protocol.base, config.arm))
+
+
 def default_lr0(config):
-  """The lr that config.arm gives the base batch: the centre of the calibration sweep."""
-  lr, _ = optim.at_batch(config.arm.optimizer, batch_of(config.protocol.base, config.arm))
-  return lr
+  return at_base(config)[0]
 
 
 def arm_config(config, workdir, value, lr0, control=False, target=None):
@@ -57,8 +61,7 @@ def arm_config(config, workdir, value, lr0, control=False, target=None):
   p = config.protocol
   arm = algos.with_batch(config.arm, value)
   batch, base_batch = batch_of(value, arm), batch_of(p.base, config.arm)
-  _, base_clip = optim.at_batch(config.arm.optimizer, base_batch)
-  arm.optimizer.update(lr=lr0, base_batch=base_batch, max_grad_norm=base_clip)
+  arm.optimizer.update(lr=lr0, base_batch=base_batch, max_grad_norm=at_base(config)[1])
   # B_simple needs >= 2 micro-batches a step (rljax/update.py); quick mode reads the base's.
   arm.train.micro_batch = min(arm.train.micro_batch or batch, batch // p.min_micro_batches)
   if control:   # the paper's failure case: a larger batch at the base arm's lr

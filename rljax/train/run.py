@@ -73,7 +73,7 @@ def abstract_setup(config, mesh, rollout_mesh=None):
   rng = jax.random.PRNGKey(config.seed)
   init_fn = functools.partial(model_lib.init_params, model.cfg)
   params, _ = sharding.init_params(init_fn, rng, mesh, abstract_only=True)
-  algo = algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(rng, 1))
+  algo = make_algorithm(config, model, params, mesh, rng)
   batch = algos.batch_size(config)
   micro = config.train.micro_batch or batch // config.train.num_minibatches
   rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
@@ -83,6 +83,11 @@ def abstract_setup(config, mesh, rollout_mesh=None):
                                        schedules.sampler_group(config, rollout_mesh))
   return Shape(config, model, mesh, algo, params, prompt_len, new_tokens, batch, micro,
                rollout_mesh, sampler_params, sampling, tasks.env(config))
+
+
+def make_algorithm(config, model, params, mesh, rng):
+  """The config's algorithm (rljax.algos.<algo>) over `params`, with its own key from `rng`."""
+  return algos.get(config.algo).make(config, model, params, mesh, jax.random.fold_in(rng, 1))
 
 
 def _model_and_task(config):
@@ -185,8 +190,7 @@ def _initial_carry(config, s, progs, task, evaluate, workdir, meta):
             if meta is None or s.algo.adapts else
             sharding.init_params(functools.partial(model_lib.init_params, s.model.cfg), init_rng,
                                  s.mesh)[0])   # a template: the checkpoint's values replace it
-  algo = algos.get(config.algo).make(config, s.model, params, s.mesh,
-                                     jax.random.fold_in(init_rng, 1))
+  algo = make_algorithm(config, s.model, params, s.mesh, init_rng)
   algo = jit_schedules(algo._replace(make_batch=progs['make_batch'].fn,
                                      update=progs['update'].fn))
   # A copy of the initial policy: the update donates the policy's buffers. LoRA's base is never
