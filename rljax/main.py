@@ -63,7 +63,7 @@ def guarded(fn):
   exit code; `stop` (preemption.StopRequest) ends a run at its next step with a checkpoint."""
   # Imported here, after flag parsing: jax reads XLA_FLAGS when first imported.
   from rljax.train import checkpoint  # pylint: disable=g-import-not-at-top
-  from rljax.train import preemption  # pylint: disable=g-import-not-at-top
+  from rljax import preemption  # pylint: disable=g-import-not-at-top
   try:
     with preemption.StopRequest() as stop:
       fn(stop)

@@ -1,11 +1,11 @@
-"""rljax.train.preemption.StopRequest in this process (SIGUSR1 stands in for SIGTERM so a stray signal
+"""rljax.preemption.StopRequest in this process (SIGUSR1 stands in for SIGTERM so a stray signal
 cannot stop the test runner); the CLI's SIGTERM / SIGINT path is in tests/test_reliability.py."""
 import os
 import signal
 
 import pytest
 
-from rljax.train import preemption
+from rljax import preemption
 
 
 def test_first_signal_is_a_request_the_second_goes_through():

@@ -23,7 +23,7 @@ import rljax_cli as cli
 
 pytestmark = pytest.mark.e2e   # real `python -m rljax.main` processes, killed and resumed
 
-STOPPED = 75   # rljax.train.preemption.EXIT_CODE, spelled out: the documented contract
+STOPPED = 75   # rljax.preemption.EXIT_CODE, spelled out: the documented contract
 
 
 def _kill_when(process, moment, timeout=900):
@@ -173,7 +173,7 @@ _AGREE = '''
 import sys, time
 import jax
 jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
-from rljax.train import preemption
+from rljax import preemption
 with preemption.StopRequest() as stop:
   print('ready', flush=True)
   for step in range(1, 100_000):

@@ -1,1 +1,1 @@
-"""One training run: its setup, the RL step and loop, evaluation, warm start, checkpoints, logs, preemption."""
+"""One training run: its setup, the RL step and loop, evaluation, warm start, checkpoints, logs."""

@@ -18,11 +18,11 @@ from rljax.auto_batch import state as auto_state
 from rljax import collective
 from rljax.envs import reward as reward_lib
 from rljax import files
+from rljax import preemption
 from rljax.rollout import sampler as sampler_lib
 from rljax import sharding
 from rljax import stats
 from rljax.train import evaluation
-from rljax.train import preemption
 from rljax.train import run as run_lib
 from rljax.train import schedules
 from rljax.train import workdir as workdir_lib
