@@ -107,6 +107,23 @@ def _tiny():
     ('model.experts_per_token', 5, r'model.experts_per_token \(5\) must be in \[1, num_experts=4\]'),
     ('model.num_kv_heads', 3, r'model.num_heads \(4\) must be a multiple of num_kv_heads \(3\)'),
     ('debug.nan_steps', '9-3', r"bad step range '9-3'"),
+    ('model.d_model', 0, r'model.d_model must be an integer >= 1, got 0'),
+    ('model.num_layers', 0, r'model.num_layers must be an integer >= 1, got 0'),
+    ('model.head_dim', -1, r'model.head_dim must be an integer >= 1, got -1'),
+    ('model.num_kv_heads', 0, r'model.num_kv_heads must be an integer >= 1, got 0'),
+    ('model.vocab_size', 0, r'model.vocab_size must be an integer >= 1, got 0'),
+    ('model.expert_hidden', 0, r'model.expert_hidden must be an integer >= 1, got 0'),
+    ('model.num_experts', -1, r'model.num_experts must be an integer >= 0, got -1'),
+    ('model.rope_theta', 0.0, r'model.rope_theta must be a positive number, got 0.0'),
+    ('model.norm_eps', -1e-6, r'model.norm_eps must be a positive number, got -1e-06'),
+    ('model.init_std', float('nan'), r'model.init_std must be a positive number, got nan'),
+    ('model.dtype', 'float8', r"model.dtype must be one of \['bfloat16', 'float32'\], got 'float8'"),
+    ('model.param_dtype', 'int8', r"model.param_dtype must be one of \['bfloat16', 'float32'\]"),
+    ('model.remat', 'some', r"model.remat must be one of \['dots', 'full', 'none'\], got 'some'"),
+    ('warmstart.lr', 0.0, r'warmstart.lr must be a positive number, got 0.0'),
+    ('warmstart.threshold', 2.0, r'warmstart.threshold \(an accuracy\) must be in \[0, 1\]'),
+    ('warmstart.batch', 0, r'warmstart needs batch >= 1, eval_every >= 1 and 0 <= min_steps'),
+    ('warmstart.min_steps', 10**6, r'warmstart needs .*; got 128, 25, 1000000, \d+'),
 ])
 def test_bad_field(field, value, message):
   config = _tiny()

@@ -10,6 +10,7 @@ Sequences are LEFT-padded prompts followed by responses. `kv_valid_BxS` marks re
 positions count real tokens only, so a prompt's position ids do not depend on its padding.
 """
 import dataclasses
+import math
 from typing import Any, NamedTuple, Optional
 
 import flax.linen as nn
@@ -52,6 +53,38 @@ class ModelConfig:
     if unknown:
       raise ValueError(f'unknown model config fields: {sorted(unknown)}')
     return cls(**values)
+
+
+DTYPES = ('float32', 'bfloat16')   # compute and master-weight dtypes
+
+
+def check(model):
+  """ValueError naming the first bad field of a config's `model` section (a ConfigDict or a
+  ModelConfig): sizes, numbers and choices, before anything is built from them."""
+  sizes = ['vocab_size', 'd_model', 'num_layers', 'num_heads', 'num_kv_heads', 'head_dim',
+           'max_seq_len', 'expert_hidden' if model.num_experts else 'dense_hidden']
+  for name in sizes + ['num_experts']:
+    value, low = getattr(model, name), 0 if name == 'num_experts' else 1
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+      raise ValueError(f'model.{name} must be an integer >= {low}, got {value!r}')
+  for name in ('rope_theta', 'norm_eps', 'init_std'):
+    value = getattr(model, name)
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+      raise ValueError(f'model.{name} must be a positive number, got {value!r}')
+  for name, choices in (('dtype', DTYPES), ('param_dtype', DTYPES), ('moe_impl', moe.EXPERT_IMPLS),
+                        ('remat', ('none', *REMAT_POLICIES))):
+    if getattr(model, name) not in choices:
+      raise ValueError(f'model.{name} must be one of {sorted(choices)}, got '
+                       f'{getattr(model, name)!r}')
+  if model.num_experts and not 0 < model.experts_per_token <= model.num_experts:
+    raise ValueError(f'model.experts_per_token ({model.experts_per_token}) must be in '
+                     f'[1, num_experts={model.num_experts}]')
+  if model.router_replay and not model.num_experts:
+    raise ValueError('model.router_replay needs a mixture of experts (model.num_experts > 0): a '
+                     'dense model routes nothing')
+  if model.num_heads % model.num_kv_heads:
+    raise ValueError(f'model.num_heads ({model.num_heads}) must be a multiple of '
+                     f'num_kv_heads ({model.num_kv_heads})')
 
 
 # The residual stream: rows split like the batch, features whole on every device.

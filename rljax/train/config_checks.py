@@ -13,11 +13,12 @@ import jax
 from rljax import algos
 from rljax.auto_batch import state as auto_state
 from rljax.model import lora
-from rljax.model import moe
+from rljax.model import transformer as model_lib
 from rljax import sharding
 from rljax import tasks
 from rljax.train import checkpoint
 from rljax.train import schedules
+from rljax.train import warmstart
 
 
 def check(config, device_count=None, process_count=None):
@@ -25,11 +26,14 @@ def check(config, device_count=None, process_count=None):
   device_count = jax.device_count() if device_count is None else device_count
   process_count = jax.process_count() if process_count is None else process_count
   schedules.check(config, device_count, process_count)
-  _check_model(config.model)
+  model_lib.check(config.model)
+  lora.check(config.model.get('lora'))
   algos.check(config)
   _check_loop(config)
   checkpoint.check(config.train)
   tasks.check(config, process_count)
+  if config.warmstart.enabled and not config.init.hf_path:   # a Hugging Face start has none
+    warmstart.check(config.warmstart, process_count)
   batch, micro = algos.batch_size(config), config.train.micro_batch
   batches = [('the batch P*G', batch), ('the minibatch', batch // config.train.num_minibatches)]
   sharding.check_mesh(config.mesh, device_count - config.rollout.devices,
@@ -54,22 +58,6 @@ def _check_loop(config):
       raise ValueError(f'train.{key} must be >= 0 (0: {meaning}), got {train[key]}')
   if config.optimizer.max_bad_steps < 1:
     raise ValueError(f'optimizer.max_bad_steps must be >= 1, got {config.optimizer.max_bad_steps}')
-
-
-def _check_model(model):
-  lora.check(model.get('lora'))
-  if model.moe_impl not in moe.EXPERT_IMPLS:
-    raise ValueError(f'model.moe_impl must be one of {sorted(moe.EXPERT_IMPLS)}, got '
-                     f'{model.moe_impl!r}')
-  if model.num_experts and not 0 < model.experts_per_token <= model.num_experts:
-    raise ValueError(f'model.experts_per_token ({model.experts_per_token}) must be in '
-                     f'[1, num_experts={model.num_experts}]')
-  if model.router_replay and not model.num_experts:
-    raise ValueError('model.router_replay needs a mixture of experts (model.num_experts > 0): a '
-                     'dense model routes nothing')
-  if model.num_heads % model.num_kv_heads:
-    raise ValueError(f'model.num_heads ({model.num_heads}) must be a multiple of '
-                     f'num_kv_heads ({model.num_kv_heads})')
 
 
 def step_set(spec):

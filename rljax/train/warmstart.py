@@ -10,6 +10,7 @@ damaged cache is set aside with one warning line and trained again.
 import functools
 import hashlib
 import json
+import math
 import os
 import time
 from typing import NamedTuple
@@ -115,6 +116,20 @@ def _save(path, params, info):
   cache = checkpoint.Checkpointer(path, every=1, keep=1)   # a step appears only when complete
   cache.save(info['steps'], params, info, force=True)
   cache.close()
+
+
+def check(ws, process_count):
+  """ValueError naming the first bad field of the `warmstart` section (when it is enabled)."""
+  if not (isinstance(ws.lr, (int, float)) and math.isfinite(ws.lr) and ws.lr > 0):
+    raise ValueError(f'warmstart.lr must be a positive number, got {ws.lr!r}')
+  if not 0 <= ws.threshold <= 1:
+    raise ValueError(f'warmstart.threshold (an accuracy) must be in [0, 1], got {ws.threshold}')
+  if ws.batch < 1 or ws.eval_every < 1 or not 0 <= ws.min_steps <= ws.max_steps:
+    raise ValueError(f'warmstart needs batch >= 1, eval_every >= 1 and 0 <= min_steps <= '
+                     f'max_steps; got {ws.batch}, {ws.eval_every}, {ws.min_steps}, {ws.max_steps}')
+  if ws.batch % process_count:
+    raise ValueError(f'warmstart.batch ({ws.batch}) is not divisible by the {process_count} '
+                     'processes (each reads its own slice of the prompts)')
 
 
 def cache_path(config, cache_dir):
