@@ -33,6 +33,12 @@ def check(name, opt_cfg, batch, total_updates=1 << 30):
     value = opt_cfg[key]
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
       raise ValueError(f'{name}.{key} must be a positive number, got {value!r}')
+  if not (0 <= opt_cfg.b1 < 1 and 0 <= opt_cfg.b2 < 1):
+    raise ValueError(f"{name}.b1 and b2 (Adam's moment decays) must be in [0, 1), got "
+                     f'{opt_cfg.b1} and {opt_cfg.b2}')
+  for key in ('eps', 'weight_decay', 'warmup_steps'):
+    if not (math.isfinite(opt_cfg[key]) and opt_cfg[key] >= 0):
+      raise ValueError(f'{name}.{key} must be a number >= 0, got {opt_cfg[key]!r}')
   try:
     schedule_for(opt_cfg, at_batch(opt_cfg, batch)[0], total_updates)
   except ValueError as error:

@@ -124,6 +124,17 @@ def _tiny():
     ('warmstart.threshold', 2.0, r'warmstart.threshold \(an accuracy\) must be in \[0, 1\]'),
     ('warmstart.batch', 0, r'warmstart needs batch >= 1, eval_every >= 1 and 0 <= min_steps'),
     ('warmstart.min_steps', 10**6, r'warmstart needs .*; got 128, 25, 1000000, \d+'),
+    ('warmstart.seed', -2, r"warmstart.seed must be >= 0, or -1 for the run's, got -2"),
+    ('train.max_samples', -1, r'train.max_samples must be >= 0 \(0: none\), got -1'),
+    ('train.target', 1.5, r'train.target \(an accuracy\) must be in \[0, 1\] \(0: none\), got 1.5'),
+    ('train.target', -1.0, r'train.target \(an accuracy\) must be in \[0, 1\]'),
+    ('train.logits_chunk', -1, r'train.logits_chunk must be >= 0 \(0: whole\), got -1'),
+    ('optimizer.b1', 1.0, r"optimizer.b1 and b2 \(Adam's moment decays\) must be in \[0, 1\)"),
+    ('optimizer.eps', -1e-8, r'optimizer.eps must be a number >= 0, got -1e-08'),
+    ('optimizer.weight_decay', float('nan'), r'optimizer.weight_decay must be a number >= 0'),
+    ('optimizer.warmup_steps', -1, r'optimizer.warmup_steps must be a number >= 0, got -1'),
+    ('grpo.moe_aux_coef', -1.0, r'grpo.clip_low, clip_high, kl_coef and moe_aux_coef must be '),
+    ('grpo.clip_low', float('nan'), r'grpo.clip_low, .* must be numbers >= 0, got nan, 0.2'),
 ])
 def test_bad_field(field, value, message):
   config = _tiny()
@@ -260,3 +271,14 @@ def test_tool_tasks_take_ppo_and_several_processes():
   config = grpo.get_config('runlocal,P=4,G=4,task=tools')
   config.train.micro_batch = 8
   config_checks.check(config, device_count=2, process_count=2)   # tests/test_multihost.py runs it
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('mode', 'bogus', r"mode must be 'train' \(one run\) or 'protocol', got 'bogus'"),
+    ('seed', -1, r'seed must be >= 0, got -1'),
+])
+def test_bad_top_level_field(field, value, message):
+  config = _tiny()
+  config[field] = value
+  with pytest.raises(ValueError, match=message):
+    config_checks.check(config, device_count=1, process_count=1)

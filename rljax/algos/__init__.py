@@ -12,6 +12,7 @@ So a new algorithm is one new file here plus a config file; nothing else changes
 algorithm's batch argument is rollout.P (GRPO's prompts, PPO's B with G = 1), so the batch has one
 owner: `batch_size` and `with_batch` below.
 """
+import math
 import sys
 from typing import Callable, NamedTuple
 
@@ -105,9 +106,10 @@ def check_policy_loss(name, cfg):
     raise ValueError(f'{name}.loss_agg {cfg.loss_agg!r} is not one of {losses.AGGREGATION_MODES}')
   if cfg.kl_estimator not in losses.KL_KINDS:
     raise ValueError(f'{name}.kl_estimator {cfg.kl_estimator!r} is not one of {losses.KL_KINDS}')
-  if cfg.clip_low < 0 or cfg.clip_high < 0 or cfg.kl_coef < 0:
-    raise ValueError(f'{name}.clip_low, clip_high and kl_coef must be >= 0, got {cfg.clip_low}, '
-                     f'{cfg.clip_high}, {cfg.kl_coef}')
+  weights = [cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.moe_aux_coef]
+  if not all(math.isfinite(w) and w >= 0 for w in weights):
+    raise ValueError(f'{name}.clip_low, clip_high, kl_coef and moe_aux_coef must be numbers >= 0, '
+                     f'got {", ".join(map(str, weights))}')
   if cfg.kl_coef > 0 and cfg.kl_estimator == 'k1':
     raise ValueError(f"{name}.kl_estimator 'k1' with kl_coef > 0: k1's expected gradient is 0, so "
                      "it does not regularise; use 'k3' (gradient of KL(ref||pi)) or 'k2' (of "

@@ -8,6 +8,8 @@ mesh: rljax.sharding); `check` calls them in turn (P=auto's settings: rljax.auto
 with what only the loop and the model read checked here, and every batch P=auto may reach checked
 as a config of its own.
 """
+import math
+
 import jax
 
 from rljax import algos
@@ -45,15 +47,23 @@ def check(config, device_count=None, process_count=None):
 
 
 def _check_loop(config):
-  """What the loop itself reads: the budget, how often it evaluates and logs, and after how many
-  non-finite updates in a row it stops."""
+  """What the loop itself reads: the mode and seed, the budget and the target, how often it
+  evaluates and logs, the logits' chunks, and after how many non-finite updates in a row it
+  stops."""
   train = config.train
+  if config.mode != 'train':
+    raise ValueError(f"mode must be 'train' (one run) or 'protocol', got {config.mode!r}")
+  if config.seed < 0:
+    raise ValueError(f'seed must be >= 0, got {config.seed}')
   if train.max_samples <= 0 and train.max_steps <= 0:
     raise ValueError('set train.max_samples or train.max_steps to a positive budget')
+  if not (math.isfinite(train.target) and 0 <= train.target <= 1):
+    raise ValueError(f'train.target (an accuracy) must be in [0, 1] (0: none), got {train.target}')
   for key in ('eval_every', 'log_every'):
     if train[key] < 1:
       raise ValueError(f'train.{key} must be >= 1, got {train[key]}')
-  for key, meaning in (('eval_first_samples', 'none'), ('eval_from_samples', 'never')):
+  for key, meaning in (('max_samples', 'none'), ('max_steps', 'none'), ('logits_chunk', 'whole'),
+                       ('eval_first_samples', 'none'), ('eval_from_samples', 'never')):
     if train[key] < 0:
       raise ValueError(f'train.{key} must be >= 0 (0: {meaning}), got {train[key]}')
   if config.optimizer.max_bad_steps < 1:

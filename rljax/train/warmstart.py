@@ -127,6 +127,8 @@ def check(ws, process_count):
   if ws.batch < 1 or ws.eval_every < 1 or not 0 <= ws.min_steps <= ws.max_steps:
     raise ValueError(f'warmstart needs batch >= 1, eval_every >= 1 and 0 <= min_steps <= '
                      f'max_steps; got {ws.batch}, {ws.eval_every}, {ws.min_steps}, {ws.max_steps}')
+  if ws.seed < -1:
+    raise ValueError(f"warmstart.seed must be >= 0, or -1 for the run's, got {ws.seed}")
   if ws.batch % process_count:
     raise ValueError(f'warmstart.batch ({ws.batch}) is not divisible by the {process_count} '
                      'processes (each reads its own slice of the prompts)')
