@@ -418,6 +418,16 @@ def test_arm_overrides_apply_to_every_arm_but_not_to_the_batch():
     ('seed_offset', -1, 'seed_offset'),
     ('calibration_factors', (1.0,), 'calibration_factors'),
     ('targets', (0.3, 1.2), 'targets'),
+    ('level', 1.0, r'protocol.level \(1.0\) must be in \(0, 1\)'),
+    ('level', float('nan'), r'protocol.level \(nan\) must be in \(0, 1\)'),
+    ('n_draws', 0, r'and n_draws \(0\) >= 1'),
+    ('target_fractions', (0.5, 1.0), r'protocol.target_fractions \(0.5, 1.0\) must be in \(0, 1\)'),
+    ('stop_margin', float('nan'), r'protocol.rn_tolerance \(0.2\) and stop_margin \(nan\)'),
+    ('smooth_window', 0, r'protocol.smooth_window must be >= 1, got 0'),
+    ('checkpoint_every_evals', 0, r'protocol.checkpoint_every_evals must be >= 1'),
+    ('confirm_seeds', 0, r'protocol.confirm_seeds must be >= 1'),
+    ('analysis_seed', -1, r'protocol.analysis_seed must be >= 0'),
+    ('warmstart_seed', -1, r'protocol.warmstart_seed must be >= 0'),
 ])
 def test_bad_protocol_settings_fail_clearly(field, value, message):
   config = protocol_config.get_config('runlocal,shallow')

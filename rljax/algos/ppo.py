@@ -12,6 +12,7 @@ and ONE update follows policy loss + vf_coef * value loss, each part with its ow
 critic gradient norms are logged separately: the paper finds the critic's barely falls with batch.
 """
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -42,8 +43,10 @@ def check(config):
   if cfg.kl_reward_estimator not in losses.KL_KINDS:
     raise ValueError(f'ppo.kl_reward_estimator {cfg.kl_reward_estimator!r} is not one of '
                      f'{losses.KL_KINDS}')
-  if cfg.kl_reward_coef < 0:
+  if not cfg.kl_reward_coef >= 0:   # NaN too
     raise ValueError(f'ppo.kl_reward_coef must be >= 0, got {cfg.kl_reward_coef}')
+  if not math.isfinite(cfg.value_clip):
+    raise ValueError(f'ppo.value_clip must be a number (<= 0: no clipping), got {cfg.value_clip}')
   for key in ('gamma', 'lam'):
     if not 0 <= cfg[key] <= 1:
       raise ValueError(f'ppo.{key} must be in [0, 1], got {cfg[key]}')

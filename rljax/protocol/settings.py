@@ -57,7 +57,27 @@ def check(config):
   if p.scheduler not in ('', 'slurm'):
     raise ValueError(f"protocol.scheduler must be '' (every run in this process) or 'slurm' (each "
                      f'run a job), got {p.scheduler!r}')
+  _check_analysis(p)
   mlperf.check_settings(p)
+
+
+def _check_analysis(p):
+  """What the analysis reads after every run has trained: refused now, not hours later."""
+  if not 0 < p.level < 1 or p.n_draws < 1:
+    raise ValueError(f'protocol.level ({p.level}) must be in (0, 1) and n_draws ({p.n_draws}) '
+                     '>= 1')
+  if not (p.targets or p.target_fractions) or any(not 0 < f < 1 for f in p.target_fractions):
+    raise ValueError(f'protocol.target_fractions {tuple(p.target_fractions)} must be in (0, 1), '
+                     'with it or protocol.targets naming at least one target')
+  if not (p.rn_tolerance >= 0 and p.stop_margin >= 0):   # NaN too
+    raise ValueError(f'protocol.rn_tolerance ({p.rn_tolerance}) and stop_margin '
+                     f'({p.stop_margin}) must be >= 0')
+  for key in ('smooth_window', 'checkpoint_every_evals', 'confirm_seeds'):
+    if p[key] < 1:
+      raise ValueError(f'protocol.{key} must be >= 1, got {p[key]}')
+  for key in ('analysis_seed', 'warmstart_seed'):
+    if p[key] < 0:
+      raise ValueError(f'protocol.{key} must be >= 0, got {p[key]}')
 
 
 def check_arms(config, arm_list):
