@@ -316,6 +316,7 @@ def test_p_auto_turns_it_on_at_the_lower_bound_with_a_constant_lr():
     (dict(min=1, max=32), 'auto_batch at rollout.P=1: the noise scale needs 2 micro-batches'),
     (dict(verify_samples=0), r'verify_samples >= 1; got .*, 0$'),
     (dict(window=4, probe_steps=8), 'window >= probe_steps'),
+    (dict(compile_s=float('nan')), r"auto_batch.compile_s must be a number .*, got nan"),
 ])
 def test_bad_bounds_are_one_clear_error(bounds, message):
   with pytest.raises(ValueError, match=message):

@@ -47,6 +47,9 @@ def check(config):
     raise ValueError(f'auto_batch needs every_samples >= 1, probe_steps >= 2, window >= '
                      f'probe_steps, margin >= 0 and verify_samples >= 1; got {auto.every_samples}, '
                      f'{auto.probe_steps}, {auto.window}, {auto.margin}, {auto.verify_samples}')
+  if not math.isfinite(auto.compile_s):
+    raise ValueError(f"auto_batch.compile_s must be a number (< 0: the run's longest compiling "
+                     f'step), got {auto.compile_s}')
   if auto.throughput_file and not os.path.isfile(auto.throughput_file):
     raise ValueError(f'auto_batch.throughput_file {auto.throughput_file} is not a file')
   for section in ('optimizer', 'critic_optimizer'):
