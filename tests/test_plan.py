@@ -244,6 +244,14 @@ def test_oversize_config_does_not_fit_with_breakdown():
     planner.plan(config, target, costs=False)
 
 
+def test_a_bad_config_is_its_own_error_not_a_mesh_that_does_not_fit():
+  """Every candidate mesh refuses it alike: the plan says the config's error as it is."""
+  config = grpo_config.get_config('runlocal')
+  config.model.d_model = 0
+  with pytest.raises(ValueError, match=r'^model.d_model must be an integer >= 1, got 0$'):
+    planner.plan(config, targets.parse_target('tpu:v5e-8'), costs=False)
+
+
 def test_a_lora_plan_states_the_memory_it_saves():
   """Parameters + optimizer state with LoRA adapters against full fine-tuning of the same model:
   the latter is what the full fine-tuning plan holds; the adapters count as the formula says."""

@@ -395,6 +395,8 @@ def _plan(config, target, mesh_cfg, costs, compile_programs_too, decode_batches)
       continue
     report['proposed_mesh'] = True
     return report
+  if len(set(failures)) == 1 and 'does not fit' not in failures[0]:
+    raise ValueError(failures[0])   # the same on every mesh: the config's own, not a mesh's
   fit = [f for f in failures if 'does not fit' in f]
   raise ValueError(f'no mesh fits {target.name}; the first tried: {(fit or failures)[0]}')
 
