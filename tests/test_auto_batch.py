@@ -183,7 +183,8 @@ def test_a_point_lost_in_the_noise_is_an_unbounded_noise_scale_with_its_lower_en
 def test_the_switch_line_names_an_unbounded_noise_scale_with_its_interval():
   row = dict(step=128, auto_from=2, auto_to=32, lr=1e-5, auto_lr=4e-5, auto_noise_scale=None,
              auto_noise_lo=422.4, auto_noise_hi=None, auto_gain=15.7, auto_reason='try')
-  assert '| B_noise unbounded [422, inf] | predicted gain 15.70 | try' in auto_hook._switch_line(row, 'P')
+  assert ('| B_noise unbounded [422, inf] | predicted gain 15.70 | try'
+          in auto_hook._switch_line(row, 'P'))
   row.update(auto_noise_scale=709.2, auto_noise_hi=928.0)
   assert '| B_noise 709 [422, 928] |' in auto_hook._switch_line(row, 'P')
   row.update(auto_noise_scale=None, auto_noise_lo=None)   # not estimable: no move made on it

@@ -443,8 +443,10 @@ def test_one_ppo_update_moves_actor_and_critic_and_logs_both_norms(share_trunk):
     ('runlocal', dict(critic_optimizer=dict(b2=1.0)), 'critic_optimizer.b1 and b2'),
     ('runlocal', dict(ppo=dict(loss_agg='sum')), 'ppo.loss_agg'),
     ('runlocal', dict(ppo=dict(share_trunk=True, vf_coef=0.0)), 'ppo.vf_coef must be > 0'),
-    ('runlocal', dict(critic_optimizer=dict(lr=0.0)), 'critic_optimizer.lr must be a positive number, got 0.0'),
-    ('runlocal', dict(critic_optimizer=dict(lr_rule='cubic')), "critic_optimizer.lr_rule 'cubic' is unknown"),
+    ('runlocal', dict(critic_optimizer=dict(lr=0.0)),
+     'critic_optimizer.lr must be a positive number, got 0.0'),
+    ('runlocal', dict(critic_optimizer=dict(lr_rule='cubic')),
+     "critic_optimizer.lr_rule 'cubic' is unknown"),
 ])
 def test_bad_ppo_configs_name_the_field(arg, overrides, message):
   from configs import ppo as ppo_config_file

@@ -34,7 +34,8 @@ class Hook:
 
   def __init__(self, config, run, meta):
     self.config, self.settings = config, config.auto_batch
-    self.programs = {config.rollout.P: _done((run.config, run.algo, run.batch))}   # {P: future}
+    # {P: future of (config, algo, batch)}
+    self.programs = {config.rollout.P: _done((run.config, run.algo, run.batch))}
     self.ready = {config.rollout.P}   # batches whose programs are at hand: a look may move there
     self.compiled = set()   # batches that ran in this process: their next steps do not compile
     self.pool = futures.ThreadPoolExecutor(1, thread_name_prefix='rljax-compile-ahead')
@@ -139,10 +140,10 @@ def at_batch(run, base_config, P, programs, data_state):
 
 
 def compiled_programs(run, base_config, P):
-  """(config, algorithm, responses per batch) of `run` at batch P, with the programs its steps call compiled: the
-  sampler's at P, `make_batch`, `update` and the schedules. Compiled here rather than at their
-  first call, so that it can be done ahead of a move (Hook._ahead); a call then
-  finds them in jit's caches."""
+  """(config, algorithm, responses per batch) of `run` at batch P, with the programs its steps
+  call compiled: the sampler's at P, `make_batch`, `update` and the schedules. Compiled here
+  rather than at their first call, so that it can be done ahead of a move (Hook._ahead); a call
+  then finds them in jit's caches."""
   config = state_lib.config_at(base_config, P)
   sampler = run.schedule.sampler   # the run's, its settings (rows per prompt) fixed at setup
   shape = run_lib.abstract_setup(config, run.mesh, sampler.mesh)._replace(

@@ -48,6 +48,7 @@ def at_base(config):
 
 
 def default_lr0(config):
+  """The lr that config.arm gives the base batch: the centre of the calibration sweep."""
   return at_base(config)[0]
 
 
