@@ -263,10 +263,11 @@ def test_evaluations_come_after_every_step_from_eval_from_samples_on():
   config = grpo_config.get_config('P=16,G=16')   # B = 256: boundaries 4608, 4864, ...
   config.train.eval_every, config.train.eval_from_samples = 4, 4608
   due = [step for step in range(1, 25)
-         if loop.eval_due(config, {'step': step}, 256 * (step - 1), 256 * step)]
+         if loop.eval_due(config.train, 256, False, {'step': step}, 256 * (step - 1), 256 * step)]
   assert due == [4, 8, 12, 16] + list(range(18, 25))
   config.train.eval_from_samples = 0
-  assert [s for s in range(1, 25) if loop.eval_due(config, {'step': s}, 0, 256 * s)] == [
+  assert [s for s in range(1, 25)
+          if loop.eval_due(config.train, 256, False, {'step': s}, 0, 256 * s)] == [
       4, 8, 12, 16, 20, 24]
 
 

@@ -84,14 +84,13 @@ def test_evaluations_before_the_grid_come_at_each_doubling_of_eval_first_samples
   """Batch 16, a grid of 128 steps (2048 samples): evals at 256, 512 and 1024 samples first."""
   config = grpo_config.get_config('runlocal,P=2')   # 2 x G 8 = 16 responses a step
   config.train.update(eval_every=128, eval_first_samples=256)
-  due = [s for s in range(1, 300) if train.eval_due(config, dict(step=s), 16 * (s - 1), 16 * s)]
-  assert due == [16, 32, 64, 128, 256]
+  due = lambda last: [s for s in range(1, last)
+                      if train.eval_due(config.train, 16, False, dict(step=s), 16 * (s - 1), 16 * s)]
+  assert due(300) == [16, 32, 64, 128, 256]
   config.train.eval_first_samples = 0
-  assert [s for s in range(1, 300)
-          if train.eval_due(config, dict(step=s), 16 * (s - 1), 16 * s)] == [128, 256]
+  assert due(300) == [128, 256]
   config.train.eval_first_samples = 24   # not a multiple of the batch: the step that passes it
-  assert [s for s in range(1, 70) if train.eval_due(config, dict(step=s), 16 * (s - 1),
-                                                    16 * s)] == [2, 3, 6, 12, 24, 48]
+  assert due(70) == [2, 3, 6, 12, 24, 48]
 
 
 def test_rollout_stats_match_numpy():

@@ -62,15 +62,16 @@ def batch_size(config):
   return config.rollout.P * config.rollout.G
 
 
-def with_batch(config, value, micro_batches=None):
+def with_batch(config, value, keep_micro_batches=False):
   """A copy of `config` whose batch argument is `value`; micro-batches (memory only) capped at
-  the new batch, or `micro_batches` of them a minibatch (auto_batch keeps its starting count, so
-  the noise scale's two micro-batch sizes scale with the batch)."""
+  the new batch, or as many of them a minibatch as before (auto_batch keeps its starting count,
+  so the noise scale's two micro-batch sizes scale with the batch)."""
+  count = micro_batches(config) if keep_micro_batches else None
   config = ml_collections.ConfigDict(config.to_dict())
   config.rollout.P = value
   config.train.micro_batch = min(config.train.micro_batch, batch_size(config))
-  if micro_batches:
-    config.train.micro_batch = batch_size(config) // config.train.num_minibatches // micro_batches
+  if keep_micro_batches:
+    config.train.micro_batch = batch_size(config) // config.train.num_minibatches // count
   return config
 
 

@@ -29,8 +29,9 @@ def enabled(config):
 
 
 def check(config):
-  """ValueError naming the first bad auto_batch setting of `config`; else the batches (rollout.P
-  values) the run may reach, each of which the caller checks as a config of its own."""
+  """ValueError naming the first bad auto_batch setting of `config`; else {P: the config at
+  rollout.P = P} for every batch the run may reach (`config_at`), each with the two micro-batches
+  a minibatch its noise scale needs; the caller checks each as a config of its own."""
   auto, arg = config.auto_batch, algos.get(config.algo).BATCH_ARG
   unit = f'auto_batch bounds are in rollout.P ({arg} of {config.algo})'
   if not (rule.is_power_of_two(auto.min) and rule.is_power_of_two(auto.max)):
@@ -56,13 +57,19 @@ def check(config):
     if section in config and config[section].decay != 'constant':
       raise ValueError(f"auto_batch needs {section}.decay='constant' (a decay's horizon is in "
                        f'updates, which a changing batch moves), got {config[section].decay!r}')
-  return batches
+  configs = {P: config_at(config, P) for P in batches}
+  for P, at_P in configs.items():
+    if algos.micro_batches(at_P) < 2:
+      raise ValueError(f'auto_batch at rollout.P={P}: the noise scale needs 2 micro-batches per '
+                       f'minibatch; set train.micro_batch below {algos.batch_size(at_P)} '
+                       f'/ num_minibatches')
+  return configs
 
 
 def config_at(config, P):
   """`config` at batch P as P=auto runs it: the micro-batches per minibatch kept, so the noise
   scale's two micro-batch sizes scale with the batch."""
-  return algos.with_batch(config, P, algos.micro_batches(config))
+  return algos.with_batch(config, P, keep_micro_batches=True)
 
 
 def initial_state(config):

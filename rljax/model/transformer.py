@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax.model import layers
+from rljax.model import lora
 from rljax.model import moe
 from rljax import sharding
 
@@ -60,7 +61,8 @@ DTYPES = ('float32', 'bfloat16')   # compute and master-weight dtypes
 
 def check(model):
   """ValueError naming the first bad field of a config's `model` section (a ConfigDict or a
-  ModelConfig): sizes, numbers and choices, before anything is built from them."""
+  ModelConfig): sizes, numbers and choices, its LoRA adapters' included, before anything is
+  built from them."""
   sizes = ['vocab_size', 'd_model', 'num_layers', 'num_heads', 'num_kv_heads', 'head_dim',
            'max_seq_len', 'expert_hidden' if model.num_experts else 'dense_hidden']
   for name in sizes + ['num_experts']:
@@ -85,6 +87,7 @@ def check(model):
   if model.num_heads % model.num_kv_heads:
     raise ValueError(f'model.num_heads ({model.num_heads}) must be a multiple of '
                      f'num_kv_heads ({model.num_kv_heads})')
+  lora.check(getattr(model, 'lora', None))
 
 
 # The residual stream: rows split like the batch, features whole on every device.

@@ -38,9 +38,8 @@ from rljax.protocol import decision as decision_lib
 from rljax.protocol import jobs
 from rljax.protocol import layout
 from rljax.protocol import report as report_lib
-from rljax.protocol.runs import (Arm, arm_config, arms, batch_of, default_lr0, make_arm,
+from rljax.protocol.runs import (arm_config, arms, batch_of, checked_arm, default_lr0, make_arm,
                                  run_arm_seeds, value_of)
-from rljax.train import config_checks
 from rljax.train import loop as train
 from rljax.train import run as run_lib
 
@@ -67,8 +66,7 @@ def calibration_arm(config, workdir, lr, divisor=1):
       p.calibration_eval_every_samples or p.eval_every_samples, divisor, batch_of(p.base, cfg))
   cfg.train.eval_every = max(1, every // batch_of(p.base, cfg))
   cfg.train.checkpoint_every = cfg.train.eval_every * p.checkpoint_every_evals
-  config_checks.check(cfg)
-  return Arm(calibration_name(lr), p.base, batch_of(p.base, cfg), False, cfg)
+  return checked_arm(calibration_name(lr), p.base, cfg)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -101,9 +101,7 @@ def _fixed_fields(rules, cfg):
 
 def _scaled(arm, rules, base_batch):
   """(what is off, the closed rule) for the arm's lr and clip at its batch, or None."""
-  from rljax import optim  # pylint: disable=g-import-not-at-top  (configs/protocol.py reads RULES)
-  opt, b = arm.config.optimizer, arm.batch
-  lr, clip = optim.at_batch(opt, b)
+  lr, clip, b = arm.lr, arm.clip, arm.batch
   if not math.isclose(lr, lr_at(rules, b), rel_tol=1e-9):
     return (f'trains at lr {lr:.6g} at batch {b}',
             f'{rules.lr:.6g} x sqrt({b} / {rules.batch}) = {lr_at(rules, b):.6g} (protocol.lr0, '

@@ -24,6 +24,8 @@ class Arm(NamedTuple):
   batch: int         # responses per update step, the unit of the lr rule (GRPO: P x G)
   control: bool      # fixed lr (the base arm's) instead of the sqrt rule
   config: ml_collections.ConfigDict   # the arm's training config, without a seed
+  lr: float          # what its optimizer gives its batch (optim.at_batch): the lr and the clip
+  clip: float
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,19 +96,24 @@ def arms(config, workdir, lr0=None, target=None):
 
 def make_arm(config, workdir, value, lr0, control=False, target=None):
   """The arm at batch argument `value` (`arm_config`, checked), named by it: P16, P32_fixed_lr."""
-  cfg = arm_config(config, workdir, value, lr0, control, target)
-  config_checks.check(cfg)
   name = f'{algos.get(config.algo).BATCH_ARG}{value}' + ('_fixed_lr' if control else '')
-  return Arm(name, value, batch_of(value, cfg), control, cfg)
+  return checked_arm(name, value, arm_config(config, workdir, value, lr0, control, target),
+                     control)
+
+
+def checked_arm(name, value, cfg, control=False):
+  """The Arm that trains `cfg` at batch argument `value`, once the config check passes it."""
+  config_checks.check(cfg)
+  batch = batch_of(value, cfg)
+  return Arm(name, value, batch, control, cfg, *optim.at_batch(cfg.optimizer, batch))
 
 
 def arm_spec(arm):
   """arm.json: what the report reads about an arm."""
-  opt, groups = arm.config.optimizer, arm.config.rollout.G > 1
-  lr, clip = optim.at_batch(opt, arm.batch)
+  groups = arm.config.rollout.G > 1
   return dict(name=arm.name, batch=arm.batch, value=arm.value, P=arm.value if groups else None,
-              G=arm.config.rollout.G if groups else None, lr=lr, lr_rule=opt.lr_rule,
-              control=arm.control, clip=clip)
+              G=arm.config.rollout.G if groups else None, lr=arm.lr,
+              lr_rule=arm.config.optimizer.lr_rule, control=arm.control, clip=arm.clip)
 
 
 # ------------------------------------------------------------------------------------------------

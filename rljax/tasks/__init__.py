@@ -78,7 +78,7 @@ def check(config, process_count):
   if data.dir and os.path.exists(data.dir) and not os.path.isdir(data.dir):
     raise ValueError(f'data.dir {data.dir} exists and is not a directory')
   if config.reward != 'auto':   # 'auto': the task's own verifier
-    rewards.get_reward_fn(config.reward)  # raises on an unknown verifier
+    reward_fn(config)   # raises on an unknown verifier
   if P % process_count:
     raise ValueError(f'rollout.P ({P}) is not divisible by the {process_count} processes (each '
                      'reads its own slice of the prompts)')
@@ -122,6 +122,11 @@ def make_task(config) -> Task:
   data_dir = config.data.dir or os.path.expanduser('~/.cache/rljax/datasets')
   tokenizer, train_source, test_source = task.make(config, data_dir)
   prompt_len, max_new_tokens, _ = task.lengths(config)
-  reward = config.reward if config.reward != 'auto' else task.REWARD
   return Task(tokenizer, train_source, test_source, prompt_len, max_new_tokens,
-              rewards.get_reward_fn(reward), env(config), getattr(task, 'demonstration', None))
+              reward_fn(config), env(config), getattr(task, 'demonstration', None))
+
+
+def reward_fn(config):
+  """The verifier config.reward names; 'auto': the named task's own."""
+  reward = config.reward if config.reward != 'auto' else get(name_of(config)).REWARD
+  return rewards.get_reward_fn(reward)

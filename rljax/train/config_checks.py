@@ -14,7 +14,6 @@ import jax
 
 from rljax import algos
 from rljax.auto_batch import state as auto_state
-from rljax.model import lora
 from rljax.model import transformer as model_lib
 from rljax import sharding
 from rljax import tasks
@@ -29,7 +28,6 @@ def check(config, device_count=None, process_count=None):
   process_count = jax.process_count() if process_count is None else process_count
   schedules.check(config, device_count, process_count)
   model_lib.check(config.model)
-  lora.check(config.model.get('lora'))
   algos.check(config)
   _check_loop(config)
   checkpoint.check(config.train)
@@ -85,21 +83,12 @@ def step_set(spec):
 def _check_auto_batch(config, device_count, process_count):
   """auto_batch's settings (rljax.auto_batch.state.check), then every batch the run may reach
   checked as a config of its own."""
-  for P in auto_state.check(config):
-    _check_batch(auto_state.config_at(config, P), P, device_count, process_count)
-
-
-def _check_batch(config, P, device_count, process_count):
-  """One batch auto_batch may choose: the whole config check at it, and two micro-batches."""
-  config.auto_batch.enabled = False
-  try:
-    check(config, device_count, process_count)
-  except ValueError as error:
-    raise ValueError(f'auto_batch at rollout.P={P}: {error}') from None
-  if algos.micro_batches(config) < 2:
-    raise ValueError(f'auto_batch at rollout.P={P}: the noise scale needs 2 micro-batches per '
-                     f'minibatch; set train.micro_batch below {algos.batch_size(config)} '
-                     f'/ num_minibatches')
+  for P, at_P in auto_state.check(config).items():
+    at_P.auto_batch.enabled = False
+    try:
+      check(at_P, device_count, process_count)
+    except ValueError as error:
+      raise ValueError(f'auto_batch at rollout.P={P}: {error}') from None
 
 
 def check_lengths(prompt_len, max_new_tokens, model_cfg, vocab_size):

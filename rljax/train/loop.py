@@ -14,7 +14,6 @@ import jax.numpy as jnp
 
 from rljax import algos
 from rljax.auto_batch import hook as auto_hook
-from rljax.auto_batch import state as auto_state
 from rljax import collective
 from rljax.envs import reward as reward_lib
 from rljax import files
@@ -156,18 +155,18 @@ def _check_updates(run, carry, row, workdir):
         f'is step {run.ckpt.latest_step()} in {workdir}/checkpoints.')
 
 
-def eval_due(config, row, samples_before, samples_after):
-  """Every train.eval_every steps; with auto_batch every as many samples as those steps hold at
-  the starting batch, so the eval grid stays in samples while the batch changes. Before the first
-  of those, at train.eval_first_samples x 2^k (when > 0). After every step once
-  train.eval_from_samples are trained (when > 0): MLPerf's validation boundaries."""
-  if 0 < config.train.eval_from_samples <= samples_after:
+def eval_due(train, batch, moves, row, samples_before, samples_after):
+  """Every train.eval_every steps; when the batch `moves` (auto_batch) every as many samples as
+  those steps hold at the starting `batch`, so the eval grid stays in samples while the batch
+  changes. Before the first of those, at train.eval_first_samples x 2^k (when > 0). After every
+  step once train.eval_from_samples are trained (when > 0): MLPerf's validation boundaries."""
+  if 0 < train.eval_from_samples <= samples_after:
     return True
-  every = config.train.eval_every * algos.batch_size(config)
-  if _lead_in_due(config.train.eval_first_samples, every, samples_before, samples_after):
+  every = train.eval_every * batch
+  if _lead_in_due(train.eval_first_samples, every, samples_before, samples_after):
     return True
-  if not auto_state.enabled(config):
-    return row['step'] % config.train.eval_every == 0
+  if not moves:
+    return row['step'] % train.eval_every == 0
   return samples_after // every > samples_before // every
 
 
@@ -189,6 +188,7 @@ def train(config, workdir, stop=None, shape=None):
   the config checked and set up abstractly (run.checked_shape), when the caller has it.
   """
   run, carry, meta = run_lib.setup(config, workdir, shape)
+  start_batch = run.batch
   auto_batch, run = auto_hook.start(config, run, meta)
   noise = stats.NoiseScaleWindow(files.read_jsonl(run.writer.path))   # goes on on resume
   if meta['step'] and _done(config.train, meta) and jax.process_index() == 0:
@@ -207,7 +207,8 @@ def train(config, workdir, stop=None, shape=None):
       run, meta = auto_batch.after_step(run, meta, row)
     run.writer.train(row, console=row['step'] % config.train.log_every == 0)
     _check_updates(run, carry, row, workdir)
-    if eval_due(config, row, samples_before, meta['samples']) or _done(config.train, meta):
+    if (eval_due(config.train, start_batch, auto_batch is not None, row, samples_before,
+                 meta['samples']) or _done(config.train, meta)):
       _evaluate(run, carry, meta, step=row['step'], wallclock_s=meta['wallclock_s'])
     done = _done(config.train, meta)   # the evaluation may have reached the target
     # Every process gets the same answer at the same step; a request during the last step is moot.
