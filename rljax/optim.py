@@ -26,9 +26,10 @@ CLIP_RULES = {
 }
 
 
-def check(name, opt_cfg, batch, total_updates=1 << 30):
+def check(name, opt_cfg, batch, train_cfg=None):
   """ValueError naming the first bad field of the optimizer section `name` at `batch` responses,
-  its schedule over a run of `total_updates` included."""
+  its schedule over the updates `train_cfg`'s budget plans (`planned_updates`; None: unbounded)
+  included."""
   for key in ('lr', 'base_batch'):
     value = opt_cfg[key]
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -40,6 +41,7 @@ def check(name, opt_cfg, batch, total_updates=1 << 30):
     if not (math.isfinite(opt_cfg[key]) and opt_cfg[key] >= 0):
       raise ValueError(f'{name}.{key} must be a number >= 0, got {opt_cfg[key]!r}')
   try:
+    total_updates = 1 << 30 if train_cfg is None else planned_updates(train_cfg, batch)
     schedule_for(opt_cfg, at_batch(opt_cfg, batch)[0], total_updates)
   except ValueError as error:
     raise ValueError(f'{name}.{error}') from None

@@ -38,6 +38,7 @@ class Algorithm(NamedTuple):
   make_batch: Callable   # (state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params) -> (batch, stats)
   update: Callable       # (state, batch, ref_params, rng) -> (state, metrics): all epochs and minibatches
   updates_per_batch: int  # optimizer updates in one call of `update`
+  batch: int             # responses per rollout batch (`batch_size`): what one `update` call takes
   schedules: dict        # training-row key -> schedule(update count), e.g. {'lr': ...}
   needs_reference: bool  # whether a frozen copy of the initial policy is used (KL)
   logged: tuple = ()     # update metrics averaged into each training row beyond AVERAGED
@@ -151,4 +152,4 @@ def check_optimizer(name, opt, config, batch):
   budget = (train.max_samples > 0 or train.max_steps > 0) and min(train.num_minibatches,
                                                                     train.num_epochs) >= 1
   # without a budget or with bad loop settings: reported by check() itself
-  optim.check(name, opt, batch, optim.planned_updates(train, batch) if budget else 1 << 30)
+  optim.check(name, opt, batch, train if budget else None)

@@ -98,6 +98,6 @@ def make(config, model, params, mesh, rng, batch_fn=group_batch):
              'opt_state': sharding.init_optimizer(optimizer, trained.tree, mesh)},
       make_batch=sharding.on_mesh(jax.jit(make_batch), mesh),
       update=sharding.on_mesh(jax.jit(update, donate_argnums=0), mesh),
-      updates_per_batch=train.num_epochs * train.num_minibatches,
+      updates_per_batch=train.num_epochs * train.num_minibatches, batch=batch,
       schedules=dict(lr=schedule), needs_reference=bool(section.kl_coef) or trained.adapts,
       policy=_lora.policy_program(trained, params, mesh), adapts=trained.adapts)

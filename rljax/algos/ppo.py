@@ -234,5 +234,6 @@ def make(config, model, params, mesh, rng):
   return algos.Algorithm(
       state=state, make_batch=sharding.on_mesh(jax.jit(make_batch), mesh),
       update=sharding.on_mesh(jax.jit(update_fn, donate_argnums=0), mesh),
-      updates_per_batch=train.num_epochs * train.num_minibatches, schedules=schedules,
+      updates_per_batch=train.num_epochs * train.num_minibatches, batch=batch,
+      schedules=schedules,
       needs_reference=bool(cfg.kl_coef or cfg.kl_reward_coef), logged=LOGGED)

@@ -32,8 +32,8 @@ def check(config):
   """ValueError naming the first bad auto_batch setting of `config`; else {P: the config at
   rollout.P = P} for every batch the run may reach (`config_at`), each with the two micro-batches
   a minibatch its noise scale needs; the caller checks each as a config of its own."""
-  auto, arg = config.auto_batch, algos.get(config.algo).BATCH_ARG
-  unit = f'auto_batch bounds are in rollout.P ({arg} of {config.algo})'
+  auto = config.auto_batch
+  unit = f'auto_batch bounds are in rollout.P, the batch argument of {config.algo}'
   if not (rule.is_power_of_two(auto.min) and rule.is_power_of_two(auto.max)):
     raise ValueError(f'auto_batch.min ({auto.min}) and max ({auto.max}) must be powers of two; '
                      f'{unit}')

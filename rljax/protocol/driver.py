@@ -41,7 +41,6 @@ from rljax.protocol import report as report_lib
 from rljax.protocol.runs import (arm_config, arms, batch_of, checked_arm, default_lr0, make_arm,
                                  run_arm_seeds, value_of)
 from rljax.train import loop as train
-from rljax.train import run as run_lib
 
 
 def calibration_name(lr):
@@ -193,10 +192,9 @@ def measure_throughput(config, workdir, value, lr0, round_index, stop=None):
   cfg.train.target, cfg.train.checkpoint_every, cfg.train.eval_from_samples = 0.0, 0, 0
   cfg.train.eval_first_samples = 0
   cfg.train.eval_every = cfg.train.max_steps + 1   # evals are not part of the steady state
-  shape = run_lib.checked_shape(cfg)   # checked and set up abstractly once, before the old run goes
   run_dir = os.path.join(workdir, 'throughput', str(batch), f'run_{round_index}')
   shutil.rmtree(run_dir, ignore_errors=True)   # a fresh measurement, never a resumed one
-  train.train(cfg, run_dir, stop, shape)
+  train.train(cfg, run_dir, stop)
   result = dict(batch=batch, round=round_index, value=value,
                 **summarise_throughput(run_dir, p.throughput_warmup))
   layout.write(workdir, 'throughput', result, batch=batch, round=round_index)

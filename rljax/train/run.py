@@ -74,7 +74,7 @@ def abstract_setup(config, mesh, rollout_mesh=None):
   init_fn = functools.partial(model_lib.init_params, model.cfg)
   params, _ = sharding.init_params(init_fn, rng, mesh, abstract_only=True)
   algo = make_algorithm(config, model, params, mesh, rng)
-  batch = algos.batch_size(config)
+  batch = algo.batch
   micro = config.train.micro_batch or batch // config.train.num_minibatches
   rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
   sampler_params = (params if rollout_mesh is mesh else
