@@ -277,8 +277,8 @@ def test_the_iterator_reads_on_across_a_batch_change_without_repeats():
   straight = [p for _ in range(10) for p in next(one)['prompt']]   # 40 records of epoch 0
   small = sources.PromptIterator(source, 4, seed=1)
   first = [p for _ in range(3) for p in next(small)['prompt']]
-  big = sources.PromptIterator(source, 8, seed=1,
-                               state=sources.continue_with_batch(small.state(), 4))
+  big = small.with_batch(8)
+  assert big.batch_size == 8
   after = [p for _ in range(3) for p in next(big)['prompt']]
   assert first + after == straight[:36]
   resumed = sources.PromptIterator(source, 8, seed=1, state=big.state())
@@ -547,6 +547,6 @@ def test_a_batch_compiled_ahead_on_a_thread_takes_its_first_step_without_compili
   assert {'<lambda>', 'make_batch', 'update'} <= compiled
   with futures.ThreadPoolExecutor(1) as pool:
     programs = {8: pool.submit(auto_hook.compiled_programs, run, config, 8)}
-    at_8 = auto_hook.at_batch(run, config, 8, programs, run.iterator.state())
+    at_8 = auto_hook.at_batch(run, config, 8, programs)
   compiled, _ = compiled_in_step(at_8, carry, 2)
   assert compiled <= {'rollout_stats'}   # the step's own statistics, milliseconds to compile

@@ -11,7 +11,6 @@ from rljax import algos
 from rljax.auto_batch import rule
 from rljax.auto_batch import state as state_lib
 from rljax import collective
-from rljax.data import sources as data
 from rljax.train import programs as programs_lib
 from rljax.train import run as run_lib
 
@@ -46,7 +45,7 @@ class Hook:
   def resume(self, run, meta):
     """`run` at the batch its checkpoint left it at; the top of the range starts compiling."""
     P = meta['auto_batch']['P']
-    run = at_batch(run, self.config, P, self.programs, meta['data'])
+    run = at_batch(run, self.config, P, self.programs)
     self.ready.add(P)
     self._ahead(run, self.top)
     return run
@@ -80,8 +79,7 @@ class Hook:
       self.programs[self.top].result()   # a compile that failed says so here
       self.ready.add(self.top)
     if moved:
-      data_state = data.continue_with_batch(run.iterator.state(), P)
-      run = at_batch(run, self.config, state['P'], self.programs, data_state)
+      run = at_batch(run, self.config, state['P'], self.programs)
       self.ready.add(state['P'])
       meta = dict(meta, data=run.iterator.state())
       row['auto_lr'] = float(run.algo.schedules['lr'](run.algo.updates_per_batch * row['step']))
@@ -127,16 +125,17 @@ def _check_line(row):
           f"{row['auto_check_predicted']:.2f}) | {row['auto_check_verdict']}")
 
 
-def at_batch(run, base_config, P, programs, data_state):
-  """`run` at batch P (config.auto_batch): its config, algorithm, batch and prompt iterator. The
-  programs of each batch are compiled once and kept in `programs` ({P: future of (config,
-  algo, batch)}, waited for here); its optimizer has the lr rule at the new batch, and the state it
-  updates (the carry, Adam's moments included) goes on unchanged."""
+def at_batch(run, base_config, P, programs):
+  """`run` at batch P (config.auto_batch): its config, algorithm, batch and prompt iterator (read
+  on from where the run's is; a resumed run's is at P already). The programs of each batch are
+  compiled once and kept in `programs` ({P: future of (config, algo, batch)}, waited for here);
+  its optimizer has the lr rule at the new batch, and the state it updates (the carry, Adam's
+  moments included) goes on unchanged."""
   if P not in programs:
     programs[P] = _done(compiled_programs(run, base_config, P))
   config, algo, batch = programs[P].result()
-  return run._replace(config=config, algo=algo, batch=batch,
-                      iterator=run_lib.make_iterator(config, run.task, data_state))
+  iterator = run.iterator if run.iterator.batch_size == P else run.iterator.with_batch(P)
+  return run._replace(config=config, algo=algo, batch=batch, iterator=iterator)
 
 
 def compiled_programs(run, base_config, P):

@@ -176,6 +176,17 @@ class PromptIterator:
     return {'epoch': self._epoch, 'index': self._index, 'skipped': self.skipped,
             'offset': self._offset, 'batches': self._batches}
 
+  @property
+  def batch_size(self) -> int:
+    return self._batch_size
+
+  def with_batch(self, batch_size: int) -> 'PromptIterator':
+    """An iterator of `batch_size` that reads on from where this one is (`continue_with_batch`)."""
+    return PromptIterator(
+        self._source, batch_size, self._seed, self._process_index, self._process_count,
+        continue_with_batch(self.state(), self._batch_size), tokenizer=self._tokenizer,
+        on_bad_record=self._on_bad_record)
+
   def _epoch_positions(self, epoch: int) -> np.ndarray:
     """This process's record indices for one epoch, in visiting order."""
     order = np.random.default_rng([self._seed, epoch]).permutation(
