@@ -62,7 +62,7 @@ CHECK_CASES = [
      r'train.micro_batch \(5\) must divide the minibatch of 16 responses'),
     ('temperature-zero', {'rollout.temperature': 0.0}, 1,
      r'rollout.temperature must be a positive number, got 0.0'),
-    ('unknown-reward', {'reward': 'fuzzy'}, 1, r"unknown reward 'fuzzy'.*"),
+    ('unknown-reward', {'reward': 'fuzzy'}, 1, r"reward must be 'auto' .*got 'fuzzy'"),
     ('unknown-lr-decay', {'optimizer.decay': 'step'}, 1,
      r"optimizer.decay must be one of \['constant', 'cosine', 'linear'\], got 'step'"),
     ('unknown-algo', {'algo': 'dqn'}, 1, r"algo must be one of \['grpo', 'ppo', 'rloo'\], got 'dqn'"),

@@ -50,7 +50,7 @@ def check(config):
   for key in ('gamma', 'lam'):
     if not 0 <= cfg[key] <= 1:
       raise ValueError(f'ppo.{key} must be in [0, 1], got {cfg[key]}')
-  if cfg.share_trunk and cfg.vf_coef <= 0:
+  if cfg.share_trunk and not cfg.vf_coef > 0:
     raise ValueError(f'ppo.vf_coef must be > 0 with a shared trunk, got {cfg.vf_coef}')
   algos.check_optimizer('critic_optimizer', config.critic_optimizer, config, rollout.P)
 

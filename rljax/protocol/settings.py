@@ -51,7 +51,7 @@ def check(config):
   if p.throughput_steps < 1 or p.throughput_warmup < 1 or p.throughput_rounds < 1:
     raise ValueError('protocol.throughput_steps, .throughput_rounds and .throughput_warmup must '
                      'be >= 1 (the first step compiles and must not count)')
-  if p.lr0 < 0 or (p.lr0 == 0 and (len(p.calibration_factors) < 2 or p.calibration_seeds < 1)):
+  if not p.lr0 >= 0 or (p.lr0 == 0 and (len(p.calibration_factors) < 2 or p.calibration_seeds < 1)):
     raise ValueError('protocol.lr0 must be > 0 (given) or 0 (calibrated, with >= 2 '
                      'calibration_factors and >= 1 calibration_seeds)')
   if p.scheduler not in ('', 'slurm'):

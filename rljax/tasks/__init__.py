@@ -65,6 +65,8 @@ def check(config, process_count):
   data, P = config.data, config.rollout.P
   if data.on_bad_record not in ('skip', 'raise'):
     raise ValueError(f"data.on_bad_record must be 'skip' or 'raise', got {data.on_bad_record!r}")
+  if data.seed < 0:
+    raise ValueError(f'data.seed must be >= 0, got {data.seed}')
   if data.num_train < P:
     raise ValueError(f'data.num_train ({data.num_train}) is smaller than one batch of '
                      f'P = {P} prompts')
@@ -77,8 +79,9 @@ def check(config, process_count):
                      f'data.extra_test = {held_out}]')
   if data.dir and os.path.exists(data.dir) and not os.path.isdir(data.dir):
     raise ValueError(f'data.dir {data.dir} exists and is not a directory')
-  if config.reward != 'auto':   # 'auto': the task's own verifier
-    reward_fn(config)   # raises on an unknown verifier
+  if config.reward != 'auto' and config.reward not in rewards.REWARDS:
+    raise ValueError(f"reward must be 'auto' (the verifier of the task) or one of "
+                     f'{sorted(rewards.REWARDS)}, got {config.reward!r}')
   if P % process_count:
     raise ValueError(f'rollout.P ({P}) is not divisible by the {process_count} processes (each '
                      'reads its own slice of the prompts)')
