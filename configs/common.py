@@ -77,95 +77,45 @@ def model_preset(runlocal, name=''):
 
 def base_config(P, G, runlocal, seed, model=''):
   """What every training config shares: model, mesh, task, logs, rollouts, optimizer, loop, warm
-  start. Each algorithm's config file adds its own section (config.<algo>) and settings."""
-  config = ml_collections.ConfigDict()
-  config.mode = 'train'   # configs/protocol.py runs many of these: mode 'protocol'
-  config.seed = seed
-  # router_replay: the policy loss routes each response token to the experts the sampler chose
-  # (docs/guide/router_replay.md).
-  # lora: rank > 0 trains LoRA adapters on the targeted projections (the experts' included) of a
-  # frozen base; 0 trains every weight (docs/guide/lora.md). Scale alpha / rank, as PEFT's.
-  config.model = dict(model_preset(runlocal, model), router_replay=False,
-                      lora=dict(rank=0, alpha=32.0, targets=LORA_TARGETS))
-  # Device mesh (rljax/sharding.py): -1 takes the remaining devices.
-  config.mesh = dict(data=-1, fsdp=1, expert=1, tensor=1)
+  start. Each algorithm's config file adds its own section (config.<algo>) and settings.
 
-  # The task: zero-padded 3-digit addition by default (`037+048=` -> `85`), built locally with TFDS.
-  # name=gsm8k|math: local JSONL (path, test_path or num_test held out), prompts through the chat
-  # template of init.hf_path's tokenizer, up to max_prompt_len tokens, responses max_response_len.
-  # name=reasoning_gym: the reasoning-gym library's dataset `dataset` with its config fields
-  # `dataset_args` (a JSON object), prompts its `question`s or their `compact` form (render),
-  # scored by its own scorer (docs/guide/environments.md); lengths as gsm8k's, in characters
-  # without init.hf_path.
+  Each field's type, range and meaning are declared once, in docs/reference/config.md (held to
+  the checks by tests/test_config_values.py); the comments here say only why a default is what
+  it is."""
+  config = ml_collections.ConfigDict()
+  config.mode = 'train'
+  config.seed = seed
+  config.model = dict(model_preset(runlocal, model), router_replay=False,
+                      lora=dict(rank=0, alpha=32.0, targets=LORA_TARGETS))   # alpha: PEFT's
+  config.mesh = dict(data=-1, fsdp=1, expert=1, tensor=1)
+  # Zero-padded 3-digit addition (`037+048=` -> `85`), built locally: no download.
   config.data = dict(name='arithmetic', dir='', digits=3, ops='+', zero_pad=True,
                      num_train=100_000, num_test=1000, seed=0, on_bad_record='skip',
-                     extra_test=0,   # arithmetic: held-out problems drawn after the train split
-                     path='', test_path='', max_prompt_len=256, max_response_len=512,
-                     instruction='', chat_template=True, max_operands=8,   # max_operands: sums
-                     demo_frac=0.25,   # tool_sums: train answers that demonstrate the call
-                     dataset='', dataset_args='{}', render='question')   # reasoning_gym
-  config.reward = 'auto'   # the task's verifier: exact_numeric (arithmetic), math (gsm8k, math)
-
-  # A Hugging Face Qwen3 / Qwen3-MoE directory to start from (architecture, weights, tokenizer).
+                     extra_test=0, path='', test_path='', max_prompt_len=256,
+                     max_response_len=512, instruction='', chat_template=True, max_operands=8,
+                     demo_frac=0.25, dataset='', dataset_args='{}', render='question')
+  config.reward = 'auto'
   config.init = dict(hf_path='')
-
-  # Logs besides metrics.jsonl: TensorBoard events (WORKDIR/tensorboard), console progress bar, W&B.
   config.metrics = dict(tensorboard=True, progress=True, wandb=False, wandb_project='rljax')
-
-  # Rollouts: P prompts x G responses = the batch unit of the lr rule. max_new_tokens=0: from the task.
-  # slots: continuous-batching decode slots (0: static batching; docs/guide/rollouts.md).
-  # schedule (rljax/train/schedules.py): 'each_step' samples every batch under the current
-  # policy; 'partial' carries unfinished responses over to the next step (needs slots), resampling
-  # a response that holds a token more than max_staleness policy versions old; 'drawn_ahead' has
-  # the last `devices` devices sample, one policy version behind, while the others train.
   config.rollout = dict(P=P, G=G, max_new_tokens=0, temperature=1.0, top_k=0, top_p=1.0, slots=0,
                         schedule='each_step', max_staleness=1, devices=0)
-
-  # Tool calls, for a task whose responses may make them (tool_sums; docs/guide/tools.md): each
-  # call gets timeout_s seconds, a response max_calls calls; enabled=False gives every call the
-  # error result (the run without the tool). Calls run in `workers` processes, each allowed
-  # memory_mb MiB above what the loaded tool uses.
   config.tools = dict(enabled=True, timeout_s=1.0, max_calls=2, workers=8, memory_mb=512)
-
-  # lr = lr * f(P*G / base_batch), f = sqrt | linear | constant (lr_rule). decay: the lr after
-  # warmup, held ('constant') or annealed to 0 at the budget's end ('linear', 'cosine'). The
-  # global-norm clip = max_grad_norm * c(P*G / base_batch), c = constant | inverse_sqrt
-  # (clip_rule; MLPerf's GRPO rule is inverse_sqrt, docs/guide/mlperf.md); max_grad_norm 0: none.
   config.optimizer = dict(lr=5e-5, base_batch=128, lr_rule='sqrt', warmup_steps=0, decay='constant',
                           max_grad_norm=1.0, clip_rule='constant', b1=0.9, b2=0.999, eps=1e-8,
                           weight_decay=0.0, max_bad_steps=5)
-
-  # Budget in retained training responses (compare runs by samples, never by steps). Evaluations
-  # every eval_every steps; before the first, at eval_first_samples x 1, 2, 4, ... samples (0:
-  # none; a curve that rises early is then resolved in log-samples); and after every step once
-  # the run has trained eval_from_samples samples (0: never; MLPerf's validation boundaries,
-  # docs/guide/mlperf.md). overwrite: replace a different run in the workdir.
+  # Budgets in retained training responses: runs compare by samples, never by steps.
   config.train = dict(max_samples=250_000 if runlocal else 2_000_000, max_steps=0,
                       micro_batch=64 if runlocal else min(256, P * G), num_minibatches=1,
                       num_epochs=1, logits_chunk=0 if runlocal else 128, eval_every=25,
                       eval_first_samples=0, eval_from_samples=0, eval_size=500, log_every=10,
                       checkpoint_every=100, keep_checkpoints=2, target=0.0, overwrite=False)
-
-  # The batch chosen during the run (docs/guide/auto_batch.md): among the powers of two in
-  # [min, max], in the algorithm's unit (rollout.P: GRPO's prompts, PPO's B), the one of most
-  # predicted progress per second, decided every `every_samples` samples (every eighth of them
-  # when the batch it would move to is compiled already) from the noise scale of
-  # the last `window` steps and samples/s over the latest `window` (at least `probe_steps`) steps
-  # at each batch tried (or read from throughput_file, JSON {"P": [samples/s, ...]}). It moves only when the gain's
-  # lower end clears 1 + margin and the rest of the budget repays a compile of compile_s seconds
-  # (negative: the run's longest compiling step); each move is checked after
-  # verify_samples more samples by its measured progress, and undone if it lost progress per second.
   # The config arg P=auto (B=auto) turns it on: enable_auto_batch.
   config.auto_batch = dict(enabled=False, min=2 if runlocal else 16, max=32 if runlocal else 256,
                            every_samples=2048 if runlocal else 65_536, probe_steps=8, margin=0.1,
                            window=50, throughput_file='', compile_s=-1.0,
                            verify_samples=8192 if runlocal else 262_144)
-
-  # Fault injection for reliability tests: RL steps whose advantages are made NaN, e.g. '3' or '3-9'.
   config.debug = dict(nan_steps='')
-
-  # Supervised warm start to a partly competent policy (RL from random init earns no reward).
-  # seed -1: the run's seed; the protocol pins one so every arm and seed starts from one policy.
+  # RL from a random init earns no reward: a supervised start to a partly competent policy.
   config.warmstart = dict(enabled=True, dir='', lr=1e-3, batch=128, threshold=0.3, eval_every=25,
                           min_steps=200, max_steps=4000, seed=-1)
   return config

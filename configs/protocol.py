@@ -72,76 +72,26 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.mode = 'protocol'
   config.algo = arg.algo
+  # Each field's type, range and meaning: docs/reference/config.md; here, why a default is so.
   config.protocol = dict(
-      arm_arg=arm_arg,             # passed to configs/<algo>.py with the batch
-      sweep=tuple(b // unit for b in sweep),        # sqrt-lr arms
-      base=base // unit,                            # rN is measured against this arm
-      control=tuple(b // unit for b in control),    # fixed-lr arms at the base arm's lr
-      throughput=(),               # batches timed beyond the sweep (shown, never recommended)
-      # lr0, the lr at the base batch: > 0 given; 0 calibrated first, over the lr that config.arm
-      # gives the base batch x each factor (a 4x range), calibration_seeds seeds each, on a proxy
-      # target (docs/guide/protocol.md, "lr0 calibration"). While the best lr sits at an edge the
-      # bracket extends past it by its own spacing, up to calibration_max_lrs lrs in all.
-      lr0=0.0,
-      calibration_factors=(0.5, 0.71, 1.0, 1.41, 2.0),
-      calibration_seeds=2,
-      calibration_max_lrs=7,
-      calibration_fraction=0.5,   # the proxy target: start + f x (top - start) of the runs' curves
-      # > 0: an lr whose curve levels off below start + c x (top - start) is not lr0, however fast
-      # it reaches the proxy (docs/guide/protocol.md, "lr0 calibration")
-      calibration_ceiling=0.0,
-      calibration_eval_every_samples=0,   # the calibration's eval grid (0: eval_every_samples)
-      # budget of each calibration run (0: max_samples). With a placed target every calibration
-      # run goes to its budget (the target needs every curve's top).
+      arm_arg=arm_arg, sweep=tuple(b // unit for b in sweep), base=base // unit,
+      control=tuple(b // unit for b in control), throughput=(),
+      lr0=0.0, calibration_factors=(0.5, 0.71, 1.0, 1.41, 2.0),   # a 4x range around the arm's
+      calibration_seeds=2, calibration_max_lrs=7, calibration_fraction=0.5,
+      calibration_ceiling=0.0, calibration_eval_every_samples=0,
       calibration_max_samples=0 if arg.runlocal else 1_000_000,   # a quarter of an arm's
-      num_seeds=seeds,             # seeds per arm to start with
-      max_seeds=seeds + 2,         # per arm, when its rN interval straddles the break-even point
-      extra_seeds=4,               # added seeds in all
-      warmstart_seed=0,            # every arm and seed starts from this one warm start
-      seed_offset=0,               # D/.../seed_<k> trains with seed seed_offset + k: a replicate
-      # J: 0 places it from the calibration runs' curves (calibration_fraction), so no preset
-      # but MLPerf's holds an accuracy that one CPU's rounding chose; > 0 is a target given. Runs
-      # stop at J + stop_margin (stop_at_target); the calibration compares samples to J.
-      target=0.0,
-      stop_at_target=True,
-      stop_margin=0.03,
-      # rN is reported at start + f x (top - start) of the base arm's curve for each f (the middle
-      # one decides), unless `targets` gives the accuracies.
-      target_fractions=(0.3, 0.5, 0.7),
-      targets=(),
-      max_samples=32_000 if arg.runlocal else 4_000_000,   # budget of each run, in responses
-      eval_every_samples=1024 if arg.runlocal else 16_384,  # a multiple of every arm's batch
-      # evals before the first of the grid at eval_first_samples x 1, 2, 4, ... (0: none; a
-      # multiple of every arm's batch): a rise before the grid's first eval is still resolved.
-      eval_first_samples=0,
-      # > 0: the arms' budget and grid are divided by a power of two while the budget still
-      # holds budget_scales time-scales of lr0's calibration curve, the calibration's own after
-      # its first run likewise (0: as given; docs/guide/protocol.md, "Budget and eval grid").
-      budget_scales=0,
-      min_micro_batches=2,         # every arm's batch in >= 2 micro-batches: B_simple at every batch
-      checkpoint_every_evals=4,
-      smooth_window=5,             # evals in the centred moving average before the crossing
-      rn_tolerance=0.2,            # rN's interval inside [1 - tol, 1 + tol]: aligned
-      level=0.95,                  # of every interval
-      n_draws=4000,                # joint bootstrap draws of the decision
-      analysis_seed=0,
-      throughput_rounds=3,         # interleaved across batches
-      throughput_warmup=2,         # steps left out of the steady state (compilation)
-      throughput_steps=4,
-      quick=False,                 # only the base arm: rN from its noise scale (docs/guide/protocol.md)
-      confirm=True,                # runs to target at the base and at the fastest batch
-      confirm_seeds=2,             # seeds a side, at least
-      # > 0: more seeds a side (up to max_seeds) until the confirmation's interval lies below 1
-      # with this probability at the predicted ratio (docs/guide/protocol.md, "Confirmation")
-      confirm_power=0.0,
-      compilation_cache=True,      # in D/jax_cache: every seed after the first skips compiling
-      # 'slurm': every calibration and align run an sbatch job, a phase's jobs in parallel; the
-      # timed phases stay in this process (docs/reference/launch.md, "The protocol on a cluster").
-      # job_setup: shell lines each job runs first; job_sbatch_args: more #SBATCH options.
-      scheduler='', job_setup='', job_sbatch_args='',
-      # MLPerf's rules (rljax.protocol.mlperf.RULES: '' none) and whether their closed division
-      # holds: a closed run refuses any setting that breaks one (docs/guide/mlperf.md).
-      mlperf='', division='closed',
+      num_seeds=seeds, max_seeds=seeds + 2, extra_seeds=4, warmstart_seed=0, seed_offset=0,
+      # J placed from the calibration runs' curves: no preset but MLPerf's holds an accuracy that
+      # one CPU's rounding chose.
+      target=0.0, stop_at_target=True, stop_margin=0.03,
+      target_fractions=(0.3, 0.5, 0.7), targets=(),
+      max_samples=32_000 if arg.runlocal else 4_000_000,
+      eval_every_samples=1024 if arg.runlocal else 16_384, eval_first_samples=0, budget_scales=0,
+      min_micro_batches=2,         # B_simple, the noise scale, needs two at every batch
+      checkpoint_every_evals=4, smooth_window=5, rn_tolerance=0.2, level=0.95, n_draws=4000,
+      analysis_seed=0, throughput_rounds=3, throughput_warmup=2, throughput_steps=4,
+      quick=False, confirm=True, confirm_seeds=2, confirm_power=0.0, compilation_cache=True,
+      scheduler='', job_setup='', job_sbatch_args='', mlperf='', division='closed',
   )
   # Every arm's training config; the protocol sets its batch (P for GRPO, B for PPO) and its lr.
   config.arm = arm
