@@ -1,7 +1,8 @@
 """docs/reference/config.md's `values` column held to the code: every field's default in configs/
-and the value an older rljax's record gives it (rljax/train/upgrades.py INTRODUCED) lie in its
-declared range; a value just outside the range is refused with a line that names the field; and
-the edges of a range with no condition on other fields are not refused for that field."""
+lies in its declared range; a value just outside the range is refused with a line that names the
+field, and the edges of a range with no condition on other fields are not refused for it; the
+`(before: X)` values are rljax/train/upgrades.py's INTRODUCED."""
+import ast
 import math
 import pathlib
 import re
@@ -12,6 +13,7 @@ import pytest
 from configs import grpo
 from configs import ppo
 from configs import protocol
+from configs import rloo
 from rljax.protocol import runs
 from rljax import tasks
 from rljax.train import config_checks
@@ -69,9 +71,9 @@ def parse(text):
               conditioned)
 
 
-def declared():
-  """{dotted field: Spec} from the reference's tables (`as in grpo` rows: grpo's)."""
-  specs, sections = {}, []
+def cells():
+  """{dotted field: its `values` cell} from the reference's tables (`as in grpo` rows: grpo's)."""
+  found, sections = {}, []
   for line in REFERENCE.read_text().splitlines():
     if line.startswith('## '):
       sections = CODE.findall(line) or ([''] if 'Top level' in line else [])
@@ -79,12 +81,14 @@ def declared():
       names, cell = CODE.findall(line.split(' | ')[0]), line.split(' | ')[1]
       for name in names:
         for field in [name] if '.' in name else [f'{s}.{name}'.lstrip('.') for s in sections]:
-          specs[field] = cell
-  return {field: parse(specs['grpo.' + field.split('.', 1)[1]] if cell == 'as in `grpo`'
-                       else cell) for field, cell in specs.items()}
+          found[field] = cell
+  return {field: found['grpo.' + field.split('.', 1)[1]] if cell == 'as in `grpo`' else cell
+          for field, cell in found.items()}
 
 
-SPECS = declared()
+BEFORE = re.compile(r' \(before: `(.*)`\)$')   # the value that reproduces rljax before the field
+CELLS = cells()
+SPECS = {field: parse(BEFORE.sub('', cell)) for field, cell in CELLS.items()}
 
 
 def allowed(spec, value):
@@ -182,10 +186,13 @@ CASES = [(name, field) for name in CONTEXTS for field in fields_of(name)
          if name == 'grpo' or field.split('.')[0] in ('ppo', 'critic_optimizer', 'protocol')]
 
 
-def test_every_values_cell_is_read_and_every_config_field_has_one():
-  every = {field for name in CONTEXTS for field, _ in flat(CONTEXTS[name][0].get_config(
-      'runlocal').to_dict()) if not field.startswith('arm.')}
-  assert not sorted(every - set(SPECS))
+CONFIG_FIELDS = {field for module in (grpo, ppo, rloo, protocol)
+                 for field, _ in flat(module.get_config('runlocal').to_dict())
+                 if not field.startswith('arm.')}
+
+
+def test_every_config_field_has_a_values_cell():
+  assert not sorted(CONFIG_FIELDS - set(SPECS))
 
 
 @pytest.mark.parametrize('name', CONTEXTS)
@@ -197,10 +204,12 @@ def test_the_defaults_lie_in_their_declared_ranges(name):
     assert not bad, f'configs/{name}.py:{arg}: {bad}'
 
 
-def test_an_older_record_s_values_lie_in_their_declared_ranges():
-  bad = {field: value for field, value in upgrades.INTRODUCED.items()
-         if not allowed(SPECS[field], value)}
-  assert not bad
+def test_the_reference_declares_the_values_an_older_record_gives_the_fields_added_since():
+  """Its `(before: ...)` values are upgrades.INTRODUCED, and lie in their declared ranges."""
+  before = {field: ast.literal_eval(BEFORE.search(cell)[1]) for field, cell in CELLS.items()
+            if BEFORE.search(cell) and field in CONFIG_FIELDS}
+  assert before == upgrades.INTRODUCED
+  assert not {field: value for field, value in before.items() if not allowed(SPECS[field], value)}
 
 
 @pytest.mark.parametrize('name,field', CASES)

@@ -42,7 +42,8 @@ INTRODUCED = {
     'rollout.max_staleness': 1, 'rollout.devices': 0, 'auto_batch.enabled': False,
     'grpo.adv_eps': 1e-6, 'model.router_replay': False, 'data.extra_test': 0,
     'model.lora.rank': 0, 'optimizer.clip_rule': 'constant',
-    'critic_optimizer.clip_rule': 'constant', 'train.eval_from_samples': 0,
+    'critic_optimizer.clip_rule': 'constant', 'critic_optimizer.decay': 'constant',
+    'train.eval_from_samples': 0,
     'train.eval_first_samples': 0,
     # read only by the tool task, which came with them: their defaults
     'data.demo_frac': 0.25, 'tools.enabled': True, 'tools.timeout_s': 1.0, 'tools.max_calls': 2,
