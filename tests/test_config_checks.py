@@ -253,7 +253,8 @@ def test_bad_config_arg(arg, message):
     (dict(model=dict(vocab_size=32)), r"model.vocab_size \(32\) must equal the tool_sums "
                                       r"tokenizer's 23 ids"),
     (dict(rollout=dict(schedule='partial', slots=8)),
-     r'rollout.schedule=partial does not run tool turns; use each_step for the tool_sums task'),
+     r'rollout.schedule=partial does not run tool turns; use rollout.schedule=each_step for the '
+     r'tool_sums task'),
     (dict(rollout=dict(schedule='drawn_ahead', devices=4)),
      r'rollout.schedule=drawn_ahead does not run tool turns'),
 ])

@@ -58,10 +58,11 @@ def name_of(config):
   return config.data.name
 
 
-def check(config, process_count):
+def check(config, process_count, runs_turns=True):
   """ValueError naming the first bad field that every task reads (the data section, the reward,
   and the prompts each of `process_count` processes reads); for a task whose responses are
-  episodes of an environment, the `tools` limits and a model vocabulary of exactly its ids."""
+  episodes of an environment, a rollout schedule that `runs_turns`, the `tools` limits and a model
+  vocabulary of exactly its ids."""
   data, P = config.data, config.rollout.P
   if data.on_bad_record not in ('skip', 'raise'):
     raise ValueError(f"data.on_bad_record must be 'skip' or 'raise', got {data.on_bad_record!r}")
@@ -87,12 +88,15 @@ def check(config, process_count):
                      'reads its own slice of the prompts)')
   task = get(name_of(config))
   if hasattr(task, 'env'):
-    _check_environment(config, task)
+    _check_environment(config, task, runs_turns)
 
 
-def _check_environment(config, task):
-  """An environment's limits, and a vocabulary the sampler cannot leave: an id the environment's
-  calls and the verifier cannot decode would be sampled otherwise."""
+def _check_environment(config, task, runs_turns):
+  """A schedule that runs its turns, its limits, and a vocabulary the sampler cannot leave: an id
+  the environment's calls and the verifier cannot decode would be sampled otherwise."""
+  if not runs_turns:
+    raise ValueError(f'rollout.schedule={config.rollout.schedule} does not run tool turns; use '
+                     f'rollout.schedule=each_step for the {config.data.name} task')
   runner.check_limits(config.tools)
   _, _, vocab_size = task.lengths(config)
   if vocab_size and config.model.vocab_size != vocab_size:

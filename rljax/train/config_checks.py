@@ -31,7 +31,7 @@ def check(config, device_count=None, process_count=None):
   algos.check(config)
   _check_loop(config)
   checkpoint.check(config.train)
-  tasks.check(config, process_count)
+  tasks.check(config, process_count, schedules.kind(config).RUNS_TURNS)
   if config.warmstart.enabled and not config.init.hf_path:   # a Hugging Face start has none
     warmstart.check(config.warmstart, process_count)
   batch, micro = algos.batch_size(config), config.train.micro_batch

@@ -32,7 +32,6 @@ from rljax.rollout import partial as partial_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout import turns
 from rljax import sharding
-from rljax import tasks
 
 step_key = jax.jit(jax.random.fold_in)
 
@@ -330,9 +329,6 @@ def check(config, device_count, process_count):
                      f'sampler its devices; set rollout.schedule=drawn_ahead or rollout.devices=0')
   schedule = kind(config)
   schedule.check(config, device_count, process_count)
-  if not schedule.RUNS_TURNS and tasks.env(config) is not None:
-    raise ValueError(f'rollout.schedule={schedule.NAME} does not run tool turns; use '
-                     f'{EachStep.NAME} for the {config.data.name} task')
 
 
 SCHEDULES = {schedule.NAME: schedule for schedule in (EachStep, Partial, DrawnAhead)}
