@@ -100,7 +100,8 @@ def main(argv):
   args = parser.parse_args(argv)
   this = import_tree(ROOT)
   if args.preset not in this['presets'].PRESETS:
-    parser.error(f'unknown --preset {args.preset!r}; choose one of {sorted(this["presets"].PRESETS)}')
+    parser.error(f'unknown --preset {args.preset!r}; choose one of '
+                 f'{sorted(this["presets"].PRESETS)}')
   make_call = dict(sampler=sampler_call, update=update_call)[args.part]
   with tempfile.TemporaryDirectory() as directory:
     try:
@@ -117,7 +118,8 @@ def main(argv):
         f'{args.rounds} rounds, this tree against {args.rev}:')
   print(f"  this {result['this_ms']:.1f} ms (min {result['this_min_ms']:.1f}), "
         f"rev {result['rev_ms']:.1f} ms (min {result['rev_min_ms']:.1f}); this / rev per round: "
-        f"median {result['ratio']:.3f}, quartiles {result['ratio_q25']:.3f}-{result['ratio_q75']:.3f}")
+        f"median {result['ratio']:.3f}, quartiles {result['ratio_q25']:.3f}-"
+        f"{result['ratio_q75']:.3f}")
   return result
 
 

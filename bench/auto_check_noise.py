@@ -43,7 +43,8 @@ def main(argv=None):
   rho, lo, hi = checks.T
   print(f'{len(checks)} pretend moves in {len(paths)} runs (true progress ratio 1), '
         f'verify_samples {args.verify_samples}')
-  print(f'  interval covers 1: {np.mean((lo <= 1) & (1 <= hi)):.3f}; median rho {np.median(rho):.2f}; '
+  print(f'  interval covers 1: {np.mean((lo <= 1) & (1 <= hi)):.3f}; '
+        f'median rho {np.median(rho):.2f}; '
         f'median interval [{np.median(lo):.2f}, {np.median(hi):.2f}]')
   for gain in (1.0, 1.2, 1.5, 2.0):
     print(f'  undone by noise alone at a samples/s gain of {gain}: {np.mean(hi * gain < 1):.3f}')

@@ -101,7 +101,8 @@ def crossing(directory, target, window):
   rows = files.read_jsonl(os.path.join(directory, 'metrics.jsonl'))
   evals = [r for r in rows if r.get('eval')]
   samples = curves.first_crossing([r['samples'] for r in evals],
-                                  curves.smooth([r['eval_accuracy'] for r in evals], window), target)
+                                  curves.smooth([r['eval_accuracy'] for r in evals], window),
+                                  target)
   return samples, [r for r in rows if not r.get('eval')]
 
 

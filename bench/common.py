@@ -250,5 +250,6 @@ def precompile(jobs, mesh, workers=None):
     with jax.set_mesh(mesh):
       jitted.lower(*args).compile()
     return time.perf_counter() - start
-  with concurrent.futures.ThreadPoolExecutor(workers or max(1, min(len(jobs), os.cpu_count()))) as pool:
+  with concurrent.futures.ThreadPoolExecutor(
+      workers or max(1, min(len(jobs), os.cpu_count()))) as pool:
     return list(pool.map(compile_one, jobs))

@@ -3,7 +3,7 @@
   PYTHONPATH=. python bench/moe.py --tokens=832 --d=128 --f=128 --experts=4 --k=2     # runlocal
   PYTHONPATH=. python bench/moe.py --tokens=1536 --d=256 --f=256 --experts=8 --k=2    # peer
   PYTHONPATH=. python bench/moe.py --tokens=64 --d=256 --f=256 --experts=8 --k=2 --forward_only
-                                                                  # peer, one decode step at batch 64
+                                                             # peer, one decode step at batch 64
 
 Random tokens routed by random router logits; each implementation's gradients are checked
 against the first one's before it is timed (a fast wrong path is no result). Rounds alternate

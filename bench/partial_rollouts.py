@@ -1,4 +1,5 @@
-"""Partial rollouts (rollout.schedule=partial) vs continuous batching within the step, on the sums task.
+"""Partial rollouts (rollout.schedule=partial) vs continuous batching within the step,
+on the sums task.
 
   PYTHONPATH=. python bench/partial_rollouts.py --P=64 --G=8 --slots=64 --rounds=41 --processes=10
 
@@ -129,7 +130,7 @@ def report(record, rounds):
 
 
 def main(argv):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--preset', default='tiny', choices=sorted(presets.PRESETS))
   parser.add_argument('--P', type=common.positive_int, default=64, help='groups per call')
   parser.add_argument('--G', type=common.positive_int, default=8, help='responses per group')

@@ -4,7 +4,8 @@ A long-lived worker: it builds Tunix's Qwen3-MoE with the shapes it is given (ra
 answers one JSON command per stdin line with one JSON line on stdout, so the driver can interleave
 Tunix and rljax measurements on the same cores. Commands:
   {"cmd": "sample", "batch": B, "repeats": R, "seed": S}   -> {"times": [...], "compile_s": ...}
-  {"cmd": "grpo", "P": P, "G": G, "steps": N}              -> {"times": [...], ...} or {"error": ...}
+  {"cmd": "grpo", "P": P, "G": G, "steps": N}              -> {"times": [...], ...}
+                                                              or {"error": ...}
 """
 import json
 import sys
@@ -76,8 +77,8 @@ class Worker:
     self.compiled = set()
 
   def sample_once(self, batch, seed):
-    out = self.sampler(prompts_text(batch, self.spec['prompt_len'], self.spec['model']['vocab_size'],
-                                    seed),
+    out = self.sampler(prompts_text(batch, self.spec['prompt_len'],
+                                    self.spec['model']['vocab_size'], seed),
                        max_generation_steps=self.spec['max_new_tokens'],
                        max_prompt_length=self.spec['prompt_len'], temperature=1.0, top_p=1.0,
                        return_logprobs=True, seed=seed)

@@ -127,7 +127,8 @@ def tpu_temporaries(s, mesh, prompts, prompt_len, new_tokens, slots, group):
 
 def length_pairs(text):
   """'512:128,1024:256' -> [(512, 128), (1024, 256)] (prompt, new tokens)."""
-  pairs = [tuple(common.positive_int(n) for n in item.split(':')) for item in text.split(',') if item]
+  pairs = [tuple(common.positive_int(n) for n in item.split(':')) for item in text.split(',')
+           if item]
   if any(len(pair) != 2 for pair in pairs):
     raise argparse.ArgumentTypeError(f'expected prompt:new pairs, got {text!r}')
   return pairs

@@ -48,8 +48,8 @@ def prepare(model, params, mesh, P, G, micro, max_new_tokens):
   sample = sharding.on_mesh(sample_jit, mesh)
   make_batch = sharding.on_mesh(jax.jit(lambda r, rw, p, v: grpo.group_batch(
       r, rw, p, v, G=G, grpo_cfg=config.grpo)), mesh)
-  update, update_jit, optimizer = train_bench.make_update_step(model, batch_size // min(micro, batch_size),
-                                                               batch_size, mesh)
+  update, update_jit, optimizer = train_bench.make_update_step(
+      model, batch_size // min(micro, batch_size), batch_size, mesh)
   params = jax.tree.map(lambda x: x.copy(), params)
   opt_state = sharding.init_optimizer(optimizer, params, mesh)
   reward_fn = rewards.get_reward_fn('exact_numeric')
@@ -72,7 +72,8 @@ def prepare(model, params, mesh, P, G, micro, max_new_tokens):
     metrics = jax.device_get(metrics)
     t3 = time.perf_counter()
     return params, opt_state, dict(rollout=t1 - t0, reward=t2 - t1, update=t3 - t2, total=t3 - t0,
-                                   tokens=int(jax.device_get(rollout.lengths_B).sum()), loss=float(metrics['loss']))
+                                   tokens=int(jax.device_get(rollout.lengths_B).sum()),
+                                   loss=float(metrics['loss']))
 
   start = time.perf_counter()
   params, opt_state, _ = grpo_step(params, opt_state, 0)
@@ -146,9 +147,11 @@ def main(argv):
   parser.add_argument('--preset', default='tiny', choices=sorted(presets.PRESETS))
   parser.add_argument('--P', type=common.positive_ints, default='8,16,32,64')
   parser.add_argument('--G', type=common.positive_int, default=8)
-  parser.add_argument('--micro', type=common.positive_int, default=64, help='micro-batch (responses)')
+  parser.add_argument('--micro', type=common.positive_int, default=64,
+                      help='micro-batch (responses)')
   parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS))
-  parser.add_argument('--max_new_tokens', type=common.positive_int, default=5, help='the task needs 5')
+  parser.add_argument('--max_new_tokens', type=common.positive_int, default=5,
+                      help='the task needs 5')
   parser.add_argument('--steps', type=common.positive_int, default=3)
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)

@@ -5,8 +5,8 @@
 Each point samples P x G responses whose lengths are FORCED (per-response caps, a stop token the
 model never emits), so both schedules decode exactly the same tokens and the comparison is of the
 schedules alone. Length distributions:
-  sums       the reference responses of the sums task (rljax.data.builders.sums, built locally), with
-             its prompts;
+  sums       the reference responses of the sums task (rljax.data.builders.sums, built locally),
+             with its prompts;
   lognormal  heavy-tailed: round(median * exp(sigma * z)), clipped to [1, max_len], random prompts;
   uniform    every response max_len tokens, random prompts.
 Schedules per point: `static`; `slots=S`, continuous batching over S decode slots (each S up to

@@ -114,8 +114,8 @@ def run(preset, batches, lengths, prompt_len, repeats, overrides=None, length_ba
   on_gpu = jax.devices()[0].platform == 'gpu'
   model, params, mesh = setup(cfg)
   ceilings = common.Ceilings(on_gpu, cfg.dtype)
-  record = dict(machine=common.machine(), preset=preset, bandwidth_probe=ceilings.bandwidth()[1], model=dataclasses.asdict(cfg),
-                params=common.param_counts(cfg),
+  record = dict(machine=common.machine(), preset=preset, bandwidth_probe=ceilings.bandwidth()[1],
+                model=dataclasses.asdict(cfg), params=common.param_counts(cfg),
                 active_params=common.active_params_per_token(cfg), rows=[])
   shapes = [(b, lengths[0]) for b in batches] + [(length_batch, l) for l in lengths[1:]]
   points = [build_point(model, mesh, b, prompt_len, l) for b, l in shapes]
@@ -157,10 +157,12 @@ def main(argv):
   parser.add_argument('--dump_hlo', default='', help="file for the first point's compiled HLO")
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
-  overrides = {k: getattr(args, k) for k in ('moe_impl', 'dtype', 'param_dtype') if getattr(args, k)}
+  overrides = {k: getattr(args, k) for k in ('moe_impl', 'dtype', 'param_dtype')
+               if getattr(args, k)}
   record = run(args.preset, args.batches, args.lengths, args.prompt_len, args.repeats, overrides,
                args.length_batch, dump_hlo=args.dump_hlo)
-  print(f"\n{record['machine']}\npreset {args.preset}: {record['params']['total'] / 1e6:.1f}M params, "
+  print(f"\n{record['machine']}\npreset {args.preset}: "
+        f"{record['params']['total'] / 1e6:.1f}M params, "
         f"{record['active_params'] / 1e6:.1f}M active per token {overrides or ''}")
   print(common.table(record['rows'], COLUMNS))
   common.write_json(args.out, record)

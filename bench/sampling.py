@@ -1,4 +1,5 @@
-"""One token draw per row, `jax.random.categorical` against `rljax.rollout.sampler.categorical`, side by side.
+"""One token draw per row, `jax.random.categorical` against `rljax.rollout.sampler.categorical`,
+side by side.
 
   PYTHONPATH=. python bench/sampling.py --shapes=64x1024,8x151936
 
@@ -43,7 +44,7 @@ def run(rows, vocab, rounds):
 
 
 def main(argv):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--shapes', type=shapes, default='64x1024,8x151936',
                       help='comma-separated ROWSxVOCAB')
   parser.add_argument('--rounds', type=common.positive_int, default=5)

@@ -1,4 +1,5 @@
-"""Train-step benchmark: tokens/s, MFU and peak memory of the GRPO policy update vs micro-batch size.
+"""Train-step benchmark: tokens/s, MFU and peak memory of the GRPO policy update
+vs micro-batch size.
 
   PYTHONPATH=. python bench/train_step.py --preset=peer --batch=64 --micro=8,16,32,64
 
@@ -154,7 +155,7 @@ def run(preset, batch, micros, prompt_len, response_len, repeats, overrides=None
 
 
 def main(argv):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--preset', default='peer', choices=sorted(presets.PRESETS))
   parser.add_argument('--batch', type=common.positive_int, default=64,
                       help='sequences per optimizer update')

@@ -68,7 +68,8 @@ def main(argv):
   parser.add_argument('--part', default='sampler', choices=['sampler', 'update'])
   parser.add_argument('--preset', default='cpu', choices=sorted(presets.PRESETS))
   parser.add_argument('--batch', type=common.positive_int, default=1)
-  parser.add_argument('--length', type=common.positive_int, default=16, help='new tokens / response tokens')
+  parser.add_argument('--length', type=common.positive_int, default=16,
+                      help='new tokens / response tokens')
   parser.add_argument('--moe_impl', default='', choices=sorted(moe.EXPERT_IMPLS))
   parser.add_argument('--calls', type=common.positive_int, default=3)
   parser.add_argument('--top', type=common.positive_int, default=15)
@@ -93,7 +94,8 @@ def main(argv):
   print(f"{'ms':>8} {'runs':>5}  op: output")
   for ms, runs, name in ops[:args.top]:
     print(f'{ms:8.2f} {runs:5.0f}  {name}: {shapes[name]}')
-  print(f'{sum(ms for ms, _, _ in ops):8.2f}        all ops (nested ones counted in their parents too)')
+  print(f'{sum(ms for ms, _, _ in ops):8.2f}        all ops '
+        '(nested ones counted in their parents too)')
 
 
 if __name__ == '__main__':

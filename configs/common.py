@@ -35,7 +35,8 @@ def _convert(key, text, default):
 
 
 def parse_arg(arg, **defaults):
-  """Returns a ConfigDict of `defaults` overridden by the comma-separated `key=value` pairs in `arg`.
+  """Returns a ConfigDict of `defaults` overridden by the comma-separated
+  `key=value` pairs in `arg`.
 
   A batch argument (AUTO_ARGS) may also be 'auto': the batch is then chosen during the run
   (enable_auto_batch)."""
@@ -163,10 +164,12 @@ RG_RUNLOCAL = {
     # '+' and '-' only: without parentheses the library evaluates left to right ('6+10*0' -> 0)
     # and writes a divisor other than the one it divides by ('4/1' -> 2)
     'basic_arithmetic': dict(dataset_args='{"allow_negation": false, "allow_parentheses": false, '
-                                          '"max_digits": 1, "max_terms": 3, "operators": ["+", "-"]}',
+                                          '"max_digits": 1, "max_terms": 3, '
+                                          '"operators": ["+", "-"]}',
                              max_prompt_len=8, max_response_len=4),
     'simple_equations': dict(dataset_args='{"max_terms": 2, "max_value": 20, '
-                                          '"operators": ["+", "-"], "operators_weights": [0.5, 0.5]}',
+                                          '"operators": ["+", "-"], '
+                                          '"operators_weights": [0.5, 0.5]}',
                              max_prompt_len=10, max_response_len=4),
     'gcd': dict(dataset_args='{"max_value": 100}', max_prompt_len=12, max_response_len=4),
 }

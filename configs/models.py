@@ -1,21 +1,26 @@
-"""Model presets: rljax ModelConfig fields (rljax/model/transformer.py) by name, for `configs/grpo.py:model=NAME`.
+"""Model presets: rljax ModelConfig fields (rljax/model/transformer.py) by name, for
+`configs/grpo.py:model=NAME`.
 
 The Qwen3 shapes are the published config.json values of the Hugging Face model cards
-(https://huggingface.co/Qwen/<name>/blob/main/config.json), mapped as rljax/hf/checkpoint.py's model_config
-maps them: hidden_size -> d_model, num_hidden_layers -> num_layers, num_attention_heads ->
-num_heads, num_key_value_heads -> num_kv_heads, head_dim, intermediate_size -> dense_hidden,
-num_experts / num_experts_per_tok / moe_intermediate_size -> num_experts / experts_per_token /
-expert_hidden (num_experts=0: a dense model), tie_word_embeddings, rope_theta, rms_norm_eps,
-initializer_range -> init_std, max_position_embeddings -> max_seq_len. All four use vocab 151936,
-rope_theta 1e6, rms_norm_eps 1e-6, initializer_range 0.02, max_position_embeddings 40960; the MoEs
-route every layer (decoder_sparse_step 1, mlp_only_layers []) with norm_topk_prob true.
-With --config.init.hf_path=DIR the checkpoint's own config.json is read instead (rljax/hf/checkpoint.py).
+(https://huggingface.co/Qwen/<name>/blob/main/config.json), mapped as rljax/hf/checkpoint.py's
+model_config maps them: hidden_size -> d_model, num_hidden_layers -> num_layers,
+num_attention_heads -> num_heads, num_key_value_heads -> num_kv_heads, head_dim,
+intermediate_size -> dense_hidden, num_experts / num_experts_per_tok /
+moe_intermediate_size -> num_experts / experts_per_token / expert_hidden (num_experts=0: a dense
+model), tie_word_embeddings, rope_theta, rms_norm_eps, initializer_range -> init_std,
+max_position_embeddings -> max_seq_len. All four use vocab 151936, rope_theta 1e6,
+rms_norm_eps 1e-6, initializer_range 0.02, max_position_embeddings 40960; the MoEs route every layer
+(decoder_sparse_step 1, mlp_only_layers []) with norm_topk_prob true.
+With --config.init.hf_path=DIR the checkpoint's own config.json is read instead
+(rljax/hf/checkpoint.py).
 """
 
 # How the large presets run: bf16 compute over f32 master weights, grouped matmuls, full remat.
 _RUNTIME = dict(moe_impl='ragged', dtype='bfloat16', param_dtype='float32', remat='full')
 _QWEN3 = dict(vocab_size=151936, head_dim=128, rope_theta=1e6, norm_eps=1e-6, init_std=0.02,
-              max_seq_len=40960, experts_per_token=0, expert_hidden=0, **_RUNTIME)  # dense unless set
+              max_seq_len=40960,
+              experts_per_token=0, expert_hidden=0,  # dense unless set
+              **_RUNTIME)
 
 PRESETS = {
     # The CPU demo and test model (~0.5M parameters).

@@ -19,13 +19,13 @@ def get_config(arg=None):
   config = common.base_config(256 if auto else arg.B, 1, arg.runlocal, arg.seed, arg.model)
   config.algo = 'ppo'
 
-  # KL: kl_reward_coef subtracts a per-token KL to the initial policy from the rewards (InstructGPT);
-  # kl_coef adds one to the policy loss (as GRPO). value_clip <= 0: no value clipping. share_trunk:
-  # the value head reads the policy's trunk and one update follows pg loss + vf_coef * value loss.
-  # kl_estimator (loss term): 'k3' follows the gradient of KL(ref || pi), 'k2' that of
-  # KL(pi || ref), 'k1' has zero expected gradient and is refused. kl_reward_estimator (in the
-  # reward, never differentiated): 'k1' is the unbiased standard. clip_ratio_c > 1: dual-clip for
-  # A < 0 (0: off). docs/reference/losses.md has them all.
+  # KL: kl_reward_coef subtracts a per-token KL to the initial policy from the rewards
+  # (InstructGPT); kl_coef adds one to the policy loss (as GRPO). value_clip <= 0: no value
+  # clipping. share_trunk: the value head reads the policy's trunk and one update follows
+  # pg loss + vf_coef * value loss. kl_estimator (loss term): 'k3' follows the gradient of
+  # KL(ref || pi), 'k2' that of KL(pi || ref), 'k1' has zero expected gradient and is refused.
+  # kl_reward_estimator (in the reward, never differentiated): 'k1' is the unbiased standard.
+  # clip_ratio_c > 1: dual-clip for A < 0 (0: off). docs/reference/losses.md has them all.
   config.ppo = dict(policy_loss='clip', clip_low=0.2, clip_high=0.2, clip_ratio_c=0.0,
                     kl_coef=0.0, kl_estimator='k3', kl_reward_coef=0.0, kl_reward_estimator='k1',
                     loss_agg='token-mean', moe_aux_coef=1e-3, gamma=1.0, lam=0.95,

@@ -9,11 +9,11 @@ closed division, at its reference batches 256/512/1024; with runlocal their CPU 
 docs/guide/mlperf.md), runlocal (a CPU-sized protocol for 2 cores:
 docs/guide/protocol.md; a base of 16 responses, targets deep in training, where a larger batch
 can win), shallow (with runlocal: the earlier preset, base 128, a target a few points above the
-warm start), small (with runlocal, GRPO: base 16, the shallow target), task (GRPO's task, configs/grpo.py:
-arithmetic | sums | tools; another than arithmetic with the deep runlocal preset), quick (the quick
-answer alone: calibration at one seed per lr, the base arm at two seeds, the throughput rounds;
-with the deep runlocal preset a third of its full sweep's training samples), seeds (seeds per arm
-to start with). Every arm is configs/<algo>.py at one batch:
+warm start), small (with runlocal, GRPO: base 16, the shallow target), task (GRPO's task,
+configs/grpo.py: arithmetic | sums | tools; another than arithmetic with the deep runlocal preset),
+quick (the quick answer alone: calibration at one seed per lr, the base arm at two seeds, the
+throughput rounds; with the deep runlocal preset a third of its full sweep's training samples),
+seeds (seeds per arm to start with). Every arm is configs/<algo>.py at one batch:
 `--config.arm.a.b=value` changes a field of every arm (e.g. --config.arm.data.dir=/tmp/data),
 `--config.protocol.x=value` a protocol setting (e.g. --config.protocol.sweep='(8,16,32)').
 Batches are given as the algo's batch argument (GRPO: P prompts of G responses; PPO: B).
@@ -55,7 +55,8 @@ def get_config(arg=None):
                      'arithmetic task')
   seeds = (8 if deep else 4 if arg.small else 6 if arg.mlperf else 3) if arg.seeds == -1 else (
       arg.seeds)
-  arm_arg = ','.join(['runlocal'] * arg.runlocal + [f'task={arg.task}'] * (arg.task != 'arithmetic'))
+  arm_arg = ','.join(['runlocal'] * arg.runlocal
+                     + [f'task={arg.task}'] * (arg.task != 'arithmetic'))
   arm = arm_config(arg.algo, arm_arg)
   unit = arm.rollout.G   # responses per batch argument (GRPO: G responses to each of P prompts)
   if deep:           # batches in responses (G=8: P = 2, 8, 32); evals every 8192 samples
@@ -126,13 +127,13 @@ def deep_preset(config):
   the whole budget, the targets sit at 50/70/90% of the way from the warm start to the base arm's
   top, and lr0 is calibrated on a proxy target 70% of the way to the calibration runs' top (on the
   CPU the preset was first run on, where the proxy was 0.50, that placed it at 0.48-0.49), with
-  at most six lrs x two seeds: a quarter of the sweep's training samples. Evaluations on 4000 held-out
-  prompts (the test split's 1000 and 3000 drawn after the training split, so the training data and
-  the warm start stay the README run's; another task's test split holds all 4000), which shrinks the evaluation's own noise; on the same
-  training runs it changed the seeds' spread of samples to J little (docs/guide/protocol_results.md).
-  Eight seeds per arm (and up to four staged) and 16 throughput rounds (at
-  10 the rounds carried ~40% of an arm's log-time variance): the decision's power at the paper's
-  truth (docs/guide/protocol_results.md, "Power and cost")."""
+  at most six lrs x two seeds: a quarter of the sweep's training samples. Evaluations on 4000
+  held-out prompts (the test split's 1000 and 3000 drawn after the training split, so the training
+  data and the warm start stay the README run's; another task's test split holds all 4000), which
+  shrinks the evaluation's own noise; on the same training runs it changed the seeds' spread of
+  samples to J little (docs/guide/protocol_results.md). Eight seeds per arm (and up to four staged)
+  and 16 throughput rounds (at 10 the rounds carried ~40% of an arm's log-time variance): the
+  decision's power at the paper's truth (docs/guide/protocol_results.md, "Power and cost")."""
   config.protocol.update(
       stop_at_target=False, target_fractions=(0.5, 0.7, 0.9),
       max_samples=65_536, eval_every_samples=8192, smooth_window=3,

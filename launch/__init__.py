@@ -1,1 +1,2 @@
-"""Cluster launchers for rljax: XManager, Cloud TPU VM slices, SLURM (see docs/reference/launch.md)."""
+"""Cluster launchers for rljax: XManager, Cloud TPU VM slices, SLURM
+(see docs/reference/launch.md)."""

@@ -25,8 +25,9 @@ GPUS = {'a100': 'A100', 'a100-80gb': 'A100_80GIB', 'h100': 'H100', 'h200': 'H200
 TPUS = {'tpu-v4': 'TPU_V4', 'tpu-v5e': 'TPU_V5E', 'tpu-v5p': 'TPU_V5P', 'tpu-v6e': 'TPU_V6E'}
 
 # What xmanager 0.8's open-source executors run correctly (read from its source, see
-# docs/reference/launch.md): Vertex picks a valid machine only for A100 (a2-*), L4 (g2-*) and T4/V100/P100
-# (n1-*); H100/H200/B200 get an n1 machine Vertex rejects, and only legacy TPU v2/v3 map at all.
+# docs/reference/launch.md): Vertex picks a valid machine only for A100 (a2-*), L4 (g2-*) and
+# T4/V100/P100 (n1-*); H100/H200/B200 get an n1 machine Vertex rejects, and only legacy
+# TPU v2/v3 map at all.
 # GKE selects nodes by 'nvidia-tesla-<gpu>' (exists for A100/T4/V100/P100) and requests no TPUs.
 # Neither tells JAX where its coordinator is when a job has several replicas, so multi-host runs
 # go through launch/tpu_vm.py (TPU slices) and launch/slurm.py (GPU clusters). '' is CPU only.

@@ -4,10 +4,10 @@
 
 RUN is a workdir of `rljax.main` that started from --config.init.hf_path=HF_DIR; the export takes
 the architecture's config.json and the tokenizer from HF_DIR and the weights from RUN's latest
-(or --step) checkpoint. A run that trained LoRA adapters (model.lora) exports them as a PEFT
-adapter directory (rljax.hf.peft), beside a copy of HF_DIR's config.json and tokenizer. The checkpoint is read as a resume reads it (rljax.train.checkpoint):
-checked against its manifest; the latest damaged steps are set aside and the newest intact one
-is exported; a --step that is damaged is refused.
+(or --step) checkpoint. A run that trained LoRA adapters (model.lora) exports them as a PEFT adapter
+directory (rljax.hf.peft), beside a copy of HF_DIR's config.json and tokenizer. The checkpoint is
+read as a resume reads it (rljax.train.checkpoint): checked against its manifest; the latest damaged
+steps are set aside and the newest intact one is exported; a --step that is damaged is refused.
 """
 import os
 import sys
@@ -52,7 +52,8 @@ def run_state(workdir, step=None):
 
 
 def run_params(workdir, step=None):
-  """The policy params saved in WORKDIR/checkpoints (latest intact step by default), and the step."""
+  """The policy params saved in WORKDIR/checkpoints (latest intact step by default), and
+  the step."""
   state, meta = run_state(workdir, step)
   return state['params'], meta['step']
 

@@ -305,7 +305,9 @@ def explained_variance(values_BxL, returns_BxL, mask_BxL):
   """1 - Var(returns - values) / Var(returns) over valid tokens: 1 is a perfect critic, 0 is no
   better than predicting the mean return, negative is worse. 0 when the returns do not vary."""
   mask_BxL = jnp.asarray(mask_BxL, jnp.float32)
+
   def var(x_BxL):
     return masked_mean((x_BxL - masked_mean(x_BxL, mask_BxL))**2, mask_BxL)
   var_returns = var(returns_BxL)
-  return jnp.where(var_returns > 0, 1.0 - _safe_div(var(returns_BxL - values_BxL), var_returns), 0.0)
+  return jnp.where(var_returns > 0,
+                   1.0 - _safe_div(var(returns_BxL - values_BxL), var_returns), 0.0)

@@ -3,7 +3,8 @@
 Trains one configuration (config.mode == 'train', the default) or runs the align-then-accelerate
 protocol (config.mode == 'protocol'). Exit codes (docs/reference/reliability.md):
   0   done                       2   bad input: one `rljax: error: ...` line, nothing compiled
-  3   K non-finite updates in a row, or a state that is not finite (the last good checkpoint is kept)
+  3   K non-finite updates in a row, or a state that is not finite (the last good checkpoint
+      is kept)
   4   checkpoint storage: no checkpoint in the workdir is intact, or one cannot be written
   75  stopped by SIGTERM / SIGINT after saving a checkpoint of the current step: re-run to resume
 
@@ -26,6 +27,7 @@ from rljax.train import upgrades
 FLAGS = flags.FLAGS
 # cli.parse_flags, naming what replaced a field an earlier rljax had
 parse_flags = functools.partial(cli.parse_flags, renamed=upgrades.RENAMED_FLAGS)
+
 
 def define_flags(flag_values):
   """rljax.main's command line, on `flag_values` (flags.FLAGS when run; tests use their own)."""

@@ -6,7 +6,8 @@ import pkgutil
 
 def names(package):
   """The public modules of `package` (a module object); '_' marks what several of them share."""
-  return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith('_'))
+  return sorted(m.name for m in pkgutil.iter_modules(package.__path__)
+                if not m.name.startswith('_'))
 
 
 def get(package, name, field):

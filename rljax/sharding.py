@@ -5,8 +5,8 @@ Mesh axes (config.mesh; one size may be -1 to take the remaining devices):
   fsdp    batch split AND parameters split along their 'embed' dimension (gathered per layer);
   expert  batch split for attention, experts split for the MoE (rljax.model.moe, under shard_map);
   tensor  attention heads, FFN width and vocabulary split (Megatron style).
-Parameters carry logical axis names (rljax.model.transformer); LOGICAL_RULES maps each name to mesh axes.
-A dimension that a rule's mesh axes do not divide stays replicated (said at start-up), so any
+Parameters carry logical axis names (rljax.model.transformer); LOGICAL_RULES maps each name to mesh
+axes. A dimension that a rule's mesh axes do not divide stays replicated (said at start-up), so any
 model runs on any mesh, only less sharded.
 """
 import math
@@ -175,6 +175,7 @@ def optimizer_shardings(optimizer, params):
   else (counts, scalars) is replicated. `params` may be ShapeDtypeStructs with shardings."""
   by_path = {tuple(path): p for path, p in jax.tree_util.tree_flatten_with_path(params)[0]}
   mesh = jax.tree.leaves(params)[0].sharding.mesh
+
   def sharding_of(path, leaf):
     for start in range(len(path)):
       param = by_path.get(tuple(path[start:]))
@@ -246,6 +247,7 @@ def move(tree, shardings):
   on every process, which then places its own shards (docs/design/split_sampler.md)."""
   if jax.process_count() == 1:
     return jax.device_put(tree, shardings)
+
   def put(x, target):
     whole = to_numpy(x)
     return jax.make_array_from_callback(whole.shape, target, lambda index: whole[index])
@@ -270,8 +272,8 @@ def to_numpy(x):
 
 
 def on_mesh(fn, mesh):
-  """`fn` called (and so traced) with `mesh` as the context mesh (rljax.model.moe reads it); a jitted
-  `fn` keeps its `lower` and `trace`, under that mesh too (rljax.plan compiles for meshes it
+  """`fn` called (and so traced) with `mesh` as the context mesh (rljax.model.moe reads it); a
+  jitted `fn` keeps its `lower` and `trace`, under that mesh too (rljax.plan compiles for meshes it
   cannot run on)."""
   def call(*args, **kwargs):
     with jax.set_mesh(mesh):

@@ -91,7 +91,8 @@ def noise_scale(g_small_sq, g_big_sq, b_small, b_big):
 
 
 def _noise_blocks(runs_terms, block):
-  """[blocks, 2]: per block of `block` consecutive steps of a run, the sums of |G|^2 and tr(Sigma)."""
+  """[blocks, 2]: per block of `block` consecutive steps of a run, the sums of
+  |G|^2 and tr(Sigma)."""
   sums = []
   for terms in runs_terms:
     grad_sq, trace = _noise_terms(*terms)

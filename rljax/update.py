@@ -6,8 +6,8 @@ the summed loss and gradient do not depend on the split, while memory stays that
 (One exception, as in Megatron-Core: the MoE load-balancing loss is computed per micro-batch.)
 
 The per-micro-batch gradients also give, for free, the two squared norms behind the gradient noise
-scale of McCandlish et al. (B_simple = tr(Sigma) / |G|^2): `grad_sq_small` at `b_small` = micro-batch
-size and `grad_sq_big` at `b_big` = batch size (rljax.stats averages them over steps).
+scale of McCandlish et al. (B_simple = tr(Sigma) / |G|^2): `grad_sq_small` at `b_small` =
+micro-batch size and `grad_sq_big` at `b_big` = batch size (rljax.stats averages them over steps).
 """
 import jax
 import jax.numpy as jnp
@@ -65,7 +65,8 @@ def keep_finite(new_params, new_opt_state, params, opt_state):
 
 
 def apply_update(loss_fn, optimizer, params, opt_state, batch, num_micro):
-  """Gradient step; returns (params, opt_state, metrics incl. loss, grad_norm, noise-scale terms)."""
+  """Gradient step; returns (params, opt_state, metrics incl. loss, grad_norm,
+  noise-scale terms)."""
   grads, loss, metrics, micro_sq = accumulate_gradients(loss_fn, params, batch, num_micro)
   # A non-finite loss marks the whole update bad, even where its gradient happens to be finite:
   # the optimizer (optax.apply_if_finite) then skips it and counts it.
@@ -75,7 +76,8 @@ def apply_update(loss_fn, optimizer, params, opt_state, batch, num_micro):
                                   opt_state)
   grad_norm = optax.global_norm(grads)
   batch_size = jax.tree.leaves(batch)[0].shape[0]
-  metrics = dict(metrics, loss=loss, grad_norm=grad_norm, skipped=1 - opt_state.last_finite.astype(jnp.int32))
+  metrics = dict(metrics, loss=loss, grad_norm=grad_norm,
+                 skipped=1 - opt_state.last_finite.astype(jnp.int32))
   if num_micro > 1:  # the micro-batch gradient g_i is 1/num_micro of its own mean-gradient estimate
     metrics.update(grad_sq_small=micro_sq * num_micro, grad_sq_big=jnp.square(grad_norm),
                    b_small=jnp.float32(batch_size // num_micro), b_big=jnp.float32(batch_size))

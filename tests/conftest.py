@@ -37,6 +37,7 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import rljax_cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+
 @pytest.fixture(scope='session')
 def tiny(tmp_path_factory):
   """A directory that all xdist workers of this session share (dataset, warm start, XLA cache),

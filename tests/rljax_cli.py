@@ -34,8 +34,8 @@ def args(shared, workdir, *overrides):
           '--config.warmstart.max_steps=40', '--config.warmstart.eval_every=40',
           '--config.warmstart.batch=64', f'--config.train.max_steps={MAX_STEPS}',
           '--config.train.checkpoint_every=1', '--config.train.keep_checkpoints=3',
-          '--config.train.eval_every=3', '--config.train.eval_size=20', '--config.train.micro_batch=8',
-          '--config.train.log_every=3',
+          '--config.train.eval_every=3', '--config.train.eval_size=20',
+          '--config.train.micro_batch=8', '--config.train.log_every=3',
           *overrides]
 
 

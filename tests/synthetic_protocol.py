@@ -1,5 +1,5 @@
-"""Synthetic protocol workdirs whose truth is known, in the format rljax.protocol.driver writes, with
-noise models fitted to the committed CPU runs (docs/guide/protocol/*.tar.xz).
+"""Synthetic protocol workdirs whose truth is known, in the format rljax.protocol.driver writes,
+with noise models fitted to the committed CPU runs (docs/guide/protocol/*.tar.xz).
 
 A run follows start + rise (1 - exp(-s / scale r)) in samples s, stretched by the arm's true rN
 times a per-seed factor exp(sd_arm z); sd_arm, the arm's own seed spread, is drawn per arm

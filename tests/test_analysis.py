@@ -59,7 +59,8 @@ def assert_same_report(got, want, where='report'):
 def test_the_report_comparison_fails_where_it_must():
   report = {'a': [1.0, 2, 'x'], 'b': {'p': 0.25}}
   assert_same_report(json.loads(json.dumps(report)), report)
-  for wrong in ({'a': [1.0 + 1e-9, 2, 'x'], 'b': {'p': 0.25}}, {'a': [1.0, 3, 'x'], 'b': {'p': 0.25}},
+  for wrong in ({'a': [1.0 + 1e-9, 2, 'x'], 'b': {'p': 0.25}},
+                {'a': [1.0, 3, 'x'], 'b': {'p': 0.25}},
                 {'a': [1.0, 2, 'y'], 'b': {'p': 0.25}}, {'a': [1.0, 2], 'b': {'p': 0.25}},
                 {'a': [1.0, 2, 'x'], 'b': {'q': 0.25}}):
     with pytest.raises(AssertionError):
@@ -76,7 +77,8 @@ def test_the_quick_view_of_a_deep_sweep_answers_a_larger_batch_at_a_third_of_its
     archive, tmp_path):
   with tarfile.open(archive) as tar:
     tar.extractall(tmp_path / 'sweep', filter='data')
-  result = subprocess.run([sys.executable, '-m', 'rljax.analysis', f'--workdir={tmp_path / "quick"}',
+  result = subprocess.run([sys.executable, '-m', 'rljax.analysis',
+                           f'--workdir={tmp_path / "quick"}',
                            f'--quick_from={tmp_path / "sweep"}', '--seeds=2',
                            '--calibration_seeds=1'], capture_output=True, text=True, check=False)
   assert result.returncode == 0, result.stderr

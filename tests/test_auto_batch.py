@@ -117,7 +117,7 @@ def test_an_untried_batch_s_samples_per_s_is_bounded_by_a_convex_step_time():
     assert guess(batch, measured) == pytest.approx(np.sqrt(most_expected * batch / step_s))
 
 
-def test_a_move_waits_until_the_rest_of_the_budget_or_without_one_the_time_lost_repays_its_compile():
+def test_a_move_waits_until_the_rest_of_the_budget_or_without_one_the_time_lost_repays_its_compile():  # noqa: E501
   table = table_of({16: 1000.0, 32: 2000.0})   # gain lower end (1960 / 1020) x efficiency
   noise, batches = Estimate(5000, 5000, 5000), [16, 32]
   gain_lo = rule.step_gain(16, 32, noise, table)[1]
@@ -143,7 +143,8 @@ def test_a_kept_move_s_measured_progress_judges_the_next_doubling_where_the_nois
   noise = Estimate(60, 40, 90)   # small: the noise scale predicts a doubling loses
   assert rule.decide(32, BATCHES, noise, table, 0.1).batch == 32
   tried = rule.decide(32, BATCHES, noise, table, 0.1, measured=0.95)
-  assert tried.batch == 64 and tried.gain == pytest.approx(2000 / 1500 * 0.95) and 'measured' in tried.reason
+  assert (tried.batch == 64 and tried.gain == pytest.approx(2000 / 1500 * 0.95)
+          and 'measured' in tried.reason)
   # Progress that fell as much as the throughput rose is no reason; nor is a compile not repaid.
   assert rule.decide(32, BATCHES, noise, table, 0.1, measured=0.7).batch == 32
   costly = rule.Costs(0.0, 1.0, 10.0)
@@ -355,6 +356,7 @@ def test_a_checkpoint_state_without_the_compile_fields_resumes_with_them_afresh(
   auto_hook.Hook(config, types.SimpleNamespace(config=config, algo=None, batch=None), meta)
   assert meta['auto_batch'] == dict(auto_state.initial_state(config), P=4, next_decision=4096)
 
+
 def drive(rewards_after, tmp_path, steps=400, seed=0, ready=()):
   """auto_state.advance over synthetic rows: P=2 (16 responses) moves to P=4 at the first decision
   (a large noise scale, samples/s 1.6x from a file, free compile), or at a look when 4 is `ready`;
@@ -437,7 +439,6 @@ def test_a_move_that_kept_its_progress_is_kept_and_measured(tmp_path):
 # ------------------------------------------------------------------------------ one short run
 
 
-
 def tiny_auto(tmp_path):
   """A random tiny policy on 1-digit addition, P=4 then 8 (x G=4), samples/s from a file so the
   schedule is the same on every run: the top of the range (16, no faster than 8) compiles beside
@@ -486,7 +487,8 @@ def test_a_run_switches_its_batch_rescales_lr_and_resumes_mid_schedule_identical
   shutil.rmtree(killed / 'checkpoints' / '9')
   loop.train(tiny_auto(tmp_path), str(killed))
   assert without_timing(files.read_jsonl(killed / 'metrics.jsonl')) == without_timing(rows)
-  (state, meta), (ref_state, ref_meta) = (rljax_cli.checkpoints(w)[0][9] for w in (killed, reference))
+  (state, meta), (ref_state, ref_meta) = (rljax_cli.checkpoints(w)[0][9]
+                                          for w in (killed, reference))
   assert rljax_cli.same_arrays(state, ref_state)
   schedule = lambda m: {k: v for k, v in m['auto_batch'].items()
                         if k not in ('throughput', 'compile_s')}   # timing

@@ -178,7 +178,8 @@ def test_ab_imports_a_revision_apart_and_times_both_alternately(tmp_path):
   rev, this = ab.import_tree(str(tmp_path)), ab.import_tree(ab.ROOT)
   assert rev['sampler'].__file__.startswith(str(tmp_path))
   assert this['sampler'].__file__.startswith(ab.ROOT) and rev['sampler'] is not this['sampler']
-  assert sampler_lib is __import__('sys').modules['rljax.rollout.sampler']   # the test's own, untouched
+  # the test's own, untouched
+  assert sampler_lib is __import__('sys').modules['rljax.rollout.sampler']
   for part, flags in (('sampler', ['--moe_impl=dense']), ('update', [])):
     result = ab.main([f'--part={part}', '--rev=HEAD', '--preset=tiny', '--batch=8', '--length=4',
                       '--rounds=2', *flags])

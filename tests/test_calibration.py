@@ -48,7 +48,8 @@ def test_choose_places_the_target_and_takes_the_fastest_lr_to_it():
   choice = calibration.choose(runs, 0.0, 0.5, 1)
   assert choice['target'] == pytest.approx(0.40)   # halfway from 0.30 to 0.50, the top of 1e-5
   assert choice['lr0'] == 2e-5 and not choice['at_edge']   # 853 samples, against 2048 at 1e-5
-  assert choice['method'] == 'fewest samples to target' and 'calibration runs' in choice['target_rule']
+  assert (choice['method'] == 'fewest samples to target'
+          and 'calibration runs' in choice['target_rule'])
   given = calibration.choose(runs, 0.48, 0.5, 1)
   assert given['target'] == 0.48 and given['target_rule'] == 'given'
   assert given['lr0'] == 1e-5 and given['at_edge']   # only 1e-5 reaches 0.48

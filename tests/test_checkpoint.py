@@ -1,9 +1,9 @@
-"""rljax.train.checkpoint under kill -9: a real subprocess saves checkpoints through Checkpointer in a
-loop (async saves, old steps deleted as it goes) and is killed at random instants; every step
-left behind must restore, and the latest must be the last one the process reported committed or a
-later one. Cheap enough for many kills: no model, just arrays big enough that saving and deleting
-take a while. Then two processes under jax.distributed, where only one of them reads a damaged
-part of a step, must agree on the step they restore."""
+"""rljax.train.checkpoint under kill -9: a real subprocess saves checkpoints through Checkpointer in
+a loop (async saves, old steps deleted as it goes) and is killed at random instants; every step left
+behind must restore, and the latest must be the last one the process reported committed or a later
+one. Cheap enough for many kills: no model, just arrays big enough that saving and deleting take a
+while. Then two processes under jax.distributed, where only one of them reads a damaged part of a
+step, must agree on the step they restore."""
 import glob
 import os
 import random

@@ -104,7 +104,8 @@ def _tiny():
     ('train.num_minibatches', 3, r'train.num_minibatches \(3\) must divide the batch P\*G = 16'),
     ('grpo.loss_agg', 'median', r"grpo.loss_agg 'median' is not one of"),
     ('grpo.off_policy', 'is', r"grpo.off_policy 'is' is not one of \('none', 'tis', 'mis'\)"),
-    ('model.experts_per_token', 5, r'model.experts_per_token \(5\) must be in \[1, num_experts=4\]'),
+    ('model.experts_per_token', 5,
+     r'model.experts_per_token \(5\) must be in \[1, num_experts=4\]'),
     ('model.num_kv_heads', 3, r'model.num_heads \(4\) must be a multiple of num_kv_heads \(3\)'),
     ('debug.nan_steps', '9-3', r"bad step range '9-3'"),
     ('model.d_model', 0, r'model.d_model must be an integer >= 1, got 0'),
@@ -171,7 +172,8 @@ def test_bad_off_policy_bounds(mode, low, high, message):
 
 
 @pytest.mark.parametrize('edit, message', [
-    (dict(slots=0), r'the partial schedule needs rollout.slots >= 2 \(continuous batching\), got 0'),
+    (dict(slots=0),
+     r'the partial schedule needs rollout.slots >= 2 \(continuous batching\), got 0'),
     (dict(slots=8, max_staleness=-1), r'rollout.max_staleness must be an integer >= 0, got -1'),
 ])
 def test_bad_partial_rollouts(edit, message):
@@ -226,7 +228,8 @@ def test_lengths_and_vocabulary():
   model.max_seq_len = 12
   with pytest.raises(ValueError, match=r'prompt \(8\) \+ response \(5\) = 13 tokens exceed'):
     config_checks.check_lengths(8, 5, model, 16)
-  with pytest.raises(ValueError, match=r"model.vocab_size \(16\) is smaller than the tokenizer's 17"):
+  with pytest.raises(ValueError,
+                     match=r"model.vocab_size \(16\) is smaller than the tokenizer's 17"):
     config_checks.check_lengths(4, 5, model, 17)
 
 
@@ -241,15 +244,18 @@ def test_bad_config_arg(arg, message):
 
 
 @pytest.mark.parametrize('edit, message', [
-    (dict(tools=dict(timeout_s=0.0)), r'tools.timeout_s must be a number in \[0.01, 3600\], got 0.0'),
+    (dict(tools=dict(timeout_s=0.0)),
+     r'tools.timeout_s must be a number in \[0.01, 3600\], got 0.0'),
     (dict(tools=dict(timeout_s=float('inf'))), r'tools.timeout_s must be a number in .*, got inf'),
     (dict(tools=dict(timeout_s=float('nan'))), r'tools.timeout_s must be a number in .*, got nan'),
-    (dict(tools=dict(timeout_s=9.3e9)), r'tools.timeout_s must be a number in .*, got 9300000000.0'),
+    (dict(tools=dict(timeout_s=9.3e9)),
+     r'tools.timeout_s must be a number in .*, got 9300000000.0'),
     (dict(tools=dict(timeout_s=1e-9)), r'tools.timeout_s must be a number in .*, got 1e-09'),
     (dict(tools=dict(max_calls=0)), r'tools.max_calls must be an integer in \[1, 1024\], got 0'),
     (dict(tools=dict(workers=0)), r'tools.workers must be an integer in \[1, 64\], got 0'),
     (dict(tools=dict(workers=65)), r'tools.workers must be an integer in \[1, 64\], got 65'),
-    (dict(tools=dict(memory_mb=8)), r'tools.memory_mb must be an integer in \[16, 1048576\], got 8'),
+    (dict(tools=dict(memory_mb=8)),
+     r'tools.memory_mb must be an integer in \[16, 1048576\], got 8'),
     (dict(model=dict(vocab_size=32)), r"model.vocab_size \(32\) must equal the tool_sums "
                                       r"tokenizer's 23 ids"),
     (dict(rollout=dict(schedule='partial', slots=8)),

@@ -1,7 +1,8 @@
-"""Continuous batching (rljax.rollout.sampler.generate_continuous): with per-response keys it returns the
-static sampler's tokens and recorded experts exactly and its log-probs within float32 rounding (tolerance.py: they are
-two compiled programs), whatever the slot count and the order rows finish in; every prompt is decoded exactly once (its schedule equals a plain-numpy simulation of
-the slots); it compiles once; on a mesh it equals the static sampler on that mesh."""
+"""Continuous batching (rljax.rollout.sampler.generate_continuous): with per-response keys it
+returns the static sampler's tokens and recorded experts exactly and its log-probs within float32
+rounding (tolerance.py: they are two compiled programs), whatever the slot count and the order rows
+finish in; every prompt is decoded exactly once (its schedule equals a plain-numpy simulation of the
+slots); it compiles once; on a mesh it equals the static sampler on that mesh."""
 import functools
 
 import jax

@@ -129,7 +129,8 @@ def reference_log_stretch(run, shape):
   grid = np.linspace(-3, 3, 60_001)
   sse = np.zeros_like(grid)
   for xi, yi in zip(x, y):
-    sse += (yi - shape['start'] - shape['rise'] * (1 - np.exp(-xi / np.exp(grid) / shape['scale'])))**2
+    sse += (yi - shape['start']
+            - shape['rise'] * (1 - np.exp(-xi / np.exp(grid) / shape['scale'])))**2
   return grid[np.argmin(sse)]
 
 
@@ -151,7 +152,8 @@ def test_curve_shape_and_log_stretch_against_independent_fits():
     assert curves.log_stretch(run, shape) == pytest.approx(reference_log_stretch(run, shape),
                                                           abs=2e-4)
   assert curves.fit_curve_shape([make_run(lambda n: np.full_like(n, 0.3), 128, 50)]) is None
-  assert curves.shape_samples_to(shape, 0.30) != curves.shape_samples_to(shape, 0.30)   # below start
+  # below start
+  assert curves.shape_samples_to(shape, 0.30) != curves.shape_samples_to(shape, 0.30)
 
 
 def test_stretch_rn_has_no_grid_bias_where_crossings_have_it():

@@ -33,7 +33,8 @@ def test_decision_within_noise_recommends_the_base_and_says_so():
   rng = np.random.default_rng(1)
   decision = decision_lib.decide([
       dict(batch=128, samples_per_seed=[8e3, 12e3, 10e3], throughput_rounds=[1000.0] * 3),
-      dict(batch=512, samples_per_seed=[7e3, 14e3, 9e3], throughput_rounds=[1100.0, 1050.0, 1150.0]),
+      dict(batch=512, samples_per_seed=[7e3, 14e3, 9e3],
+           throughput_rounds=[1100.0, 1050.0, 1150.0]),
       dict(batch=4096, samples_per_seed=[], throughput_rounds=[5000.0] * 3),
   ], base_batch=128, rng=rng)
   assert decision['fastest'] == 512 and decision['verdict'] == 'within noise'
@@ -47,8 +48,10 @@ def test_decision_within_noise_recommends_the_base_and_says_so():
 def test_decision_recommends_a_batch_that_is_faster_beyond_noise():
   rng = np.random.default_rng(2)
   decision = decision_lib.decide([
-      dict(batch=128, samples_per_seed=lognormal_seeds(rng, 1e4), throughput_rounds=[1000.0, 980.0, 1020.0]),
-      dict(batch=512, samples_per_seed=lognormal_seeds(rng, 1.1e4), throughput_rounds=[2000.0, 1950.0, 2050.0]),
+      dict(batch=128, samples_per_seed=lognormal_seeds(rng, 1e4),
+           throughput_rounds=[1000.0, 980.0, 1020.0]),
+      dict(batch=512, samples_per_seed=lognormal_seeds(rng, 1.1e4),
+           throughput_rounds=[2000.0, 1950.0, 2050.0]),
       dict(batch=1024, samples_per_seed=[1e4, np.nan], throughput_rounds=[4000.0] * 3),
   ], base_batch=128)
   assert decision['verdict'] == 'faster' and decision['recommended'] == 512
@@ -63,7 +66,8 @@ def test_rn_from_noise_scale_is_mccandlish_ratio():
   for batch in (16, 32, 128):   # E = E_min (1 + B / B_noise), relative to the base batch
     assert decision_lib.rn_from_noise_scale(batch, b0, b_noise) == pytest.approx(
         (1 + batch / b_noise) / (1 + b0 / b_noise), rel=1e-15)
-  assert decision_lib.rn_from_noise_scale(1024, b0, np.inf) == 1.0   # no noise limit: rN 1 everywhere
+  # no noise limit: rN 1 everywhere
+  assert decision_lib.rn_from_noise_scale(1024, b0, np.inf) == 1.0
   assert np.isnan(decision_lib.rn_from_noise_scale(32, b0, np.nan))
 
 

@@ -122,7 +122,8 @@ DAMAGE_CASES = [
 
 
 @pytest.mark.parametrize('pattern, how, reason', DAMAGE_CASES,
-                         ids=[f'{how}-{pattern.split("/*")[0]}' for pattern, how, _ in DAMAGE_CASES])
+                         ids=[f'{how}-{pattern.split("/*")[0]}'
+                              for pattern, how, _ in DAMAGE_CASES])
 def test_a_damaged_step_is_set_aside_and_the_one_before_restored(tmp_path, capfd, pattern, how,
                                                                   reason):
   workdir, directory = _saved(tmp_path)
@@ -147,7 +148,8 @@ def test_values_that_differ_from_the_manifest_are_not_restored(tmp_path, capfd):
   2's arrays under step 1's manifest; then a meta that is valid JSON but altered."""
   workdir, directory = _saved(tmp_path, steps=(1, 2, 3))
   shutil.rmtree(os.path.join(directory, '3', 'manifest'))
-  shutil.copytree(os.path.join(directory, '1', 'manifest'), os.path.join(directory, '3', 'manifest'))
+  shutil.copytree(os.path.join(directory, '1', 'manifest'),
+                  os.path.join(directory, '3', 'manifest'))
   meta_file = os.path.join(directory, '2', 'meta', 'metadata')
   with open(meta_file, 'w') as f:
     json.dump({'step': 1}, f)
@@ -219,7 +221,8 @@ def test_the_checksum_sees_one_flipped_bit_and_not_the_sharding(dtype):
   flipped[37] ^= 1   # one bit of one element (a bool's only bit)
   flipped = flipped.view(x.dtype).reshape(x.shape)
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ('a', 'b'))
-  sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('a', 'b')))
+  sharded = jax.device_put(
+      x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('a', 'b')))
   sums = lambda tree: int(checkpoint.fingerprint(tree)[0])
   assert sums(sharded) == sums(x) != sums(flipped)
 

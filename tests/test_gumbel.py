@@ -1,5 +1,5 @@
-"""rljax.rollout.gumbel: the published Threefry-2x32 answers, and jax.random's bits and Gumbel noise to the
-last bit."""
+"""rljax.rollout.gumbel: the published Threefry-2x32 answers, and jax.random's bits and
+Gumbel noise to the last bit."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,7 +43,8 @@ def test_threefry_matches_the_numpy_reference_on_many_inputs():
   key = rng.integers(0, 2 ** 32, 2, dtype=np.uint64)
   counters = rng.integers(0, 2 ** 32, (2, 50), dtype=np.uint64)
   got = gumbel.threefry2x32(np.uint32(key[0]), np.uint32(key[1]),
-                            jnp.asarray(counters[0], jnp.uint32), jnp.asarray(counters[1], jnp.uint32))
+                            jnp.asarray(counters[0], jnp.uint32),
+                            jnp.asarray(counters[1], jnp.uint32))
   expected = [np_threefry2x32((int(key[0]), int(key[1])), (int(a), int(b)))
               for a, b in zip(*counters)]
   np.testing.assert_array_equal(np.stack([np.asarray(v) for v in got], axis=1), expected)

@@ -341,7 +341,8 @@ def test_export_cli_prints_one_line_saying_what_it_wrote(tmp_path):
   saver.close()
   result = subprocess.run(
       [sys.executable, '-m', 'rljax.hf_export', f'--workdir={run}',
-       f'--base={model_dir("tiny_qwen3")}', f'--out={out}'], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu'),
+       f'--base={model_dir("tiny_qwen3")}', f'--out={out}'], cwd=ROOT,
+      env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu'),
       capture_output=True, text=True, timeout=300, check=False)
   # Where jax's CUDA plugin is installed (the GPU compile-only targets) without CUDA, importing
   # it logs that no driver was found, before any code of ours runs: not ours to silence.
@@ -403,7 +404,6 @@ def test_not_a_model_dir(tmp_path):
   cfg = architecture.model_config(architecture.read_config(model_dir('tiny_qwen3')))
   with pytest.raises(ValueError, match='neither model.safetensors'):
     hf.load_params(str(tmp_path), cfg)
-
 
 
 def copy_model(name, tmp_path):

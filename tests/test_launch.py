@@ -29,9 +29,9 @@ def flags(**overrides):
   """Flags as build_jobs / build_scripts / build_commands get them from argparse."""
   values = dict(config=CONFIG, workdir='/runs/grpo', batches='128,256,1024', sweep_key='',
                 extra_args='', executor='local', accelerator='', num_hosts=1, nodes=2,
-                gpus_per_node=8, tasks_per_node=1, time='1:00:00', partition='', account='', sbatch_args='',
-                setup='', python='python', tpu='slice', zone='us-west4-a', project='',
-                repo_dir='~/rljax')
+                gpus_per_node=8, tasks_per_node=1, time='1:00:00', partition='', account='',
+                sbatch_args='', setup='', python='python', tpu='slice', zone='us-west4-a',
+                project='', repo_dir='~/rljax')
   values.update(overrides)
   return argparse.Namespace(**values)
 

@@ -108,7 +108,8 @@ def test_the_code_keeps_the_documented_layers():
 
 
 def test_the_checker_finds_each_kind_of_violation():
-  levels = layer_table(f'{TABLE_HEADER}\n| --- | --- | --- |\n| top | `p` | `a` (`not_a_module`) |\n'
+  levels = layer_table(f'{TABLE_HEADER}\n| --- | --- | --- |\n'
+                       '| top | `p` | `a` (`not_a_module`) |\n'
                        '| bottom | `p` | `b`, `c` |\n')
   assert levels == {'p': 0, 'p.a': 0, 'p.b': 1, 'p.c': 1}
   assert not violations({'p.a': {'p.b'}, 'p.b': {'p.c'}, 'p.c': set()}, levels)
@@ -118,4 +119,3 @@ def test_the_checker_finds_each_kind_of_violation():
   known = {'rljax.x', 'rljax.y.z'}
   source = 'from rljax import x\nfrom rljax.y import z, w\ndef f():\n  import rljax.q\n'
   assert imports_of(source, 'rljax.m', known) == {'rljax.x', 'rljax.y.z', 'rljax.y', 'rljax.q'}
-

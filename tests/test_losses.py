@@ -1,4 +1,5 @@
-"""Tests for rljax.losses against independent float64 numpy references written with explicit loops."""
+"""Tests for rljax.losses against independent float64 numpy references written with
+explicit loops."""
 
 import math
 
@@ -76,7 +77,6 @@ def test_zero_variance_groups():
   rewards = np.array([[1, 1, 1], [0, 1, 0], [0.3, 0.3, 0.3], [2, 2, 2.5]], np.float32)
   expected = [all(r == row[0] for r in row) for row in rewards]
   np.testing.assert_array_equal(losses.zero_variance_groups(rewards), expected)
-
 
 
 def group_rollout(b, l, lengths=None):
@@ -164,7 +164,6 @@ def test_split_invariance(mode, num_micro):
     naive = np.mean([float(losses.aggregate(l_mb, m_mb, mode)) for l_mb, m_mb in
                      zip(np.split(per_token, num_micro), np.split(mask, num_micro))])
     assert abs(naive - full) > 1e-4
-
 
 
 def test_seq_mean_token_sum_norm_counts_filtered_and_empty_rows():
@@ -275,7 +274,6 @@ def test_clipped_surrogate_random_and_gradient():
   assert np.all(np.asarray(grad)[ref_clipped == 1] == 0.0)
 
 
-
 def ref_surrogate(log_ratio, a, low, high, c=0.0):
   """Float64 (loss, clipped, d loss / d logp) of one token: log-ratio clamped to +-20 (verl),
   dual-clip at c * A for A < 0 when c > 0 (Ye et al. 2020)."""
@@ -342,7 +340,6 @@ def test_dual_clip_random_and_gradient():
   adv = rng.normal(size=(8, 40)).astype(np.float32)
   ref_clipped = check_surrogate(log_ratio, adv, .2, .28, 3.0)
   assert np.any((adv < 0) & (np.exp(log_ratio) > 3.0) & (ref_clipped == 1))   # dual-clip active
-
 
 
 def _tiny_policy_batch(rng, loss_agg, old_logp=None, b=4, t=3, l=5):
@@ -560,7 +557,6 @@ def test_kl_estimators_monte_carlo():
   for kind in ('k1', 'k3'):  # the unbiased ones
     est = float(jnp.mean(losses.kl_penalty(logp, ref, kind)))
     assert abs(est - true_kl) < 0.05 * true_kl, (kind, est, true_kl)
-
 
 
 def test_kl_estimator_gradients_as_loss_terms():

@@ -19,7 +19,8 @@ TINY = os.path.join(TESTDATA, 'tiny_qwen3')
 
 
 def records(source):
-  return [{k: data.text(v) for k, v in r.items()} for r in data.read_records(source, range(len(source)))]
+  return [{k: data.text(v) for k, v in r.items()}
+          for r in data.read_records(source, range(len(source)))]
 
 
 def load(tmp_path, fmt, path, split, **kwargs):
@@ -202,5 +203,6 @@ def test_arithmetic_stays_the_default(tmp_path):
   config = grpo.get_config('runlocal')
   config.data.update(dir=str(tmp_path), num_train=300, num_test=50)
   task = tasks.make_task(config)
-  assert task.reward_fn is rewards.exact_numeric and (task.prompt_len, task.max_new_tokens) == (8, 5)
+  assert (task.reward_fn is rewards.exact_numeric
+          and (task.prompt_len, task.max_new_tokens) == (8, 5))
   assert data.text(task.test_source[0]['prompt']).endswith('=')

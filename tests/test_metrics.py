@@ -1,5 +1,5 @@
-"""rljax.train.metrics: metrics.jsonl, TensorBoard events read back with TensorBoard's own reader, resume
-purging, the progress bar and the optional W&B sink."""
+"""rljax.train.metrics: metrics.jsonl, TensorBoard events read back with TensorBoard's own reader,
+resume purging, the progress bar and the optional W&B sink."""
 import json
 import os
 import re

@@ -1,5 +1,6 @@
-"""rljax.model.transformer against a plain-numpy forward pass, plus the invariances the RL loop relies on:
-left-padding invariance, KV-cache decoding == full forward, scanned/partitioned params, remat."""
+"""rljax.model.transformer against a plain-numpy forward pass, plus the invariances the RL
+loop relies on: left-padding invariance, KV-cache decoding == full forward,
+scanned/partitioned params, remat."""
 
 import functools
 

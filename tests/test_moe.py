@@ -52,7 +52,8 @@ def random_moe_params(rng, skew):
                 w_gate=rng.normal(size=(E, D, F)) / np.sqrt(D),
                 w_up=rng.normal(size=(E, D, F)) / np.sqrt(D),
                 w_down=rng.normal(size=(E, F, D)) / np.sqrt(F))
-  if skew:  # inputs are positive, so expert 2's router logit is by far the largest for almost every token
+  # inputs are positive, so expert 2's router logit is by far the largest for almost every token
+  if skew:
     params['router'][:, 2] += 0.4
   return {name: value.astype(np.float32) for name, value in params.items()}
 
@@ -140,7 +141,8 @@ def test_decode_sized_inputs_match_naive_loop(impl, num_tokens, k, decoding):
 
 
 def test_moe_layer_bucketed_with_training_sized_batches():
-  """Training-sized inputs (a ladder of 4 capacities): the whole layer still equals the numpy loop."""
+  """Training-sized inputs (a ladder of 4 capacities): the whole layer still equals the
+  numpy loop."""
   cfg = moe_cfg('bucketed', 2)
   num_tokens = 64 * E
   assert moe.capacities(num_tokens * 2, num_tokens, E) == [128, 168, 216, 256]
@@ -229,7 +231,8 @@ def test_bucketed_picks_a_capacity_that_holds_every_token(load, joined):
   busiest = np.bincount(experts_TxK.reshape(-1), minlength=E + 1)[:E].max()
   chosen = min(b for b in buckets if b >= busiest)
   assert buckets == [32, 48, 64]
-  assert buckets.index(chosen) == {'balanced': 0, 'one_busy': 1, 'all_on_one': 2, 'off_device': 0}[load]
+  assert buckets.index(chosen) == {'balanced': 0, 'one_busy': 1, 'all_on_one': 2,
+                                   'off_device': 0}[load]
   x_TxD = rng.normal(size=(num_tokens, D)).astype(np.float32)
   params = random_moe_params(rng, skew=False)
   expert_weights = [jnp.asarray(params[n]) for n in ('w_gate', 'w_up', 'w_down')]
@@ -373,6 +376,7 @@ def replay_case(seed, k, tokens):
 
 def replayed_forward_and_grad(cfg, params, x, recorded, cotangent):
   layer = moe.MoE(cfg)
+
   def loss(p):
     out, _, routed = layer.apply({'params': p}, jnp.asarray(x),
                                  jnp.asarray(recorded).reshape(*x.shape[:2], -1))

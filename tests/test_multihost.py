@@ -93,12 +93,15 @@ def test_p_auto_takes_the_same_decisions_on_two_processes_as_on_one(tmp_path):
            '--config.data.digits=1', '--config.data.num_train=200', '--config.data.num_test=20',
            '--config.warmstart.enabled=False', '--config.metrics.tensorboard=False',
            '--config.auto_batch.min=4', '--config.auto_batch.max=16',
-           '--config.auto_batch.every_samples=112', f'--config.auto_batch.throughput_file={throughput}',
+           '--config.auto_batch.every_samples=112',
+           f'--config.auto_batch.throughput_file={throughput}',
            '--config.auto_batch.compile_s=0.0', '--config.auto_batch.verify_samples=64',
-           '--config.model.d_model=32', '--config.model.num_heads=2', '--config.model.num_kv_heads=2',
-           '--config.model.head_dim=16', '--config.model.expert_hidden=32',
+           '--config.model.d_model=32', '--config.model.num_heads=2',
+           '--config.model.num_kv_heads=2', '--config.model.head_dim=16',
+           '--config.model.expert_hidden=32',
            '--config.rollout.P=4', '--config.train.max_samples=0', '--config.train.max_steps=9',
-           '--config.train.eval_every=4', '--config.train.eval_size=8', '--config.train.micro_batch=8']
+           '--config.train.eval_every=4', '--config.train.eval_size=8',
+           '--config.train.micro_batch=8']
   finish(start(tmp_path / 'one', 8, flags))
   for p in two_processes(tmp_path / 'two', flags):
     finish(p)

@@ -131,7 +131,8 @@ def adam_first_step(cfg, batch, grad):
 
 
 @pytest.mark.parametrize('rule,batch,grad,lr', [
-    ('sqrt', 512, 3.0, 2e-3),       # Adam's first step is lr * sign(g), whatever |g| (clipped or not)
+    # Adam's first step is lr * sign(g), whatever |g| (clipped or not)
+    ('sqrt', 512, 3.0, 2e-3),
     ('sqrt', 128, -0.02, 1e-3),
     ('linear', 256, 0.5, 2e-3),
     ('constant', 1024, -7.0, 1e-3),

@@ -137,7 +137,7 @@ ENTRY %main (p: (s32[], f32[8])) -> (s32[], f32[8]) {
   %once = f32[8] fusion(%p), kind=kLoop, calls=%f
   ROOT %w = (s32[], f32[8]) while(%p), condition=%step_cond, body=%step
 }
-"""
+"""  # noqa: E501  (HLO text, as XLA prints it: one instruction per line)
 
 
 def test_kernels_per_decode_step_are_counted_from_the_hlo():
@@ -487,14 +487,15 @@ def test_a_p_auto_plan_sizes_the_top_batch_the_run_compiles_beside_its_first_ste
   assert report['memory'] == at_top['memory'] and report['micro_batch'] == micro
   assert report['auto_batch'] == dict(arg=algos.get(name).BATCH_ARG, start=auto.min,
                                       min=auto.min, planned=auto.max)
-  assert f'planned at its top, {algos.get(name).BATCH_ARG}={auto.max}' in table.format_report(report)
+  assert (f'planned at its top, {algos.get(name).BATCH_ARG}={auto.max}'
+          in table.format_report(report))
 
 
 @pytest.mark.parametrize('partial', [False, True])
 def test_the_plan_states_the_recorded_experts_of_qwen3_30b_a3b(partial):
-  """Router replay's buffer for Qwen3-30B-A3B (48 layers, 8 of 128 experts: int8 ids) at P=1024,
-  G=8 with 512-token responses: 8192 x 512 x 48 x 8 bytes a step, split over the 64 chips of a
-  v5p-128, or held whole on every chip twice over by the partial pool; a dense model records none."""
+  """Router replay's buffer for Qwen3-30B-A3B (48 layers, 8 of 128 experts: int8 ids) at P=1024, G=8
+  with 512-token responses: 8192 x 512 x 48 x 8 bytes a step, split over the 64 chips of a v5p-128,
+  or held whole on every chip twice over by the partial pool; a dense model records none."""
   config = grpo_config.get_config('P=1024,G=8,model=qwen3-30b-a3b')
   config.data.name = 'gsm8k'   # its lengths: 256 prompt + 512 response tokens
   if partial:

@@ -1,4 +1,5 @@
-"""rljax.model.critic and rljax.ppo against float64 numpy references with explicit loops, on a tiny MoE.
+"""rljax.model.critic and rljax.ppo against float64 numpy references with explicit loops,
+on a tiny MoE.
 
 The values must be read at the state that chose each token; the PPO batch (token rewards, KL in
 the reward, GAE, whitening, explained variance) must match a plain loop; actor and critic
@@ -46,7 +47,8 @@ def random_tree(shapes, rng):
 def setup(seed=0):
   cfg = tiny_cfg()
   rng = np.random.default_rng(seed)
-  policy = random_tree(nn.unbox(jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.PRNGKey(0)))), rng)
+  policy = random_tree(nn.unbox(jax.eval_shape(
+      lambda: model_lib.init_params(cfg, jax.random.PRNGKey(0)))), rng)
   critic_params = random_tree(nn.unbox(jax.eval_shape(
       lambda: critic_lib.init_params(cfg, jax.random.PRNGKey(0)))), rng)
   return cfg, model_lib.Transformer(cfg), critic_lib.Critic(cfg), policy, critic_params
@@ -205,7 +207,8 @@ def np_ppo_batch(values, rewards, ref_logp, logp, lengths, cfg):
   r = [ret[i, t] for i, n in enumerate(lengths) for t in range(n)]
   e = [ret[i, t] - values[i, t] for i, n in enumerate(lengths) for t in range(n)]
   stats = dict(explained_variance=1 - np_var(e) / np_var(r), return_mean=sum(r) / len(r),
-               value_mean=sum(values[i, t] for i, n in enumerate(lengths) for t in range(n)) / len(r))
+               value_mean=sum(values[i, t] for i, n in enumerate(lengths)
+                              for t in range(n)) / len(r))
   if cfg.whiten_advantages:
     adv = np_whiten(adv, lengths, shift_mean=True)
   assert b == values.shape[0]

@@ -1,4 +1,5 @@
-"""Tests for rljax.protocol.driver: arm configs, phases, the whole pipeline on a tiny model, and resume.
+"""Tests for rljax.protocol.driver: arm configs, phases, the whole pipeline on a tiny model,
+and resume.
 
 The pipeline runs for real (TFDS data built locally, real training runs, orbax checkpoints, a real
 subprocess killed mid-protocol), only with a tiny model and budgets of a few steps.
@@ -52,7 +53,8 @@ def _flag(path, value):
 
 
 def tiny_config(data_dir):
-  """configs/protocol.py:runlocal,shallow,seeds=1 with TINY applied, as the command line applies it."""
+  """configs/protocol.py:runlocal,shallow,seeds=1 with TINY applied, as the command line
+  applies it."""
   config = protocol_config.get_config('runlocal,shallow,seeds=1')
   for path, value in dict(TINY, **{'arm.data.dir': data_dir}).items():
     *parents, leaf = path.split('.')
@@ -254,7 +256,8 @@ def _saturating_run(run_dir, scale, budget, every, first=256, batch=16):
   below `every`, then every `every` samples up to `budget`."""
   lead = [first * 2**k for k in range(8) if first * 2**k < every]
   x = [0] + lead + list(range(every, budget + 1, every))
-  rows = [dict(step=n // batch, samples=n, eval=True, eval_accuracy=0.3 + 0.6 * (1 - np.exp(-n / scale)))
+  rows = [dict(step=n // batch, samples=n, eval=True,
+               eval_accuracy=0.3 + 0.6 * (1 - np.exp(-n / scale)))
           for n in x]
   rows += [dict(step=s, samples=batch * s, step_time_s=0.1, grad_norm=1.0)
            for s in range(1, budget // batch + 1)]
@@ -336,6 +339,7 @@ def test_add_seeds_stages_its_budget_to_the_base_and_the_point_fastest_arm(tmp_p
     os.remove(os.path.join(run_dir, 'done.json'))
     os.rename(run_dir, run_dir + '_later')
   original_run_once = runs.run_once
+
   def run_once(cfg, run_dir, label, stop=None):
     if os.path.exists(run_dir + '_later'):
       os.rename(run_dir + '_later', run_dir)
@@ -475,7 +479,8 @@ def test_summarise_throughput_leaves_out_the_compile_steps(tmp_path):
 
 
 def _main(workdir, data_dir):
-  return [sys.executable, '-m', 'rljax.main', '--config=configs/protocol.py:runlocal,shallow,seeds=1',
+  return [sys.executable, '-m', 'rljax.main',
+          '--config=configs/protocol.py:runlocal,shallow,seeds=1',
           f'--workdir={workdir}', f'--config.arm.data.dir={data_dir}'] + [
               _flag(k, v) for k, v in TINY.items()]
 
@@ -501,8 +506,8 @@ def resumed(tmp_path_factory, data_dir):
                           text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   after = (os.stat(first_metrics).st_mtime_ns, open(first_metrics).read())
-  return dict(workdir=workdir, env=env, stdout=result.stdout, killed_before_report=
-              killed_before_report, first_before=before, first_after=after)
+  return dict(workdir=workdir, env=env, stdout=result.stdout,
+              killed_before_report=killed_before_report, first_before=before, first_after=after)
 
 
 @pytest.mark.e2e
@@ -644,7 +649,8 @@ def test_confirm_runs_at_the_base_and_the_fastest_batch(resumed, data_dir):
   spec = layout.read(workdir, 'arm', group='confirm', arm='P2')
   cfg = json.load(open(os.path.join(workdir, 'confirm', 'P2', 'seed_2', 'config.json')))
   assert spec['batch'] == 8 and cfg['seed'] == 2   # max_seeds = 2: a seed no align run used
-  assert cfg['train']['target'] == pytest.approx(0.02 + config.protocol.stop_margin)   # the report's J
+  # the report's J
+  assert cfg['train']['target'] == pytest.approx(0.02 + config.protocol.stop_margin)
   report = report_lib.build_report(workdir)
   assert [c['batch'] for c in report['confirm']][:1] == [8]
   assert 'measured_wallclock_s' in report['confirm'][0]

@@ -94,7 +94,8 @@ def cli_error(capsys, config, tmp_path):
   """main.run's one `rljax: error:` line (exit 2), nothing built."""
   with pytest.raises(SystemExit) as stopped:
     main.run(config, str(tmp_path / 'run'))
-  errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith('rljax: error: ')]
+  errors = [line for line in capsys.readouterr().err.splitlines()
+            if line.startswith('rljax: error: ')]
   assert stopped.value.code == 2 and len(errors) == 1 and not os.listdir(tmp_path), errors
   return errors[0].removeprefix('rljax: error: ')
 

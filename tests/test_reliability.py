@@ -73,7 +73,8 @@ def kill_trial(tiny, workdir, kinds, rng, overrides=()):
       counts['during_save'] += bool(cli.temporary(workdir) - left_before)
     unreadable = cli.checkpoints(workdir)[1]
     counts['unreadable'] += len(unreadable)
-    counts['why'] += [f'after a {kind} kill: step {step}: {why}' for step, why in unreadable.items()]
+    counts['why'] += [f'after a {kind} kill: step {step}: {why}'
+                      for step, why in unreadable.items()]
   code, text = cli.run(tiny, workdir, *overrides)
   assert code == 0, text[-3000:]
   return counts

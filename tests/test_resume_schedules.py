@@ -45,7 +45,8 @@ SCHEDULES = {
     'each_step': (tiny, (1, 2)),
     # 7 slots: after step 1 and after step 2 the pool holds groups begun but not finished
     'partial': (lambda tmp: tiny(tmp, slots=7, schedule='partial', max_new_tokens=8), (1, 2)),
-    'drawn_ahead': (lambda tmp: tiny(tmp, schedule='drawn_ahead', devices=4, slots=6, max_new_tokens=8), (1, 2)),
+    'drawn_ahead': (lambda tmp: tiny(tmp, schedule='drawn_ahead', devices=4, slots=6,
+                                     max_new_tokens=8), (1, 2)),
     'auto_batch': (tiny_auto, (3, 7)),   # P 4 -> 8 at step 7: before, and right after the change
 }
 

@@ -19,7 +19,8 @@ def references(name, args, count, seed=0):
   args = rg_library.parse_args(json.dumps(args))
   data = rg_library.dataset(name, args, seed, SIZE)
   return [(rg_prompts.render(name, 'compact', data[i]),
-           rg_library.reference(name, args, seed, SIZE, i, data[i]['answer'])) for i in range(count)]
+           rg_library.reference(name, args, seed, SIZE, i, data[i]['answer']))
+          for i in range(count)]
 
 
 def solve_linear(equation):

@@ -19,8 +19,8 @@ def test_rejects_bad_arguments_in_one_line(args, capsys):
 
 @pytest.mark.e2e   # the whole benchmark, every schedule compiled and timed
 def test_small_sweep_compares_the_same_tokens(capsys):
-  rollout_lengths.main(['--preset=tiny', '--batches=16', '--slots=8,16', '--dists=lognormal,uniform',
-                        '--max_len=12', '--median=3', '--repeats=1'])
+  rollout_lengths.main(['--preset=tiny', '--batches=16', '--slots=8,16',
+                        '--dists=lognormal,uniform', '--max_len=12', '--median=3', '--repeats=1'])
   lines = capsys.readouterr().out.splitlines()
   cells = lambda line: [c.strip() for c in line.split('|')[1:-1]]
   columns = cells(next(line for line in lines if line.startswith('| dist')))

@@ -1,5 +1,6 @@
-"""rljax.rollout.sampler: log-probs equal the trainer's, greedy == step-by-step argmax of the full forward,
-stop tokens and early exit, top-k / top-p filters vs numpy, sampling frequencies, one compile.
+"""rljax.rollout.sampler: log-probs equal the trainer's, greedy == step-by-step argmax of
+the full forward, stop tokens and early exit, top-k / top-p filters vs numpy, sampling
+frequencies, one compile.
 
 Compiles dominate the run time on CPU, so a few samplers are built once per module and shared."""
 
@@ -154,7 +155,8 @@ def test_sampler_logprobs_equal_trainer_logprobs(samplers, name, temperature):
 
 
 def np_greedy_reference(params, prompt, valid):
-  """Step-by-step argmax of the full forward (fixed width: later tokens cannot affect earlier ones)."""
+  """Step-by-step argmax of the full forward (fixed width: later tokens cannot affect
+  earlier ones)."""
   batch = prompt.shape[0]
   response = np.full((batch, MAX_NEW), PAD, np.int32)
   mask = np.zeros((batch, MAX_NEW), bool)
@@ -365,14 +367,16 @@ def computations_run_by(hlo, name):
 @pytest.mark.parametrize('moe_impl', ['bucketed', pytest.param('dense', marks=pytest.mark.e2e)])
 @pytest.mark.xla_cpu_codegen   # asserts XLA:CPU's compiled text
 def test_decoding_loop_copies_no_weights(moe_impl):
-  """The experts' gate and up matrices are joined where the MoE layer uses them (rljax.model.moe.gate_up):
-  in the sampler XLA must hoist that join out of the decoding loop, or every step copies them, and
-  fuse it with the per-layer slice of the stacked weights, or every call copies them twice (which
-  XLA:CPU did for a concatenate of matrices this size, not for small ones). The attention output
-  matrix, laid out for its product (rljax.model.transformer.Attention), and 'dense''s experts side by side
-  (rljax.model.moe.experts_dense) are likewise copied once per call, not at every step."""
+  """The experts' gate and up matrices are joined where the MoE layer uses them
+  (rljax.model.moe.gate_up): in the sampler XLA must hoist that join out of the decoding loop, or
+  every step copies them, and fuse it with the per-layer slice of the stacked weights, or every call
+  copies them twice (which XLA:CPU did for a concatenate of matrices this size, not for small ones).
+  The attention output matrix, laid out for its product (rljax.model.transformer.Attention), and
+  'dense''s experts side by side (rljax.model.moe.experts_dense) are likewise copied once per call,
+  not at every step."""
+  # shapes of no other array
   cfg = dataclasses.replace(CFG, moe_impl=moe_impl, num_layers=2, d_model=640, num_experts=12,
-                            expert_hidden=576, num_heads=6, head_dim=40)   # shapes of no other array
+                            expert_hidden=576, num_heads=6, head_dim=40)
   prompt, valid = prompts(1)
   sampler = jax.jit(sampler_lib.make_sampler(model_lib.Transformer(cfg),
                                              sampler_lib.SamplingConfig(MAX_NEW, EOS, PAD)),

@@ -1,5 +1,6 @@
 """Real meshes on 8 fake CPU devices (tests/conftest.py): the sharded forward, sampler and train
-step equal the single-device ones (f32; only the reduction order differs: tolerance.py), and every parameter lives where the logical-axis rules say."""
+step equal the single-device ones (f32; only the reduction order differs: tolerance.py), and every
+parameter lives where the logical-axis rules say."""
 import dataclasses
 import functools
 
@@ -140,7 +141,8 @@ def sampled_on_one_device(slots):
                          ids=['fsdp8', 'fsdp8-continuous', 'data2xfsdp2xexpert2', 'fsdp4xtensor2'])
 def test_fsdp_decoding_samples_what_one_device_samples(sizes, slots):
   """On an 'fsdp' mesh the sampler re-splits the experts over their hidden dimension
-  (rljax.model.transformer.decoding_params): the same sampled tokens and log-probs as on one device."""
+  (rljax.model.transformer.decoding_params): the same sampled tokens and log-probs as on
+  one device."""
   mesh = mesh_of(sizes)
   assert sharding.spec_for((4, 64, 64), ('expert', 'replicated', 'decoding_mlp'), mesh)[2]
   want, got = sampled_on_one_device(slots), sampled(mesh, slots)
@@ -213,7 +215,8 @@ def test_chunked_logprobs_equal_unchunked_values_and_gradients():
     (got, (logp_c, entropy_c)), grads_c = total_and_grads(params, chunk)
     np.testing.assert_allclose(logp_c, logp, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(entropy_c, entropy, rtol=1e-6, atol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), grads_c, grads)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+                 grads_c, grads)
   with pytest.raises(ValueError, match='must divide'):
     total_and_grads(params, 4)
 
@@ -226,7 +229,8 @@ def test_adam_moments_are_created_on_the_shards_of_their_parameters():
                                    jax.random.PRNGKey(0), mesh)
   opt = ml_collections.ConfigDict(dict(lr=1e-3, base_batch=8, lr_rule='sqrt', warmup_steps=0,
                                        decay='constant', max_grad_norm=1.0, clip_rule='constant',
-                                       b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=3))
+                                       b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
+                                       max_bad_steps=3))
   head = sharding.place({'w': jnp.zeros((CFG.d_model, 1))}, mesh)
   joint, _ = optim.make_joint_optimizer(dict(policy=opt, value_head=opt), 8)
   for tx, tree in ((optim.make_optimizer(opt, 8)[0], params),

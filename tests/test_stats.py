@@ -38,7 +38,8 @@ def test_noise_scale_window_goes_on_from_logged_rows_and_skips_rows_without_term
   for row in rows[30:]:
     window.update(row)
   last = rows[-1]
-  expected = stats.noise_scale(*np.transpose([[r[k] for k in stats.NOISE_KEYS] for r in rows[-50:]]))
+  expected = stats.noise_scale(
+      *np.transpose([[r[k] for k in stats.NOISE_KEYS] for r in rows[-50:]]))
   assert last['noise_scale'] == pytest.approx(expected)
   plain = dict(grad_norm=1.0)
   window.update(plain)

@@ -1,5 +1,5 @@
-"""The sums task (rljax.data.builders.sums): worked solutions checked against numpy running sums, the
-length bounds against the longest possible problem, train and test disjoint, the running_sums
+"""The sums task (rljax.data.builders.sums): worked solutions checked against numpy running sums,
+the length bounds against the longest possible problem, train and test disjoint, the running_sums
 verifier, the task registration and the config preset."""
 import itertools
 

@@ -33,8 +33,8 @@ def make(config, data_dir):
 def test_tasks_resolve_by_name_and_unknown_names_fail_clearly():
   assert tasks.names() == ['arithmetic', 'gsm8k', 'math', 'reasoning_gym', 'sums', 'tool_sums']
   for name in ('gsm9k', '_characters', '../data', ''):
-    with pytest.raises(ValueError, match=r"data.name must be one of \['arithmetic', 'gsm8k', 'math', "
-                                         r"'reasoning_gym', 'sums', 'tool_sums'\]"):
+    with pytest.raises(ValueError, match=r"data.name must be one of \['arithmetic', 'gsm8k', "
+                                         r"'math', 'reasoning_gym', 'sums', 'tool_sums'\]"):
       tasks.get(name)
 
 

@@ -1,5 +1,6 @@
-"""rljax.train.loop in-process: one rl_step, a short loop and its resume, and the row it logs (the loop
-also runs end to end as a command in test_reliability.py, test_ppo_e2e.py and test_train_math.py)."""
+"""rljax.train.loop in-process: one rl_step, a short loop and its resume, and the row it
+logs (the loop also runs end to end as a command in test_reliability.py, test_ppo_e2e.py and
+test_train_math.py)."""
 import shutil
 
 import jax
@@ -85,7 +86,8 @@ def test_evaluations_before_the_grid_come_at_each_doubling_of_eval_first_samples
   config = grpo_config.get_config('runlocal,P=2')   # 2 x G 8 = 16 responses a step
   config.train.update(eval_every=128, eval_first_samples=256)
   due = lambda last: [s for s in range(1, last)
-                      if train.eval_due(config.train, 16, False, dict(step=s), 16 * (s - 1), 16 * s)]
+                      if train.eval_due(config.train, 16, False, dict(step=s), 16 * (s - 1),
+                                        16 * s)]
   assert due(300) == [16, 32, 64, 128, 256]
   config.train.eval_first_samples = 0
   assert due(300) == [128, 256]
@@ -110,7 +112,6 @@ def test_rollout_stats_match_numpy():
   assert float(stats['response_len_max']) == lengths_B.max()
   assert float(stats['slot_utilization']) == pytest.approx(lengths_B.sum() / 144, rel=1e-6)
   assert int(stats['decode_steps']) == 6
-
 
 
 @pytest.mark.e2e

@@ -226,7 +226,8 @@ def _loss(params, batch):
 def _optimizer(lr=0.1):
   cfg = ml_collections.ConfigDict(dict(lr=lr, base_batch=4, lr_rule='constant', warmup_steps=0,
                                        decay='constant', max_grad_norm=0.0, clip_rule='constant',
-                                       b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, max_bad_steps=3))
+                                       b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
+                                       max_bad_steps=3))
   return optim.make_optimizer(cfg, batch=4)[0]
 
 
@@ -237,7 +238,8 @@ def _batch(poison=0.0, scale=1.0, corrupt=0.0):
 
 
 @pytest.mark.parametrize('batch', [_batch(poison=np.nan), _batch(poison=np.inf),
-                                   _batch(corrupt=np.inf)], ids=['nan-loss', 'inf-loss', 'inf-grad'])
+                                   _batch(corrupt=np.inf)],
+                         ids=['nan-loss', 'inf-loss', 'inf-grad'])
 def test_non_finite_update_is_skipped_and_counted(batch):
   optimizer = _optimizer()
   params = {'w': jnp.asarray([0.5, -1.0, 2.0], jnp.float32)}
@@ -248,7 +250,8 @@ def test_non_finite_update_is_skipped_and_counted(batch):
   assert int(metrics['skipped']) == 1
   assert int(state.notfinite_count) == 1 and int(state.total_notfinite) == 1
   assert np.asarray(params['w']).tobytes() == before_params['w'].tobytes()
-  for new, old in zip(jax.tree.leaves(state.inner_state), jax.tree.leaves(before_state.inner_state)):
+  for new, old in zip(jax.tree.leaves(state.inner_state),
+                      jax.tree.leaves(before_state.inner_state)):
     assert np.asarray(new).tobytes() == np.asarray(old).tobytes()
   # The next finite update applies and resets the in-a-row count (not the total).
   params, state, metrics = update.apply_update(_loss, optimizer, params, state, _batch(), 2)
@@ -274,7 +277,8 @@ def test_non_finite_state_after_an_update_is_caught_on_that_step(scale, damage):
   assert np.isfinite(float(metrics['loss'])) and int(metrics['skipped']) == 1
   assert int(state.notfinite_count) == 1 and int(state.total_notfinite) == 1
   assert np.asarray(params['w']).tobytes() == before_params['w'].tobytes()
-  for new, old in zip(jax.tree.leaves(state.inner_state), jax.tree.leaves(before_state.inner_state)):
+  for new, old in zip(jax.tree.leaves(state.inner_state),
+                      jax.tree.leaves(before_state.inner_state)):
     assert np.asarray(new).tobytes() == np.asarray(old).tobytes()
 
 

@@ -1,10 +1,11 @@
 """RL algorithms, resolved by name: `config.algo = 'grpo'` is the module rljax.algos.grpo.
 
-The loop (rljax.train.loop) owns what every algorithm shares: rollouts, rewards, evaluation, metrics,
-checkpoints. An algorithm module owns what differs, and declares:
+The loop (rljax.train.loop) owns what every algorithm shares: rollouts, rewards, evaluation,
+metrics, checkpoints. An algorithm module owns what differs, and declares:
 
-  BATCH_ARG                     the config-file argument that sets its batch ('P' for GRPO, 'B' for PPO),
-                                a string literal: launchers read it from the source, without jax
+  BATCH_ARG                     the config-file argument that sets its batch
+                                ('P' for GRPO, 'B' for PPO), a string literal: launchers read it
+                                from the source, without jax
   check(config)                 ValueError naming the first bad field of its own config section
   make(config, model, params, mesh, rng) -> Algorithm
 
@@ -35,8 +36,10 @@ def params_policy(state, reference):
 
 class Algorithm(NamedTuple):
   state: dict            # pytrees, checkpointed whole: the trained weights and optimizer state
-  make_batch: Callable   # (state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params) -> (batch, stats)
-  update: Callable       # (state, batch, ref_params, rng) -> (state, metrics): all epochs and minibatches
+  make_batch: Callable   # (state, rollout, rewards_B, prompt_BxT, valid_BxT, ref_params) ->
+                         # (batch, stats)
+  update: Callable       # (state, batch, ref_params, rng) -> (state, metrics): all epochs and
+                         # minibatches
   updates_per_batch: int  # optimizer updates in one call of `update`
   batch: int             # responses per rollout batch (`batch_size`): what one `update` call takes
   schedules: dict        # training-row key -> schedule(update count), e.g. {'lr': ...}
@@ -147,8 +150,8 @@ def check_optimizer(name, opt, config, batch):
   filters_rows = config[config.algo].get('filter_zero_variance', False)
   if decay != 'constant' and filters_rows and not train.max_steps:
     raise ValueError(f'{name}.decay={decay!r} anneals to 0 at the last planned update, which '
-                     f'{config.algo}.filter_zero_variance leaves unknown under a samples budget: set '
-                     'train.max_steps')
+                     f'{config.algo}.filter_zero_variance leaves unknown under a samples budget: '
+                     'set train.max_steps')
   budget = (train.max_samples > 0 or train.max_steps > 0) and min(train.num_minibatches,
                                                                     train.num_epochs) >= 1
   # without a budget or with bad loop settings: reported by check() itself

@@ -6,10 +6,11 @@ policy can be subtracted from every token's reward (kl_reward_coef, InstructGPT 
 term added to the policy loss (kl_coef, as GRPO does); both, either or neither. GAE(gamma, lambda)
 gives advantages (whitened by default) for the actor and returns for the critic.
 
-The critic is a separate model with its own Adam and its own lr rule of B (rljax.model.critic), updated
-after the actor on the same minibatch; with `share_trunk` the value head sits on the policy's trunk
-and ONE update follows policy loss + vf_coef * value loss, each part with its own Adam. Actor and
-critic gradient norms are logged separately: the paper finds the critic's barely falls with batch.
+The critic is a separate model with its own Adam and its own lr rule of B (rljax.model.critic),
+updated after the actor on the same minibatch; with `share_trunk` the value head sits on the
+policy's trunk and ONE update follows policy loss + vf_coef * value loss, each part with its own
+Adam. Actor and critic gradient norms are logged separately: the paper finds the critic's barely
+falls with batch.
 """
 import functools
 import math

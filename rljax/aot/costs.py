@@ -102,6 +102,7 @@ def decode_step_lowered(cfg, mesh, batch, slots):
   decode loop; lowered, not compiled."""
   decoder = model_lib.Transformer(cfg, unrolled=True)
   is_box = lambda x: isinstance(x, nn.Partitioned)
+
   def struct(box):
     names, dtype = model_lib.decoding_layout(box, cfg, mesh)
     spec = sharding.spec_for(box.value.shape, names, mesh)

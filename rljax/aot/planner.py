@@ -65,8 +65,8 @@ def kv_cache_bytes(s, group):
 
 def router_ids_bytes(s):
   """Bytes of the experts the sampler records for a MoE (one [layers, k] row of ids per response
-  token, rljax.model.router.route_dtype): router replay's buffer, and its mismatch metric's. In
-  all for one rollout batch, and per chip as held: split like the batch, or with the partial schedule
+  token, rljax.model.router.route_dtype): router replay's buffer, and its mismatch metric's. In all
+  for one rollout batch, and per chip as held: split like the batch, or with the partial schedule
   the pool's two batches of groups on every chip (the pool is replicated). Inside the compiled
   programs' memory (the rollout's outputs, the update's inputs, the pool); stated apart here."""
   cfg = s.model.cfg

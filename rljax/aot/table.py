@@ -4,6 +4,7 @@ from rljax.aot import targets
 
 GiB = targets.GiB
 
+
 def memory_line(memory, hbm, where='per chip, HBM'):
   """'params 7.1 + optimizer 14.2 + ... = 40.3 GiB per chip, HBM 95.74 GiB' for a breakdown."""
   parts = ' + '.join(f'{k.replace("_", " ")} {v / GiB:.1f}' for k, v in memory.items())

@@ -105,7 +105,6 @@ def _done(value):
   return future
 
 
-
 def _switch_line(row, batch_arg):
   noise = ''
   if row.get('auto_noise_lo') is not None and 'auto_check_verdict' not in row:

@@ -162,8 +162,8 @@ def decide(current, batches, noise, table, margin, left=None, costs=FREE, measur
   `current`); `left`: the batch the last move came from, which a return must beat by
   (1 + margin)**2 rather than 1 + margin, so a decision is never undone by noise alone; `costs`:
   a move waits until its compile is repaid (`repays_compile`, at the gain's lower end);
-  `measured`: the progress per sample the last move kept (rljax.auto_batch.check), which judges a doubling
-  up where the noise scale would hold."""
+  `measured`: the progress per sample the last move kept (rljax.auto_batch.check), which judges a
+  doubling up where the noise scale would hold."""
   by_noise = _by_noise_scale(current, batches, noise, table, margin, left, costs)
   if by_noise.batch != current or measured is None or current * 2 not in batches:
     return by_noise

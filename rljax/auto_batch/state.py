@@ -211,7 +211,6 @@ def _number(x):
   return float(x) if np.isfinite(x) else None
 
 
-
 def advance(state, row, samples, step, batch, measurable, config, compiled=(), ready=()):
   """(the state after one step's training row, the fields it adds to the row, the batch to compile
   ahead or None): records the step (`measurable`: it did not compile), then checks the last move

@@ -21,7 +21,8 @@ def library():
   try:
     import reasoning_gym  # pylint: disable=import-outside-toplevel  (optional; ~1 s to import)
   except ImportError:
-    raise ValueError(f'data.name=reasoning_gym needs the reasoning-gym package: {INSTALL}') from None
+    raise ValueError(
+        f'data.name=reasoning_gym needs the reasoning-gym package: {INSTALL}') from None
   return reasoning_gym
 
 
@@ -44,7 +45,8 @@ def parse_args(text):
   try:
     args = json.loads(text or '{}')
   except json.JSONDecodeError as error:
-    raise ValueError(f'data.dataset_args must be a JSON object, got {text!r} ({error.msg})') from None
+    raise ValueError(
+        f'data.dataset_args must be a JSON object, got {text!r} ({error.msg})') from None
   if not isinstance(args, dict):
     raise ValueError(f'data.dataset_args must be a JSON object, got {text!r}')
   if {'seed', 'size'} & set(args):

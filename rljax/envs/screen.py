@@ -42,4 +42,3 @@ def result_ids(tool, text, forbidden):
   if len(ids) > tool.max_chars:
     return None, 'oversize'
   return ids, ''
-

@@ -21,7 +21,8 @@ class Tool(NamedTuple):
   fn: Callable[[str], str] | None   # call text -> result text, a module-level function (it is
                                     # pickled to the workers); None: disabled, every call errs
   tokenizer: Any
-  markers: tuple   # (call open, call close: the turn's end, result open, result close), 1 token each
+  markers: tuple   # (call open, call close: the turn's end, result open, result close),
+                   # 1 token each
   error: str = '?'         # the result text of a failed call
   max_chars: int = 32      # the longest result, in characters and in tokens
   max_calls: int = 2       # per response: a response stopping at one more call ends there

@@ -31,7 +31,8 @@ def read_config(hf_dir):
 
 
 def _rope_theta(hf):
-  """Plain RoPE only: transformers 4 writes rope_theta (+ rope_scaling), 5 writes rope_parameters."""
+  """Plain RoPE only: transformers 4 writes rope_theta (+ rope_scaling),
+  5 writes rope_parameters."""
   params = hf.get('rope_parameters') or {}
   scaling = hf.get('rope_scaling') or {}
   rope_type = params.get('rope_type', scaling.get('rope_type', scaling.get('type', 'default')))
@@ -69,7 +70,8 @@ def model_config(hf, **runtime) -> model_lib.ModelConfig:
       dense_hidden=hf['intermediate_size'], tie_embeddings=bool(hf.get('tie_word_embeddings')),
       rope_theta=_rope_theta(hf), norm_eps=float(hf['rms_norm_eps']),
       init_std=float(hf.get('initializer_range', 0.02)), num_experts=0)
-  num_experts = hf.get('num_experts', hf.get('num_local_experts'))  # transformers 5 writes the latter
+  # transformers 5 writes the latter
+  num_experts = hf.get('num_experts', hf.get('num_local_experts'))
   if kind == 'qwen3_moe' and num_experts:
     sparse_step, dense_layers = hf.get('decoder_sparse_step', 1), hf.get('mlp_only_layers') or []
     if sparse_step != 1 or dense_layers:
@@ -78,12 +80,15 @@ def model_config(hf, **runtime) -> model_lib.ModelConfig:
           f'{dense_layers}) are not supported: rljax scans identical layers, so every layer must '
           f'be MoE (decoder_sparse_step=1, mlp_only_layers=[])')
     if not hf.get('norm_topk_prob', False):
-      raise ValueError('norm_topk_prob=false is not supported: rljax renormalises the top-k weights')
+      raise ValueError(
+          'norm_topk_prob=false is not supported: rljax renormalises the top-k weights')
     if 'num_experts_per_tok' not in hf or 'moe_intermediate_size' not in hf:
-      raise ValueError('config.json of a Qwen3-MoE lacks num_experts_per_tok or moe_intermediate_size')
+      raise ValueError(
+          'config.json of a Qwen3-MoE lacks num_experts_per_tok or moe_intermediate_size')
     fields.update(num_experts=num_experts, experts_per_token=hf['num_experts_per_tok'],
                   expert_hidden=hf['moe_intermediate_size'])
   return model_lib.ModelConfig(**fields, **runtime)
+
 
 def hf_config(cfg: model_lib.ModelConfig, **extra) -> dict:
   """A transformers config.json dict for `cfg` (Qwen3 when dense, Qwen3-MoE otherwise)."""

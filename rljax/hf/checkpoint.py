@@ -44,7 +44,6 @@ def policy_config(config) -> model_lib.ModelConfig:
   return cfg
 
 
-
 # ------------------------------------------------------------------------------------------------
 # Where every rljax leaf lives in the HF layout
 
@@ -53,8 +52,8 @@ def policy_config(config) -> model_lib.ModelConfig:
 class Mapping:
   """One rljax leaf = stack over `stack` axes ('layer', 'expert') of HF tensors named `name`.
 
-  Each HF tensor is viewed with its dims split as `groups` (e.g. q_proj [H*Dh, D] as ((H, Dh), (D,)))
-  and transposed by `perm` into the rljax layout of one stack element.
+  Each HF tensor is viewed with its dims split as `groups` (e.g. q_proj [H*Dh, D] as
+  ((H, Dh), (D,))) and transposed by `perm` into the rljax layout of one stack element.
   """
   name: str
   stack: tuple = ()
@@ -73,10 +72,14 @@ def mappings(cfg: model_lib.ModelConfig) -> dict:
       'blocks/ffn_norm/scale': Mapping(layer + 'post_attention_layernorm.weight', ('layer',)),
       'blocks/attn/q_norm/scale': Mapping(layer + 'self_attn.q_norm.weight', ('layer',)),
       'blocks/attn/k_norm/scale': Mapping(layer + 'self_attn.k_norm.weight', ('layer',)),
-      'blocks/attn/w_q': Mapping(layer + 'self_attn.q_proj.weight', ('layer',), ((H, Dh), (D,)), (2, 0, 1)),
-      'blocks/attn/w_k': Mapping(layer + 'self_attn.k_proj.weight', ('layer',), ((K, Dh), (D,)), (2, 0, 1)),
-      'blocks/attn/w_v': Mapping(layer + 'self_attn.v_proj.weight', ('layer',), ((K, Dh), (D,)), (2, 0, 1)),
-      'blocks/attn/w_o': Mapping(layer + 'self_attn.o_proj.weight', ('layer',), ((D,), (H, Dh)), (1, 2, 0)),
+      'blocks/attn/w_q': Mapping(layer + 'self_attn.q_proj.weight', ('layer',),
+                                 ((H, Dh), (D,)), (2, 0, 1)),
+      'blocks/attn/w_k': Mapping(layer + 'self_attn.k_proj.weight', ('layer',),
+                                 ((K, Dh), (D,)), (2, 0, 1)),
+      'blocks/attn/w_v': Mapping(layer + 'self_attn.v_proj.weight', ('layer',),
+                                 ((K, Dh), (D,)), (2, 0, 1)),
+      'blocks/attn/w_o': Mapping(layer + 'self_attn.o_proj.weight', ('layer',),
+                                 ((D,), (H, Dh)), (1, 2, 0)),
   }
   if cfg.num_experts:
     expert = layer + 'mlp.experts.{expert}.'
@@ -259,7 +262,8 @@ def load_params(hf_dir, cfg: model_lib.ModelConfig, shardings: Any = None):
     shardings = dict(_flatten_paths(shardings))
   table = mappings(cfg)
   if set(table) != set(abstract):
-    raise AssertionError(f'HF mapping and rljax params disagree: {sorted(set(table) ^ set(abstract))}')
+    raise AssertionError(
+        f'HF mapping and rljax params disagree: {sorted(set(table) ^ set(abstract))}')
   out = {}
   with _Files(hf_dir) as files:
     for path, leaf in abstract.items():
@@ -292,7 +296,8 @@ def _hf_tensors(params, cfg):
       perm = _perm(m, piece.ndim)
       view = np.transpose(piece, np.argsort(perm))
       hf_shape = view.shape if m.groups is None else tuple(math.prod(g) for g in m.groups)
-      yield m.name.format(**dict(zip(m.stack, position))), np.ascontiguousarray(view.reshape(hf_shape))
+      yield (m.name.format(**dict(zip(m.stack, position))),
+             np.ascontiguousarray(view.reshape(hf_shape)))
 
 
 def save_params(params, cfg: model_lib.ModelConfig, out_dir, config: Optional[dict] = None,

@@ -1,10 +1,11 @@
 """The critic of PPO: the policy's transformer trunk with a scalar value head, one value per token.
 
-By default the critic is a separate model of the policy's family, initialised from the (warm-started)
-policy trunk with a fresh value head, as PPO for LLMs is usually run: it starts from features that
-already read the task. Its trunk is `model.Transformer` with tied embeddings, which only means it
-has no `lm_head` parameter (the critic never computes vocabulary logits). Every parameter carries
-logical axis names, so the critic is placed on the same mesh by the same rules as the policy.
+By default the critic is a separate model of the policy's family, initialised from the
+(warm-started) policy trunk with a fresh value head, as PPO for LLMs is usually run: it starts
+from features that already read the task. Its trunk is `model.Transformer` with tied
+embeddings, which only means it has no `lm_head` parameter (the critic never computes
+vocabulary logits). Every parameter carries logical axis names, so the critic is placed on the
+same mesh by the same rules as the policy.
 
 With a shared trunk the critic owns only the value head and reads the policy's own trunk.
 """
@@ -95,7 +96,8 @@ def response_values(critic, critic_params, prompt_BxT, prompt_valid_BxT, respons
 def make_critic_loss(critic, value_clip, moe_aux_coef, num_micro):
   """`loss_fn(critic_params, CriticBatch) -> (loss, metric sums)` for rljax.update.
 
-  value_clip <= 0 turns value clipping off. Additive over micro-batches (weights from the full batch).
+  value_clip <= 0 turns value clipping off. Additive over micro-batches (weights from the
+  full batch).
   """
   clip = value_clip if value_clip > 0 else None
 

@@ -23,10 +23,12 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    scale = self.param('scale', nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
+    scale = self.param('scale',
+                       nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
                        (x.shape[-1],), self.cfg.param_dtype)
     x32 = x.astype(jnp.float32)
-    x32 = x32 * jnp.reciprocal(jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.cfg.norm_eps))
+    x32 = x32 * jnp.reciprocal(jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True)
+                                        + self.cfg.norm_eps))
     return (x32 * scale.astype(jnp.float32)).astype(self.cfg.dtype)
 
 

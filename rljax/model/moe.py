@@ -250,6 +250,7 @@ def experts_bucketed(x_TxD, weights_TxK, experts_TxK, w_in, w_down_ExFxD):
   y_NxD = jax.lax.switch(index, branches, x_TxD, w_in, w_down_ExFxD)
   return combine(y_NxD, weights_TxK)
 
+
 # The config's choices; 'gather' is chosen by size (expert_impl).
 EXPERT_IMPLS = {'ragged': experts_ragged, 'dense': experts_dense, 'bucketed': experts_bucketed}
 
@@ -326,9 +327,9 @@ def moe_local(cfg, decoding, x_TxD, recorded_TxK, router_DxE, w_gate, w_up, w_do
   return y_TxD, load_stats, recorded, mismatch
 
 
-# The sampler's layout of the MoE weights on a mesh with an 'fsdp' axis (the logical names of
-# their training layout -> those of decoding; rljax.model.transformer.decoding_params lays them out once per
-# call): the router whole, each expert's hidden dimension split over 'tensor' and 'fsdp' and its
+# The sampler's layout of the MoE weights on a mesh with an 'fsdp' axis (the logical names of their
+# training layout -> those of decoding; rljax.model.transformer.decoding_params lays them out once
+# per call): the router whole, each expert's hidden dimension split over 'tensor' and 'fsdp' and its
 # model dimension whole, so that a decoding step multiplies by its own columns of gate and up and
 # its own rows of down with no weight moving (Megatron's split of an MLP).
 DECODING_NAMES = {('embed', 'expert'): ('replicated', 'replicated'),

@@ -1,10 +1,10 @@
 """Decoder-only MoE transformer, architecturally compatible with Qwen3 / Qwen3-MoE.
 
 Pre-norm blocks (RMSNorm), rotary positions, grouped-query attention with RMSNorm on q and k,
-SwiGLU feed-forward that is either dense or a routed mixture of experts (rljax.model.moe). Layers are
-stacked and scanned for training (compile time flat in depth); the same module, `unrolled`, serves
-sampling (an explicit KV cache passed in and out) on those same parameter arrays split by layer
-(`unstack_layers`), so sampler and trainer compute the same function.
+SwiGLU feed-forward that is either dense or a routed mixture of experts (rljax.model.moe). Layers
+are stacked and scanned for training (compile time flat in depth); the same module, `unrolled`,
+serves sampling (an explicit KV cache passed in and out) on those same parameter arrays split by
+layer (`unstack_layers`), so sampler and trainer compute the same function.
 
 Sequences are LEFT-padded prompts followed by responses. `kv_valid_BxS` marks real tokens;
 positions count real tokens only, so a prompt's position ids do not depend on its padding.
@@ -142,8 +142,10 @@ class Attention(nn.Module):
     d_model = x_BxTxD.shape[-1]
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     w_q = layers.param(self, 'w_q', (d_model, heads, head_dim), ('embed', 'heads', 'head_dim'), cfg)
-    w_k = layers.param(self, 'w_k', (d_model, kv_heads, head_dim), ('embed', 'kv_heads', 'head_dim'), cfg)
-    w_v = layers.param(self, 'w_v', (d_model, kv_heads, head_dim), ('embed', 'kv_heads', 'head_dim'), cfg)
+    w_k = layers.param(self, 'w_k', (d_model, kv_heads, head_dim),
+                       ('embed', 'kv_heads', 'head_dim'), cfg)
+    w_v = layers.param(self, 'w_v', (d_model, kv_heads, head_dim),
+                       ('embed', 'kv_heads', 'head_dim'), cfg)
     w_o = layers.param(self, 'w_o', (heads, head_dim, d_model), ('heads', 'head_dim', 'embed'), cfg)
     q_BxTxNxH = jnp.einsum('btd,dnh->btnh', x_BxTxD, w_q.astype(cfg.dtype))
     k_BxTxKxH = jnp.einsum('btd,dkh->btkh', x_BxTxD, w_k.astype(cfg.dtype))
@@ -248,7 +250,8 @@ class Transformer(nn.Module):
     cfg = self.cfg
     self.embed = nn.Embed(
         cfg.vocab_size, cfg.d_model, param_dtype=cfg.param_dtype, dtype=cfg.dtype,
-        embedding_init=nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ('vocab', 'embed')))
+        embedding_init=nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
+                                                    ('vocab', 'embed')))
     if self.unrolled:
       self.blocks = [Block(cfg, decoding=True) for _ in range(cfg.num_layers)]
     else:
@@ -352,8 +355,8 @@ def unstack_layers(params, num_layers):
 
 def decoding_layout(box, cfg: ModelConfig, mesh):
   """(logical axis names, dtype) of a weight (an nn.Partitioned of the unrolled model) in
-  `decoding_params` on `mesh`: outside the experts, whole along 'embed', in the compute dtype;
-  the router whole, in float32 as it is read; the expert matrices in rljax.model.moe.DECODING_NAMES's
+  `decoding_params` on `mesh`: outside the experts, whole along 'embed', in the compute dtype; the
+  router whole, in float32 as it is read; the expert matrices in rljax.model.moe.DECODING_NAMES's
   layout in the compute dtype where the sampler splits their hidden dimension, else as stored."""
   if mesh.shape.get('fsdp', 1) == 1 or box.value.ndim < 2:
     return box.names, box.value.dtype
@@ -381,8 +384,8 @@ def decoding_params(params, cfg: ModelConfig):
   layer's attention and router weights. With the experts split over their model dimension, each
   layer's expert products were partial sums reduced every step ([tokens x k, 2F] and
   [tokens x k, D]); split over the hidden one, only the combined [tokens, D] output is
-  (rljax.model.moe.moe_expert_parallel). The norm scales (vectors) stay split. The re-split experts are
-  a transient of half the float32 shards they come from. The casts are the ones each weight gets
+  (rljax.model.moe.moe_expert_parallel). The norm scales (vectors) stay split. The re-split experts
+  are a transient of half the float32 shards they come from. The casts are the ones each weight gets
   where it is used, so the function computed is the same.
   """
   params = unstack_layers(params, cfg.num_layers)

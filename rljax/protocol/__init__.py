@@ -1,1 +1,2 @@
-"""Align, then accelerate: the sweep driver, its statistics (numpy only), the report and its plots."""
+"""Align, then accelerate: the sweep driver, its statistics (numpy only), the report and
+its plots."""

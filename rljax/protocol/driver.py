@@ -261,8 +261,8 @@ def add_seeds(config, workdir, arm_list, runner):
 def confirm(config, workdir, report, lr0, stop=None):
   """Runs to the decision's target at the base and at the batch decision.to_confirm names, with
   seeds the align runs never use, as many a side as the report's confirm_plan sized for its power
-  (else confirm_seeds); seed-major (base, pick, base, pick, ...) so a machine that slows down over the
-  phase slows both batches alike instead of biasing their ratio."""
+  (else confirm_seeds); seed-major (base, pick, base, pick, ...) so a machine that slows down over
+  the phase slows both batches alike instead of biasing their ratio."""
   p, pick = config.protocol, decision_lib.to_confirm(report['decision'])
   if pick is None:
     print('[protocol] no decision (see report.md): nothing to confirm', flush=True)

@@ -33,6 +33,7 @@ def count(x):
   """Samples as MLPerf logs them: whole numbers (k-rounding would hide the RCP margins)."""
   return 'not converged' if x == math.inf else num(x, '.0f')
 
+
 SOURCES = (
     'mlperf_logging/compliance_checker/training_6.1.0/closed_qwen35_397b_grpo.yaml',
     'mlperf_logging/rcp_checker/rcp_checker.py',

@@ -9,7 +9,6 @@ from rljax.protocol import curves
 from rljax.protocol import gradients
 
 
-
 def _mean_curve(seeds):
   """Seed mean on the first seed's x grid, up to where every seed has data."""
   end = min(x[-1] for x, _ in seeds)

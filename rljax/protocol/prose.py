@@ -30,8 +30,8 @@ def _calibration_sentence(c):
   where = (' It is at the edge of the lrs tried: the best lr may lie beyond them.' if c['at_edge']
            else ' It is interior: both neighbours needed more samples.')
   if c.get('ceiling') is not None:
-    where += (f" An lr whose curve stayed below {_num(c['ceiling'], '.3f')} on a seed counts as not "
-              'reaching J there.')
+    where += (f" An lr whose curve stayed below {_num(c['ceiling'], '.3f')} on a seed counts as "
+              'not reaching J there.')
   if c['method'] != 'fewest samples to target':
     where = (f" No lr reached J on every seed: lr0 has the {c['method']}, a fallback."
              + where)

@@ -1,1 +1,2 @@
-"""Sampling on device: prefill and one `lax.while_loop` decode over a KV cache, static or continuous batching."""
+"""Sampling on device: prefill and one `lax.while_loop` decode over a KV cache, static or
+continuous batching."""

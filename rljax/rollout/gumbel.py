@@ -2,9 +2,10 @@
 
 jax lowers its Threefry-2x32 hash on CPU as a rolled loop of five iterations, each reading and
 writing (and copying) the whole state; the same 20 rounds unrolled fuse into one pass over the
-elements (docs/design/gumbel_threefry.md; `python bench/sampling.py` measures it). Here the hash is Threefry-2x32 as published (Salmon et al., SC 2011; 20 rounds), unrolled, fed the
-counters jax.random uses for a shape (each element's flat index; `jax_threefry_partitionable`, the
-default), and its bits become uniforms and Gumbel noise as `jax.random` makes them.
+elements (docs/design/gumbel_threefry.md; `python bench/sampling.py` measures it). Here the hash is
+Threefry-2x32 as published (Salmon et al., SC 2011; 20 rounds), unrolled, fed the counters
+jax.random uses for a shape (each element's flat index; `jax_threefry_partitionable`, the default),
+and its bits become uniforms and Gumbel noise as `jax.random` makes them.
 """
 import math
 

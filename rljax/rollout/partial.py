@@ -215,8 +215,10 @@ def advance(model, params, flight, version, max_staleness, cfg: sampler_lib.Samp
 
   fixed = flight   # the fields no decoding step changes ride outside the loops
   whole = lambda fields: fixed._replace(**fields)
+
   def body(state):
     steps, decoded, head, prompts, fields = state
+
     def fill(carry):   # a refill takes min(rows, tail - head) responses: at most `rows` groups
       head, prompts, refilled = carry
       if prompt_len > 1:

@@ -7,8 +7,8 @@ choose the token).
 
 Two schedules, one jitted call each:
 - static (`slots` 0): every row decodes until the LAST row stops (or `max_new_tokens`);
-- continuous (`slots` S > 0, `generate_continuous`): S decode slots, each refilled with the next pending
-  prompt as soon as its response stops, so finished rows do not ride along as padding.
+- continuous (`slots` S > 0, `generate_continuous`): S decode slots, each refilled with the next
+  pending prompt as soon as its response stops, so finished rows do not ride along as padding.
 With per-response keys (`response_keys`: token t of response n draws with fold_in(key_n, t)) both
 schedules return the same tokens and log-probs, whatever order the rows finish in.
 

@@ -17,8 +17,9 @@ other slots decode and refill; the chunk returns once no slot decodes. The host 
 waiting responses' steps (rljax.envs.runner), and the next chunk starts by appending their
 observations to the cache in one forward pass over the slots (`append`: K columns per slot, each
 at its own position). A response ends at the end token, at its token budget (observation tokens
-count), at a step that says done, or at a turn it has no steps or room left for. A slot's cache row holds its prompt in columns [0, T) and its response
-from T on, as generate_continuous lays it out, with K more columns of room for an append.
+count), at a step that says done, or at a turn it has no steps or room left for. A slot's cache row
+holds its prompt in columns [0, T) and its response from T on, as generate_continuous lays it out,
+with K more columns of room for an append.
 """
 import functools
 import time
@@ -278,7 +279,8 @@ def serve(episodes, turns, waiting_S, mine_N, room, pad_id):
   for s, outcome in zip(waiting, outcomes):
     if outcome.resume:
       length = len(outcome.ids)
-      served.tool_SxK[s, :length], served.length_S[s], served.resume_S[s] = outcome.ids, length, True
+      (served.tool_SxK[s, :length], served.length_S[s],
+       served.resume_S[s]) = outcome.ids, length, True
   return _from_owners(served, mine_S)
 
 

@@ -1,4 +1,5 @@
-"""Held-out accuracy: greedy decoding of every eval prompt in one sampler call, scored by the verifier.
+"""Held-out accuracy: greedy decoding of every eval prompt in one sampler call,
+scored by the verifier.
 
 Each process decodes its own slice of the eval set (padded to a multiple of the data-parallel
 size); the per-prompt results are gathered so every process holds the same accuracy.
@@ -23,7 +24,8 @@ def to_host(tree, mesh):
   if jax.process_count() == 1:
     return jax.tree.map(np.asarray, tree)
   specs = jax.tree.map(lambda x: x.sharding.spec, tree)
-  return jax.tree.map(np.asarray, multihost_utils.global_array_to_host_local_array(tree, mesh, specs))
+  return jax.tree.map(np.asarray,
+                      multihost_utils.global_array_to_host_local_array(tree, mesh, specs))
 
 
 def eval_rows(num, mesh):

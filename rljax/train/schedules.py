@@ -131,9 +131,9 @@ class EachStep(Schedule):
 
 
 class Partial(Schedule):
-  """'partial': this step's P prompts join the pool (the first step also admits the next
-  batch, so the pool holds two batches of groups: it takes two); decoding under the current policy runs until P
-  groups are finished, and those are this step's batch."""
+  """'partial': this step's P prompts join the pool (the first step also admits the next batch, so
+  the pool holds two batches of groups: it takes two); decoding under the current policy runs until
+  P groups are finished, and those are this step's batch."""
   NAME, PROGRAMS, FIRST_BATCHES = 'partial', 'pool', 2
 
   @staticmethod
@@ -230,9 +230,10 @@ class DrawnAhead(Schedule):
       raise ValueError('the drawn_ahead schedule needs a fixed batch: the batch drawn ahead has '
                        'its size; turn auto_batch off (P=auto) or choose another rollout.schedule')
     if process_count > 1 and jax.default_backend() == 'tpu':
-      raise ValueError('the drawn_ahead schedule runs on one TPU host: a share of every host of a slice is '
-                       'no box of its torus, which XLA:TPU does not compile for, and whole hosts '
-                       'would need a transfer between device sets that multi-controller JAX lacks')
+      raise ValueError('the drawn_ahead schedule runs on one TPU host: a share of every host of a '
+                       'slice is no box of its torus, which XLA:TPU does not compile for, and '
+                       'whole hosts would need a transfer between device sets that '
+                       'multi-controller JAX lacks')
     if rollout.devices % process_count:
       raise ValueError(f'rollout.devices ({rollout.devices}) must split evenly over the '
                        f'{process_count} processes (each gives the sampler as many of its devices)')

@@ -185,8 +185,8 @@ def warm_start(config, model, init_params, tokenizer, source, evaluate, cache_di
     params, opt_state, metrics = step_fn(params, opt_state, batch)
     if step >= ws.min_steps and step % ws.eval_every == 0:
       accuracy, _ = evaluate(params)
-      print(f"warm start step {step} | nll {float(metrics['nll']):.3f} | eval accuracy {accuracy:.3f}",
-            flush=True)
+      print(f"warm start step {step} | nll {float(metrics['nll']):.3f} | eval accuracy "
+            f'{accuracy:.3f}', flush=True)
       if accuracy >= ws.threshold:
         break
   info = dict(steps=step, accuracy=accuracy, seconds=time.time() - start, fingerprint=path)

@@ -3,9 +3,9 @@ is refused before anything is built (ValueError: the main's one-line error) unle
 `config.train.overwrite`, which deletes the other run's checkpoints and logs and starts afresh.
 
 The run's config lives in every checkpoint's meta and in WORKDIR/config.json (written when the run
-starts training, so a run killed before its first checkpoint is recognised too). Fields that change how long
-a run goes or where its inputs live, not what it computes, may differ on resume (RESUMABLE); the
-mesh may differ too, so a preempted run can continue on a different slice.
+starts training, so a run killed before its first checkpoint is recognised too). Fields that change
+how long a run goes or where its inputs live, not what it computes, may differ on resume
+(RESUMABLE); the mesh may differ too, so a preempted run can continue on a different slice.
 
 Upgrades: a field added to the config since a workdir was written is missing from its record;
 it counts as unchanged when the config holds the value that computes what rljax computed before
@@ -54,7 +54,8 @@ def changed_keys(saved, current, resumable=RESUMABLE):
       continue
     if any((key + '.').startswith(field + '.') for field in resumable):
       continue
-    if (key in saved) != (key in current) and upgrades.as_before(key, saved if key in saved else current):
+    if (key in saved) != (key in current) and upgrades.as_before(
+        key, saved if key in saved else current):
       continue
     changed.append(key)
   return changed
@@ -112,7 +113,8 @@ def prepare(workdir, config):
   changed = differences(saved, current) if saved is not None else []
   if changed:
     if not config.train.overwrite:
-      shown = '; '.join(changed[:3]) + (f'; and {len(changed) - 3} more' if len(changed) > 3 else '')
+      shown = '; '.join(changed[:3]) + (f'; and {len(changed) - 3} more' if len(changed) > 3
+                                        else '')
       raise ValueError(
           f'workdir {workdir} holds another run, with a different config ({shown}). Re-run with '
           'that config to resume it, use another workdir, or pass --config.train.overwrite=True '
@@ -144,5 +146,5 @@ def record_or_check(workdir, config):
   if changed:
     k = changed[0]
     raise ValueError(f'{workdir} was started with {k}={saved.get(k, _MISSING)!r}, the config now '
-                     f'says {current.get(k, _MISSING)!r} ({len(changed)} field(s) differ): use a new --workdir '
-                     'or the original config')
+                     f'says {current.get(k, _MISSING)!r} ({len(changed)} field(s) differ): use a '
+                     'new --workdir or the original config')

@@ -76,8 +76,9 @@ def randomize(model, seed):
 
 
 def reference(model, tokenizer, questions, out_path, new_tokens=12):
-  chats = [tokenizer.apply_chat_template([{'role': 'user', 'content': q}], add_generation_prompt=True,
-                                         tokenize=True) for q in questions]
+  chats = [tokenizer.apply_chat_template([{'role': 'user', 'content': q}],
+                                         add_generation_prompt=True, tokenize=True)
+           for q in questions]
   chats = [list(c['input_ids']) if isinstance(c, dict) or hasattr(c, 'keys') else list(c)
            for c in chats]
   ids = [chats[0][:24], chats[1][:17]]    # two rows, the second left-padded by 7
@@ -97,7 +98,8 @@ def reference(model, tokenizer, questions, out_path, new_tokens=12):
         do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
     scores = model(input_ids=generated, attention_mask=torch.cat(
-        [torch.tensor(mask.astype(np.int64)), torch.ones(len(ids), new_tokens, dtype=torch.int64)], 1),
+        [torch.tensor(mask.astype(np.int64)),
+         torch.ones(len(ids), new_tokens, dtype=torch.int64)], 1),
         position_ids=torch.tensor(np.concatenate(
             [positions, positions[:, -1:] + 1 + np.arange(new_tokens)], 1))).logits
   top2 = torch.topk(scores[:, T - 1:-1].float(), 2, dim=-1).values
