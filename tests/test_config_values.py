@@ -18,9 +18,9 @@ from rljax.protocol import runs
 from rljax import tasks
 from rljax.train import config_checks
 from rljax.train import upgrades
+from test_docs import CODE, config_items, documented_rows
 
 REFERENCE = pathlib.Path(__file__).parent.parent / 'docs' / 'reference' / 'config.md'
-CODE = re.compile(r'`([^`]*)`')
 BOUND = r'(-?[0-9.e+-]+)'
 # The contexts in which each config file's fields are read: P=auto reads auto_batch.*, the tool
 # task tools.* and data.demo_frac, a LoRA rank model.lora.*.
@@ -54,7 +54,8 @@ def parse(text):
   """The Spec a `values` cell declares."""
   rule, conditioned = text.split(';')[0].strip(), ';' in text
   if rule.startswith('one of '):
-    return Spec('choice', choices=tuple(CODE.findall(rule)), conditioned=conditioned)
+    choices = tuple('' if choice == "''" else choice for choice in CODE.findall(rule))
+    return Spec('choice', choices=choices, conditioned=conditioned)
   if rule in ('bool', 'text', 'list', 'power of two'):
     return Spec(rule.split()[0], conditioned=conditioned)
   rule, _, extra = rule.partition(' or ')
@@ -73,15 +74,7 @@ def parse(text):
 
 def cells():
   """{dotted field: its `values` cell} from the reference's tables (`as in grpo` rows: grpo's)."""
-  found, sections = {}, []
-  for line in REFERENCE.read_text().splitlines():
-    if line.startswith('## '):
-      sections = CODE.findall(line) or ([''] if 'Top level' in line else [])
-    elif line.startswith('| `') and sections and not line.startswith('| `configs/'):
-      names, cell = CODE.findall(line.split(' | ')[0]), line.split(' | ')[1]
-      for name in names:
-        for field in [name] if '.' in name else [f'{s}.{name}'.lstrip('.') for s in sections]:
-          found[field] = cell
+  found = {field: row[0] for field, row in documented_rows(REFERENCE.read_text()).items()}
   return {field: found['grpo.' + field.split('.', 1)[1]] if cell == 'as in `grpo`' else cell
           for field, cell in found.items()}
 
@@ -138,14 +131,6 @@ def edges(spec):
   return [cast(v) for v in values if v is not None]
 
 
-def flat(tree, prefix=''):
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      yield from flat(value, f'{prefix}{key}.')
-    else:
-      yield f'{prefix}{key}', value
-
-
 def put(config, field, value):
   *path, key = field.split('.')
   for part in path:
@@ -178,7 +163,7 @@ def names(message, field):
 def fields_of(name):
   module, _ = CONTEXTS[name]
   skip = ('arm.',) if name == 'protocol' else ()
-  return [field for field, _ in flat(module.get_config('runlocal').to_dict())
+  return [field for field, _ in config_items(module.get_config('runlocal').to_dict())
           if field in SPECS and not field.startswith(skip) and field not in UNREAD]
 
 
@@ -187,7 +172,7 @@ CASES = [(name, field) for name in CONTEXTS for field in fields_of(name)
 
 
 CONFIG_FIELDS = {field for module in (grpo, ppo, rloo, protocol)
-                 for field, _ in flat(module.get_config('runlocal').to_dict())
+                 for field, _ in config_items(module.get_config('runlocal').to_dict())
                  if not field.startswith('arm.')}
 
 
@@ -199,7 +184,7 @@ def test_every_config_field_has_a_values_cell():
 def test_the_defaults_lie_in_their_declared_ranges(name):
   module, args = CONTEXTS[name]
   for arg in ('',) + args:
-    bad = [(field, value) for field, value in flat(module.get_config(arg).to_dict())
+    bad = [(field, value) for field, value in config_items(module.get_config(arg).to_dict())
            if field in SPECS and not allowed(SPECS[field], value)]   # an arm's: its file's
     assert not bad, f'configs/{name}.py:{arg}: {bad}'
 

@@ -55,26 +55,29 @@ def test_nothing_points_outside_the_repository():
   assert not hits, 'references to files outside the repository:\n' + '\n'.join(hits)
 
 
-def documented_fields(text):
-  """The config fields a reference page names: each table row's backticked names, under the
-  sections its heading names (a dotted name is whole; 'Top level' has no section)."""
-  fields, sections = set(), []
+def documented_rows(text):
+  """{config field: its row's other cells} for the fields a reference page names: each table
+  row's backticked names, under the sections its heading names (a dotted name is whole; 'Top
+  level' has no section)."""
+  rows, sections = {}, []
   for line in text.splitlines():
     if line.startswith('## '):
       sections = CODE.findall(line) or ([''] if 'Top level' in line else [])
     elif line.startswith('| `') and sections:
-      for name in CODE.findall(line.split('|')[1]):
-        fields.update([name] if '.' in name else
-                      [f'{section}.{name}'.lstrip('.') for section in sections])
-  return fields
+      first, *cells = line.strip('| ').split(' | ')
+      for name in CODE.findall(first):
+        rows.update((field, cells) for field in ([name] if '.' in name else
+                    [f'{section}.{name}'.lstrip('.') for section in sections]))
+  return rows
 
 
-def config_fields(tree, prefix=''):
+def config_items(tree, prefix=''):
+  """(dotted field, value) of each leaf of a config's dict."""
   for key, value in tree.items():
     if isinstance(value, dict):
-      yield from config_fields(value, f'{prefix}{key}.')
+      yield from config_items(value, f'{prefix}{key}.')
     else:
-      yield f'{prefix}{key}'
+      yield f'{prefix}{key}', value
 
 
 CONFIG_FILES = ('grpo', 'ppo', 'rloo', 'protocol')
@@ -85,11 +88,11 @@ def fields_of(name):
   field `a.b` it sets for every arm."""
   import importlib   # pylint: disable=import-outside-toplevel
   config = importlib.import_module(f'configs.{name}').get_config()
-  return {field.removeprefix('arm.') for field in config_fields(config.to_dict())}
+  return {field.removeprefix('arm.') for field, _ in config_items(config.to_dict())}
 
 
 def reference_fields():
-  return documented_fields((ROOT / 'docs' / 'reference' / 'config.md').read_text())
+  return set(documented_rows((ROOT / 'docs' / 'reference' / 'config.md').read_text()))
 
 
 @pytest.mark.parametrize('name', CONFIG_FILES)
