@@ -285,9 +285,12 @@ def test_the_iterator_reads_on_across_a_batch_change_without_repeats():
   resumed = sources.PromptIterator(source, 8, seed=1, state=big.state())
   assert next(resumed) == next(big)   # the new layout's state resumes exactly
   # Two processes at the new batch read the single process's records between them.
-  halves = [sources.PromptIterator(source, 8, seed=1, process_index=p, process_count=2,
-                                   state=sources.continue_with_batch(small.state(), 4))
-            for p in range(2)]
+  halves = []
+  for p in range(2):
+    process = sources.PromptIterator(source, 4, seed=1, process_index=p, process_count=2)
+    for _ in range(3):
+      next(process)
+    halves.append(process.with_batch(8))
   assert sorted(halves[0].__next__()['prompt'] + halves[1].__next__()['prompt']) == sorted(
       straight[12:20])
 

@@ -95,6 +95,19 @@ def test_evaluations_before_the_grid_come_at_each_doubling_of_eval_first_samples
   assert due(70) == [2, 3, 6, 12, 24, 48]
 
 
+def test_with_a_moving_batch_evaluations_keep_the_starting_batch_s_sample_grid():
+  """eval_every 4 steps at a starting batch of 16: every 64 samples, whatever the batch does."""
+  train_cfg = grpo_config.get_config('runlocal').train
+  train_cfg.update(eval_every=4, eval_first_samples=0, eval_from_samples=0)
+  samples = [0, 16, 32, 96, 160, 168, 176, 184, 192, 256]   # batches 16, 64, 8, 64
+  due = [step for step in range(1, len(samples))
+         if train.eval_due(train_cfg, 16, True, dict(step=step), samples[step - 1], samples[step])]
+  assert due == [3, 4, 8, 9]   # past 64, 128, 192, 256 samples
+  assert [step for step in range(1, len(samples))
+          if train.eval_due(train_cfg, 16, False, dict(step=step), samples[step - 1],
+                            samples[step])] == [4, 8]
+
+
 def test_rollout_stats_match_numpy():
   rng = np.random.default_rng(0)
   rewards_B = rng.choice([0.0, 1.0], 24).astype(np.float32)
